@@ -1,0 +1,29 @@
+"""One error hierarchy: every message names the file/node/tensor at fault and the way out."""
+
+
+class OnnxPruneError(Exception):
+    """Base class of every error onnxprune raises on purpose (the CLI prints it as one line)."""
+
+
+class ModelError(OnnxPruneError):
+    """The model file is missing, not ONNX, truncated, or fails the checker."""
+
+
+class AnalysisError(OnnxPruneError):
+    """The graph cannot be analysed (e.g. no prunable channel group)."""
+
+
+class UnsupportedOpError(OnnxPruneError):
+    """An op the evaluator/pass registry does not know."""
+
+
+class CalibrationError(OnnxPruneError):
+    """Calibration data is missing, empty, unreadable or does not fit the model input."""
+
+
+class TargetError(OnnxPruneError):
+    """The requested MAC budget cannot be met."""
+
+
+class OutputError(OnnxPruneError):
+    """The output path is invalid (e.g. equal to the input)."""

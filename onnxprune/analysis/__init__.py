@@ -1,0 +1,44 @@
+"""Graph analysis: channel groups, MAC/parameter counts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxprune.analysis.graph import import_graph
+from onnxprune.analysis.groups import Group, find_groups
+from onnxprune.analysis.macs import MacModel, count_params
+
+
+@dataclass
+class Analysis:
+    graph: gs.Graph
+    groups: list[Group]
+    macs: MacModel
+    params: int
+
+    @property
+    def prunable(self) -> list[Group]:
+        return [g for g in self.groups if g.prunable]
+
+    def prunable_share(self) -> float:
+        """Share of MACs whose input or output channels belong to a prunable group."""
+        ids = {g.id for g in self.prunable}
+        touched = sum(e.macs for e in self.macs.entries if {e.in_group, e.out_group} & ids)
+        return touched / max(self.macs.total, 1)
+
+    def to_dict(self) -> dict:
+        return {
+            "macs": self.macs.total,
+            "params": self.params,
+            "prunable_mac_share": self.prunable_share(),
+            "groups": [g.to_dict() for g in self.groups],
+        }
+
+
+def analyze(model: onnx.ModelProto) -> Analysis:
+    graph = import_graph(model)
+    groups = find_groups(graph)
+    return Analysis(graph, groups, MacModel(graph, groups), count_params(graph))

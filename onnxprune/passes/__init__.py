@@ -1,0 +1,7 @@
+"""Graph-surgeon passes, one per module, each ``Graph -> Graph`` ending in cleanup().toposort()."""
+
+from onnxprune.passes.refit_consumer import refit_consumer
+from onnxprune.passes.scale_columns import scale_columns
+from onnxprune.passes.slice_channels import expand, slice_channels
+
+__all__ = ["expand", "refit_consumer", "scale_columns", "slice_channels"]

@@ -1,0 +1,126 @@
+"""How each channel-mixing consumer op reads its input as a matrix, keyed by ONNX ``op_type``.
+
+Every consumer is seen as ``t = W x + b`` over "positions": ``x`` is a row of the unfolded input
+(D = channels × K columns, channel-major, K = kernel taps or flattened spatial size), ``W`` is
+(O, D). ``unfold`` gives the rows in torch; ``matrix``/``write`` convert to and from the op's
+own weight layout.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import torch
+import torch.nn.functional as F
+
+from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.errors import UnsupportedOpError
+
+
+@dataclass
+class Linear:
+    """A consumer as a matrix: W (O, D), b (O), K columns per input channel."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+    k: int
+
+
+def _conv_pads(node: gs.Node) -> list[int]:
+    """ONNX pads [b1, b2, e1, e2] of a 2-D Conv, resolving auto_pad from the shapes."""
+    kernel = list(node.inputs[1].shape[2:])
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if isinstance(auto, bytes):
+        auto = auto.decode()
+    if auto in ("NOTSET", ""):
+        return list(node.attrs.get("pads", [0] * 2 * len(kernel)))
+    if auto == "VALID":
+        return [0] * 2 * len(kernel)
+    strides = node.attrs.get("strides", [1] * len(kernel))
+    dil = node.attrs.get("dilations", [1] * len(kernel))
+    in_shape = static_shape(node.inputs[0])[2:]
+    begin, end = [], []
+    for size, k, s, d in zip(in_shape, kernel, strides, dil):
+        out = -(-size // s)
+        total = max((out - 1) * s + (k - 1) * d + 1 - size, 0)
+        small, large = total // 2, total - total // 2
+        begin.append(large if auto == "SAME_LOWER" else small)
+        end.append(small if auto == "SAME_LOWER" else large)
+    return begin + end
+
+
+def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
+    """Rows of im2col patches (B·L, C·kh·kw) of a 2-D Conv's input."""
+    w_shape = node.inputs[1].shape
+    if len(w_shape) != 4:
+        raise UnsupportedOpError(f"Conv {node.name}: only 2-D convolutions can be re-fitted")
+    pads = _conv_pads(node)
+    x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+    cols = F.unfold(
+        x,
+        kernel_size=tuple(w_shape[2:]),
+        dilation=tuple(node.attrs.get("dilations", [1, 1])),
+        stride=tuple(node.attrs.get("strides", [1, 1])),
+    )
+    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
+
+
+def matrix(node: gs.Node) -> Linear:
+    """The consumer's weights as (O, D) plus bias."""
+    w = const_value(node.inputs[1]).astype(np.float64)
+    if node.op == "Conv":
+        bias = const_value(node.inputs[2]) if len(node.inputs) > 2 else np.zeros(w.shape[0])
+        return Linear(w.reshape(w.shape[0], -1), bias.astype(np.float64), int(np.prod(w.shape[2:])))
+    if node.op == "Gemm":
+        alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+        w = alpha * (w if int(node.attrs.get("transB", 0)) else w.T)
+        bias = np.zeros(w.shape[0])
+        if len(node.inputs) > 2:
+            bias = bias + beta * const_value(node.inputs[2]).astype(np.float64).reshape(-1)
+        return Linear(w, bias, 1)
+    if node.op == "MatMul":
+        return Linear(w.T, np.zeros(w.shape[1]), 1)
+    raise UnsupportedOpError(f"{node.op} {node.name}: not a supported consumer")
+
+
+def unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
+    """What the consumer multiplies by W: rows (positions, D)."""
+    if node.op == "Conv":
+        return conv_unfold(node, x)
+    return x.reshape(-1, x.shape[-1])
+
+
+def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
+    """Store ``linear`` as the node's weights (in its own layout), adding a bias where needed."""
+    dtype = np.asarray(node.inputs[1].values).dtype
+    w, b = linear.weight.astype(dtype), linear.bias.astype(dtype)
+    name = node.name
+    if node.op == "Conv":
+        old = node.inputs[1].shape
+        node.inputs[1] = gs.Constant(f"{name}.weight", w.reshape(old[0], -1, *old[2:]))
+        bias = gs.Constant(f"{name}.bias", b)
+        if len(node.inputs) > 2:
+            node.inputs[2] = bias
+        else:
+            node.inputs.append(bias)
+    elif node.op == "Gemm":
+        trans_b = int(node.attrs.get("transB", 0))
+        node.inputs[1] = gs.Constant(f"{name}.weight", w if trans_b else np.ascontiguousarray(w.T))
+        node.attrs["alpha"], node.attrs["beta"] = 1.0, 1.0
+        bias = gs.Constant(f"{name}.bias", b)
+        if len(node.inputs) > 2:
+            node.inputs[2] = bias
+        else:
+            node.inputs.append(bias)
+    elif node.op == "MatMul":
+        node.inputs[1] = gs.Constant(f"{name}.weight", np.ascontiguousarray(w.T))
+        if np.any(b != 0):
+            out = node.outputs[0]
+            mid = gs.Variable(f"{name}.matmul_out", dtype=out.dtype, shape=out.shape)
+            node.outputs[0] = mid
+            graph.nodes.append(gs.Node("Add", f"{name}.bias_add", inputs=[mid, gs.Constant(f"{name}.bias", b)],
+                                       outputs=[out]))
+    else:
+        raise UnsupportedOpError(f"{node.op} {name}: not a supported consumer")

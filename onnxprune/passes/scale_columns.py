@@ -1,0 +1,30 @@
+"""Pass: multiply each consumer's input columns of a group by a per-channel factor.
+
+This is the paper's "fold the simplex weights into the next layer" (factor N·a_i) and the
+per-channel least-squares rescaling.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxprune.analysis.groups import Group
+
+
+def scale_columns(graph: gs.Graph, group: Group, scale: np.ndarray) -> gs.Graph:
+    """``scale`` has one factor per channel the group has NOW (after any slicing)."""
+    consumers = {c.node for c in group.consumers}
+    nodes = {n.name: n for n in graph.nodes}
+    for site in group.slices:
+        if site.node not in consumers or site.input_index != 1:
+            continue
+        node = nodes[site.node]
+        const = node.inputs[1]
+        values = np.asarray(const.values)
+        factor = np.repeat(np.asarray(scale, dtype=np.float64), site.repeat)
+        shape = [1] * values.ndim
+        shape[site.axis] = factor.size
+        scaled = (values * factor.reshape(shape)).astype(values.dtype)
+        node.inputs[1] = gs.Constant(f"{const.name}.scaled{group.id}", scaled)
+    return graph.cleanup().toposort()

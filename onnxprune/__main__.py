@@ -1,0 +1,3 @@
+from onnxprune.cli import main
+
+main()

@@ -1,0 +1,228 @@
+"""Command line: ``onnxprune analyze | compress | eval``."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Optional
+
+import onnx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from onnxprune.analysis import analyze
+from onnxprune.analysis.graph import load_model
+from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from onnxprune.calib.sources import load_calibration
+from onnxprune.compress import METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, compress
+from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
+from onnxprune.evaluate import evaluate, format_table
+from onnxprune.runtime.ort import model_input_specs
+
+MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
+             "convention of pruning papers (their 'FLOPs').")
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Channel pruning of ONNX CNNs by greedy local imitation (Ye, Wu & Liu, NeurIPS 2020). "
+                  + MACS_HELP)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _fail(message: str) -> None:
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def parse_count(text: str) -> float:
+    """'245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
+    if not match:
+        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
+    return float(match.group(1)) * scale
+
+
+def write_atomic(model: onnx.ModelProto, path: Path) -> None:
+    """Write next to ``path`` then rename, so a failure never leaves a half file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(model.SerializeToString())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _preprocess(resize: int, crop: int, mean: str, std: str, layout: str, bgr: bool) -> Preprocess:
+    def floats(text: str) -> tuple[float, ...]:
+        try:
+            return tuple(float(v) for v in text.split(","))
+        except ValueError:
+            raise OnnxPruneError(f"cannot read {text!r} as comma-separated numbers (e.g. 0.485,0.456,0.406)") from None
+
+    return Preprocess(resize=resize, crop=crop, mean=floats(mean), std=floats(std), layout=layout, bgr=bgr)
+
+
+def _mmacs(value: float) -> str:
+    return f"{value / 1e6:,.1f}M"
+
+
+ResizeOpt = Annotated[int, typer.Option(help="Resize the short side of images to this many pixels.")]
+CropOpt = Annotated[int, typer.Option(help="Centre-crop images to this square size.")]
+MeanOpt = Annotated[str, typer.Option(help="Per-channel mean (R,G,B) after scaling to [0,1].")]
+StdOpt = Annotated[str, typer.Option(help="Per-channel std (R,G,B).")]
+LayoutOpt = Annotated[str, typer.Option(help="Input layout: nchw or nhwc.")]
+BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]
+SubsetOpt = Annotated[Optional[str], typer.Option(
+    help="Subset of the sorted image list: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).")]
+
+
+@app.command("analyze")
+def analyze_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model.")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """List the channel groups (prunable or not, with the reason), MACs and parameters."""
+    try:
+        result = analyze(load_model(model))
+    except OnnxPruneError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+        return
+    table = Table(title=f"{model}: channel groups")
+    for col in ("id", "group (first producer)", "channels", "producers", "consumers", "prunable"):
+        table.add_column(col)
+    for g in result.groups:
+        status = "[green]yes[/]" if g.prunable else f"[red]no[/]: {g.reason}"
+        table.add_row(str(g.id), g.name, str(g.channels), str(len(g.producers)), str(len(g.consumers)), status)
+    console.print(table)
+    console.print(f"MACs {_mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
+                  f"{len(result.prunable)}/{len(result.groups)} groups prunable, "
+                  f"{result.prunable_share():.0%} of MACs touch a prunable group")
+
+
+@app.command("compress")
+def compress_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model to prune.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the pruned model.")],
+    calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
+    target_flops: Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)] = None,
+    target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
+    method: Annotated[str, typer.Option(help=f"Channel selection: {', '.join(METHODS)}.")] = "local",
+    target: Annotated[str, typer.Option(
+        help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
+             "error) or 'paper' (the layer's own output on the pruned prefix).")] = "original",
+    reconstruct: Annotated[str, typer.Option(
+        help="Consumer weights after selection: 'full' least-squares refit, per-channel 'scale', or 'none' "
+             "(the paper's N·a_i fold).")] = "full",
+    subset: SubsetOpt = None,
+    limit: Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")] = None,
+    flip: Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")] = False,
+    resize: ResizeOpt = 256,
+    crop: CropOpt = 224,
+    mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
+    std: StdOpt = ",".join(map(str, IMAGENET_STD)),
+    layout: LayoutOpt = "nchw",
+    bgr: BgrOpt = False,
+    batch_size: Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")] = 32,
+    provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
+    seed: Annotated[int, typer.Option(help="Seed for the random baseline.")] = 0,
+    report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
+) -> None:
+    """Prune channels to a MAC budget and write a smaller ONNX model."""
+    try:
+        if output.resolve() == model.resolve():
+            raise OutputError(f"output {output} is the input model: choose another -o path")
+        if (target_flops is None) == (target_ratio is None):
+            raise TargetError("give exactly one of --target-flops (e.g. 245M) or --target-ratio (e.g. 0.8)")
+        if target_ratio is not None and not 0 < target_ratio < 1:
+            raise TargetError(f"--target-ratio {target_ratio} must lie strictly between 0 and 1")
+        for name, value, allowed in (("method", method, METHODS), ("target", target, TARGETS),
+                                     ("reconstruct", reconstruct, RECONSTRUCTIONS)):
+            if value not in allowed:
+                raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        onnx_model = load_model(model)
+        data = load_calibration(calib, model_input_specs(onnx_model),
+                                preprocess=_preprocess(resize, crop, mean, std, layout, bgr),
+                                subset=subset, limit=limit, flip=flip)
+        options = CompressOptions(
+            target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
+            method=method, target=target, reconstruct=reconstruct, batch_size=batch_size, provider=provider,
+            seed=seed,
+        )
+        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                      TimeElapsedColumn(), console=err_console, transient=True) as progress:
+            task = progress.add_task("pruning", total=None)
+
+            def on_layer(i: int, total: int, name: str) -> None:
+                progress.update(task, completed=i, total=total, description=f"pruning {name}")
+
+            pruned, result = compress(onnx_model, data, options, on_layer)
+        write_atomic(pruned, output)
+        if report is not None:
+            report.write_text(json.dumps(result.to_dict(), indent=2))
+    except OnnxPruneError as exc:
+        _fail(str(exc))
+    table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
+    for col in ("group", "kept", "greedy loss", "error (fold)", "error", "s"):
+        table.add_column(col)
+    for layer in result.layers:
+        greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
+        table.add_row(layer.group, f"{layer.kept}/{layer.channels}", greedy, f"{layer.error_fold:.3f}",
+                      f"{layer.error:.3f}", f"{layer.seconds:.1f}")
+    console.print(table)
+    for s in result.skipped:
+        console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
+    console.print(
+        f"MACs {_mmacs(result.macs_before)} → {_mmacs(result.macs_after)} "
+        f"({result.macs_after / result.macs_before:.1%}), params {result.params_before / 1e6:.2f}M → "
+        f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
+        f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
+    )
+
+
+@app.command("eval")
+def eval_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model to evaluate.")],
+    images: Annotated[Path, typer.Option(help="Image folder; a leading number in a file name is its class.")],
+    ref: Annotated[Optional[Path], typer.Option(help="Reference model for agreement / KL / output error.")] = None,
+    subset: SubsetOpt = None,
+    resize: ResizeOpt = 256,
+    crop: CropOpt = 224,
+    mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
+    std: StdOpt = ",".join(map(str, IMAGENET_STD)),
+    layout: LayoutOpt = "nchw",
+    bgr: BgrOpt = False,
+    provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Top-1/top-5 from file-name labels, and agreement/KL/output error against --ref."""
+    try:
+        if not model.is_file():
+            raise ModelError(f"{model}: no such file")
+        result = evaluate(model, images, ref=ref, preprocess=_preprocess(resize, crop, mean, std, layout, bgr),
+                          subset=subset, provider=provider)
+    except OnnxPruneError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        console.print(format_table({str(model): result}))
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune`
+    app(prog_name="onnxprune")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""``compress``: layer-wise channel pruning of an ONNX model on calibration data.
+
+Groups are pruned in graph order. At each group's cut (just before its first consumer) the
+calibration set has been pushed through the already-pruned prefix and, in lockstep, through the
+original network. The consumers' unfolded inputs (pruned prefix) and outputs (original network)
+are reduced to streamed statistics, from which the greedy chooses the channels and the
+reconstruction chooses the consumer weights.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.allocation import uniform_widths
+from onnxprune.analysis import Analysis, analyze, consumers
+from onnxprune.analysis.graph import infer_shapes
+from onnxprune.analysis.groups import ConsumerUse, Group
+from onnxprune.analysis.macs import count_params
+from onnxprune.calib.sources import CalibrationSet
+from onnxprune.errors import AnalysisError, CalibrationError
+from onnxprune.imitation.local import greedy_local
+from onnxprune.imitation.refit import quadratic_loss_full, refit_full, refit_scale
+from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
+from onnxprune.passes import expand, refit_consumer, scale_columns, slice_channels
+from onnxprune.runtime.segments import Liveness, run_segment
+
+METHODS = ("local", "l1", "random")
+TARGETS = ("original", "paper")
+RECONSTRUCTIONS = ("none", "scale", "full")
+ALLOCATIONS = ("uniform",)
+
+
+@dataclass
+class CompressOptions:
+    """What to prune and how. Exactly one of ``target_macs`` / ``target_ratio`` is set."""
+
+    target_macs: float | None = None
+    target_ratio: float | None = None
+    method: str = "local"
+    target: str = "original"
+    reconstruct: str = "full"
+    allocation: str = "uniform"
+    ridge: float = 1e-4
+    min_channels: int = 1
+    batch_size: int = 32
+    provider: str = "auto"
+    seed: int = 0
+
+
+@dataclass
+class LayerReport:
+    group: str
+    channels: int
+    kept: int
+    consumers: list[str]
+    imitation_loss: float | None  # relative loss of the greedy's simplex solution (local only)
+    error_fold: float  # relative output error of the consumers before the refit
+    error: float  # relative output error of the consumers as written
+    seconds: float
+
+
+@dataclass
+class CompressReport:
+    macs_before: int
+    macs_after: int
+    params_before: int
+    params_after: int
+    target_macs: float
+    options: dict
+    provider: str
+    calibration_samples: int
+    seconds: float = 0.0
+    layers: list[LayerReport] = field(default_factory=list)
+    skipped: list[dict] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]], list[dict]]:
+    """Prunable groups with their cut (position of the first consumer), and those left alone.
+
+    A group can be pruned layer-wise when all of its tensors exist before its first consumer
+    runs; groups tied across several layers (residual streams, SE gates) cannot yet.
+    """
+    order, skipped = [], []
+    for g in analysis.groups:
+        if not g.prunable:
+            skipped.append({"group": g.name, "channels": g.channels, "reason": g.reason})
+            continue
+        cut = min(live.position[c.node] for c in g.consumers)
+        if any(live.produced[t] >= cut for t in g.tensors):
+            skipped.append({"group": g.name, "channels": g.channels,
+                            "reason": "coupled across layers (residual/SE): not pruned by this release"})
+            continue
+        order.append((cut, g))
+    order.sort(key=lambda item: item[0])
+    if not order:
+        raise AnalysisError("no prunable channel group in this graph (run `onnxprune analyze` for the reasons)")
+    return order, skipped
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """(B, O, ...) → (B·positions, O), matching the row order of ``consumers.unfold``."""
+    if x.dim() == 2:
+        return x
+    return x.movedim(1, -1).reshape(-1, x.shape[1])
+
+
+def _residual_partner(node: gs.Node) -> str | None:
+    """The other input of a residual Add that the consumer's output feeds into, if any."""
+    out = node.outputs[0]
+    if len(out.outputs) != 1 or out.outputs[0].op != "Add":
+        return None
+    add = out.outputs[0]
+    others = [t for t in add.inputs if t is not out]
+    if len(others) != 1 or isinstance(others[0], gs.Constant) or others[0].shape != out.shape:
+        return None
+    return others[0].name
+
+
+@dataclass
+class _ConsumerData:
+    use: ConsumerUse
+    stats: ConsumerStats
+    current: consumers.Linear
+    original: consumers.Linear
+
+
+class Compressor:
+    """Holds both graphs and their cached live tensors while pruning group by group."""
+
+    def __init__(self, model: onnx.ModelProto, calib: CalibrationSet, options: CompressOptions) -> None:
+        self.model = model
+        self.options = options
+        self.analysis = analyze(model)
+        self.original = self.analysis.graph.copy()
+        self.graph = self.analysis.graph
+        self.live = Liveness(self.graph)
+        self.rng = np.random.default_rng(options.seed)
+        self.values_p = self._load(calib)
+        self.values_o = dict(self.values_p)
+        self.provider = options.provider
+
+    def _load(self, calib: CalibrationSet) -> dict[str, np.ndarray]:
+        parts: dict[str, list[np.ndarray]] = {}
+        for batch in calib.batches(self.options.batch_size):
+            for name, array in batch.items():
+                parts.setdefault(name, []).append(array)
+        if not parts:
+            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
+        return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+
+    def advance(self, cut: int) -> None:
+        """Bring both caches to the tensors live at ``cut``."""
+        live = self.live.live(cut)
+        for graph, values in ((self.graph, self.values_p), (self.original, self.values_o)):
+            new, self.provider = run_segment(graph, values, live - set(values), provider=self.options.provider,
+                                             batch_size=self.options.batch_size)
+            values.update(new)
+            for name in set(values) - live:
+                del values[name]
+
+    def collect(self, group: Group) -> list[_ConsumerData]:
+        """Streamed statistics of every consumer: pruned-prefix inputs vs original outputs."""
+        nodes_p = {n.name: n for n in self.graph.nodes}
+        nodes_o = {n.name: n for n in self.original.nodes}
+        out = []
+        bs = self.options.batch_size
+        for use in group.consumers:
+            node_p, node_o = nodes_p[use.node], nodes_o[use.node]
+            current, original = consumers.matrix(node_p), consumers.matrix(node_o)
+            w_o = torch.from_numpy(original.weight.astype(np.float32))
+            b_o = torch.from_numpy(original.bias.astype(np.float32))
+            partner = _residual_partner(node_o)
+            if partner is not None and partner not in self.values_p:
+                partner = None
+            stats = ConsumerStats(current.weight.shape[1], current.weight.shape[0])
+            x_p, x_o = self.values_p[use.tensor], self.values_o[use.tensor]
+            for s in range(0, len(x_p), bs):
+                x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
+                t = consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs])) @ w_o.T + b_o
+                if partner is not None:
+                    t += _rows(torch.from_numpy(self.values_o[partner][s : s + bs] - self.values_p[partner][s : s + bs]))
+                stats.update(x, t)
+            out.append(_ConsumerData(use, stats, current, original))
+        return out
+
+    def choose(self, group: Group, data: list[_ConsumerData], width: int) -> tuple[np.ndarray, np.ndarray, float | None]:
+        """Kept channels (sorted), their fold factors, and the greedy's relative loss."""
+        n = group.channels
+        method = self.options.method
+        if method == "random":
+            return np.sort(self.rng.choice(n, width, replace=False)), np.ones(width), None
+        if method == "l1":
+            norms = np.zeros(n)
+            nodes = {node.name: node for node in self.graph.nodes}
+            for site in group.slices:
+                if site.node in group.producers and site.input_index == 1:
+                    w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
+                    norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
+            return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
+        G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)
+        if self.options.target == "paper":
+            c = G.sum(axis=1) / n
+            tau = float(G.sum()) / n**2
+        else:
+            c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data) / n
+            tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
+        path = greedy_local(G, c, tau)
+        keep = path.support(width)
+        a = path.weights(width)
+        rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None
+        return keep, n * a[keep], rel
+
+    def apply(self, group: Group, data: list[_ConsumerData], keep: np.ndarray, fold: np.ndarray) -> tuple[float, float]:
+        """Slice the group, then fold/rescale/refit its consumers. Returns (error_fold, error)."""
+        self.graph = slice_channels(self.graph, group, keep)
+        energy = sum(_centred_energy(d.stats) for d in data) or 1.0
+        fold_err = sum(_fold_loss(d, keep, fold) for d in data) / energy
+        mode = self.options.reconstruct
+        if mode == "full":
+            for d in data:
+                w, b = refit_full(d.stats, expand(keep, _k(d)), ridge=self.options.ridge)
+                self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)))
+            err = sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, d)) for d in data)
+            return fold_err, err / energy
+        if mode == "scale":
+            G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)[np.ix_(keep, keep)]
+            c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data)[keep]
+            fold = refit_scale(G, c, ridge=self.options.ridge)
+        self.graph = scale_columns(self.graph, group, fold)
+        return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy
+
+    def slice_cache(self, group: Group, keep: np.ndarray) -> None:
+        for name, (axis, repeat) in group.tensors.items():
+            if name in self.values_p:
+                self.values_p[name] = np.ascontiguousarray(np.take(self.values_p[name], expand(keep, repeat), axis=axis))
+
+    def export(self) -> onnx.ModelProto:
+        model = gs.export_onnx(self.graph.cleanup().toposort())
+        model.ir_version = self.model.ir_version
+        model.producer_name = "onnxprune"
+        return infer_shapes(model)
+
+
+def _k(d: _ConsumerData) -> int:
+    """Weight columns per channel: kernel taps × entries per channel after a Flatten."""
+    return d.current.k * d.use.repeat
+
+
+def _centred_energy(stats: ConsumerStats) -> float:
+    """Σ_p ||t_p - mean t||²: the scale relative errors are measured against."""
+    return float(stats.tt - stats.st @ stats.st / max(stats.count, 1))
+
+
+def _fold_loss(d: _ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:
+    """Output error of the consumer with its kept columns scaled by ``fold`` and its bias unchanged."""
+    k = _k(d)
+    w = d.current.weight[:, expand(keep, k)] * np.repeat(fold, k)[None, :]
+    return quadratic_loss_full(d.stats, expand(keep, k), w, d.current.bias)
+
+
+def _refit_of(graph: gs.Graph, d: _ConsumerData) -> tuple[np.ndarray, np.ndarray]:
+    node = next(n for n in graph.nodes if n.name == d.use.node)
+    lin = consumers.matrix(node)
+    return lin.weight, lin.bias
+
+
+def compress(
+    model: onnx.ModelProto,
+    calib: CalibrationSet,
+    options: CompressOptions,
+    on_layer: Callable[[int, int, str], None] | None = None,
+) -> tuple[onnx.ModelProto, CompressReport]:
+    """Prune ``model`` to the options' MAC budget. ``on_layer(i, total, name)`` reports progress."""
+    start = time.perf_counter()
+    if options.method not in METHODS:
+        raise ValueError(f"method {options.method!r} not in {METHODS}")
+    torch.manual_seed(options.seed)
+    run = Compressor(model, calib, options)
+    analysis = run.analysis
+    order, skipped = schedule(analysis, run.live)
+    groups = [g for _, g in order]
+    target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
+    widths = uniform_widths(analysis.macs, groups, target, options.min_channels)
+    report = CompressReport(
+        macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
+        target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
+        skipped=skipped,
+    )
+    for i, (cut, group) in enumerate(order):
+        if on_layer is not None:
+            on_layer(i, len(order), group.name)
+        t0 = time.perf_counter()
+        run.advance(cut)
+        width = widths[group.id]
+        if width == group.channels:
+            continue
+        data = run.collect(group)
+        keep, fold, rel = run.choose(group, data, width)
+        err_fold, err = run.apply(group, data, keep, fold)
+        run.slice_cache(group, keep)
+        report.layers.append(LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers],
+                                         rel, err_fold, err, time.perf_counter() - t0))
+    if on_layer is not None:
+        on_layer(len(order), len(order), "")
+    pruned = run.export()
+    after = analyze(pruned)
+    report.macs_after = after.macs.total
+    report.params_after = count_params(after.graph)
+    report.provider = run.provider
+    report.seconds = time.perf_counter() - start
+    return pruned, report
+
+
+__all__ = ["ALLOCATIONS", "METHODS", "RECONSTRUCTIONS", "TARGETS", "CompressOptions", "CompressReport", "compress"]

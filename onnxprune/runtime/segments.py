@@ -1,0 +1,75 @@
+"""Run a graph cut by cut over the whole calibration set, keeping only the live tensors.
+
+Pruning goes layer by layer from the input, each layer on data pushed through the already-pruned
+prefix. Instead of re-running the prefix for every layer, the tensors alive at a cut (produced
+before it, read after it) are cached for all samples and each segment between two cuts runs once,
+as an onnxruntime sub-model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxprune.runtime.ort import make_session
+
+
+class Liveness:
+    """Where each tensor is produced and last read, by position in a fixed node order."""
+
+    def __init__(self, graph: gs.Graph) -> None:
+        self.position = {node.name: i for i, node in enumerate(graph.nodes)}
+        end = len(graph.nodes)
+        self.produced: dict[str, int] = {t.name: -1 for t in graph.inputs}
+        self.last_use: dict[str, int] = {t.name: end for t in graph.outputs}
+        for i, node in enumerate(graph.nodes):
+            for t in node.outputs:
+                self.produced[t.name] = i
+            for t in node.inputs:
+                if isinstance(t, gs.Variable) and t.name:
+                    self.last_use[t.name] = max(self.last_use.get(t.name, -1), i)
+
+    def live(self, cut: int) -> set[str]:
+        """Tensors produced before node ``cut`` and read at or after it (or graph outputs)."""
+        return {t for t, p in self.produced.items() if p < cut and self.last_use.get(t, -1) >= cut}
+
+
+def run_segment(
+    graph: gs.Graph,
+    values: dict[str, np.ndarray],
+    outputs: Iterable[str],
+    *,
+    provider: str,
+    batch_size: int,
+) -> tuple[dict[str, np.ndarray], str]:
+    """Compute ``outputs`` from the cached ``values`` (all samples) with the nodes in between.
+
+    Returns the new arrays and the execution provider that ran.
+    """
+    outputs = sorted(set(outputs))
+    if not outputs:
+        return {}, provider
+    g = graph.copy()
+    tensors = g.tensors()
+    inputs = [tensors[name] for name in values if name in tensors]
+    for tensor in inputs:
+        tensor.inputs.clear()
+        array = values[tensor.name]
+        tensor.dtype, tensor.shape = array.dtype, ["N", *array.shape[1:]]
+    g.inputs = inputs
+    g.outputs = [tensors[name] for name in outputs]
+    for tensor in g.outputs:
+        if tensor.dtype is None:
+            tensor.dtype = np.float32
+    g.cleanup(remove_unused_graph_inputs=True)
+    session, ran = make_session(gs.export_onnx(g), provider)
+    feed_names = [t.name for t in g.inputs]
+    n = len(next(iter(values.values())))
+    chunks: list[list[np.ndarray]] = [[] for _ in outputs]
+    for start in range(0, n, batch_size):
+        feed = {name: values[name][start : start + batch_size] for name in feed_names}
+        for k, array in enumerate(session.run(outputs, feed)):
+            chunks[k].append(array)
+    return {name: np.concatenate(parts) for name, parts in zip(outputs, chunks)}, ran

@@ -26,9 +26,10 @@ from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.local import greedy_local
+from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import quadratic_loss_full, refit_full, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
-from onnxprune.passes import expand, refit_consumer, scale_columns, slice_channels
+from onnxprune.passes import refit_consumer, scale_columns, slice_channels
 from onnxprune.runtime.segments import Liveness, run_segment
 
 METHODS = ("local", "l1", "random")
@@ -214,7 +215,7 @@ class Compressor:
         else:
             c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data) / n
             tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
-        path = greedy_local(G, c, tau)
+        path = greedy_local(G, c, tau, max_steps=3 * width)
         keep = path.support(width)
         a = path.weights(width)
         rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None

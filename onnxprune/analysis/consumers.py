@@ -57,12 +57,17 @@ def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
     if len(w_shape) != 4:
         raise UnsupportedOpError(f"Conv {node.name}: only 2-D convolutions can be re-fitted")
     pads = _conv_pads(node)
+    strides = tuple(node.attrs.get("strides", [1, 1]))
+    if tuple(w_shape[2:]) == (1, 1) and not any(pads):
+        # 1×1 conv: the patches are the (strided) pixels; im2col would only copy slowly.
+        x = x[:, :, :: strides[0], :: strides[1]]
+        return x.movedim(1, -1).reshape(-1, x.shape[1])
     x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
     cols = F.unfold(
         x,
         kernel_size=tuple(w_shape[2:]),
         dilation=tuple(node.attrs.get("dilations", [1, 1])),
-        stride=tuple(node.attrs.get("strides", [1, 1])),
+        stride=strides,
     )
     return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 

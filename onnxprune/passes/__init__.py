@@ -2,6 +2,6 @@
 
 from onnxprune.passes.refit_consumer import refit_consumer
 from onnxprune.passes.scale_columns import scale_columns
-from onnxprune.passes.slice_channels import expand, slice_channels
+from onnxprune.passes.slice_channels import slice_channels
 
-__all__ = ["expand", "refit_consumer", "scale_columns", "slice_channels"]
+__all__ = ["refit_consumer", "scale_columns", "slice_channels"]

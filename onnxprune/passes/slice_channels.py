@@ -6,12 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.groups import Group
-
-
-def expand(keep: np.ndarray, repeat: int) -> np.ndarray:
-    """Channel indices → entry indices when each channel owns ``repeat`` consecutive entries."""
-    keep = np.asarray(keep, dtype=np.int64)
-    return (keep[:, None] * repeat + np.arange(repeat)[None, :]).reshape(-1)
+from onnxprune.imitation.refit import expand_channels
 
 
 def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
@@ -21,7 +16,7 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
     for site in group.slices:
         node = nodes[site.node]
         const = node.inputs[site.input_index]
-        values = np.take(np.asarray(const.values), expand(keep, site.repeat), axis=site.axis)
+        values = np.take(np.asarray(const.values), expand_channels(keep, site.repeat), axis=site.axis)
         node.inputs[site.input_index] = gs.Constant(f"{const.name}.keep{group.id}", np.ascontiguousarray(values))
     for site in group.attrs:
         nodes[site.node].attrs[site.attr] = int(len(keep))

@@ -1,0 +1,143 @@
+"""Image preprocessing, label parsing, image listing and deterministic subsets."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, TypeVar
+
+import numpy as np
+from PIL import Image
+
+from onnxprune.errors import CalibrationError
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
+SUBSET_FORMS = "'start:stop[:step]' (e.g. '0:400', '::2'), 'k%n' (index % n == k) or '!k%n' (index % n != k)"
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """Resize the short side, centre-crop, scale, normalise and lay out an image file.
+
+    ``mean``/``std`` are in RGB order and are applied to ``pixel * scale`` before the optional
+    RGB->BGR swap, so the ImageNet defaults stay right with ``bgr=True``. ``crop`` is a side or an
+    ``(height, width)``; ``None`` keeps the resized image (callers fill it in from a model input).
+    The short side is never resized below the crop, so the crop always fits.
+    """
+
+    resize: int | None = 256
+    crop: int | tuple[int, int] | None = 224
+    mean: tuple[float, ...] = IMAGENET_MEAN
+    std: tuple[float, ...] = IMAGENET_STD
+    scale: float = 1 / 255
+    layout: Literal["nchw", "nhwc"] = "nchw"
+    bgr: bool = False
+
+    def __post_init__(self) -> None:
+        if self.layout not in ("nchw", "nhwc"):
+            raise CalibrationError(f"unknown layout {self.layout!r}: use --layout nchw or --layout nhwc")
+        if len(self.mean) != 3 or len(self.std) != 3:
+            raise CalibrationError(f"mean {self.mean} and std {self.std} need 3 values each (R,G,B): fix --mean/--std")
+
+    @property
+    def crop_hw(self) -> tuple[int, int] | None:
+        """The crop as ``(height, width)``, or None."""
+        if self.crop is None:
+            return None
+        return (self.crop, self.crop) if isinstance(self.crop, int) else (int(self.crop[0]), int(self.crop[1]))
+
+    def __call__(self, path: str | Path, *, flip: bool = False) -> np.ndarray:
+        """Load ``path`` as a float32 ``(C,H,W)`` (nchw) or ``(H,W,C)`` (nhwc) array; ``flip`` mirrors it."""
+        with open_image(path) as im:
+            img = im.convert("RGB")
+        if flip:
+            img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+        img = self._resize(img)
+        if (hw := self.crop_hw) is not None:
+            h, w = hw
+            left, top = (img.width - w) // 2, (img.height - h) // 2
+            img = img.crop((left, top, left + w, top + h))
+        x = np.asarray(img, dtype=np.float32) * np.float32(self.scale)
+        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        if self.bgr:
+            x = x[..., ::-1]
+        if self.layout == "nchw":
+            x = x.transpose(2, 0, 1)
+        return np.ascontiguousarray(x, dtype=np.float32)
+
+    def _resize(self, img: Image.Image) -> Image.Image:
+        """Bilinear resize so the short side is ``resize`` (or just large enough for the crop)."""
+        w, h = img.size
+        ch, cw = self.crop_hw or (0, 0)
+        factor = self.resize / min(w, h) if self.resize is not None else 1.0
+        factor = max(factor, ch / h, cw / w)
+        size = (max(round(w * factor), cw), max(round(h * factor), ch))
+        if size == (w, h):
+            return img
+        return img.resize(size, Image.Resampling.BILINEAR)
+
+
+@contextmanager
+def open_image(path: str | Path) -> Iterator[Image.Image]:
+    """``PIL.Image.open(path)``, turning a missing/unreadable/truncated file into CalibrationError naming it."""
+    try:
+        with Image.open(path) as im:
+            yield im
+    except (OSError, ValueError) as e:
+        raise CalibrationError(f"cannot read image {path}: {e}; remove or replace the file") from e
+
+
+def label_from_name(path: str | Path) -> int | None:
+    """The leading integer of the file name (``042_n01687978_agama.jpg`` -> 42), or None."""
+    m = re.match(r"\d+", Path(path).name)
+    return int(m.group()) if m else None
+
+
+def list_images(directory: str | Path) -> list[Path]:
+    """All images (.jpg/.jpeg/.png/.bmp/.webp, any case) under ``directory``, recursively, sorted.
+
+    Raises CalibrationError if ``directory`` is not a folder or holds no image.
+    """
+    root = Path(directory)
+    if not root.is_dir():
+        raise CalibrationError(f"image folder {root} not found: pass an existing folder of images")
+    paths = sorted(p for p in root.rglob("*") if p.suffix.lower() in IMAGE_SUFFIXES and p.is_file())
+    if not paths:
+        raise CalibrationError(
+            f"no images in {root}: add {'/'.join(sorted(IMAGE_SUFFIXES))} files or point to another folder"
+        )
+    return paths
+
+
+def select(items: Sequence[T], spec: str | None) -> list[T]:
+    """The deterministic subset of ``items`` given by ``spec`` (None = all).
+
+    Forms: ``start:stop[:step]`` (a Python slice), ``k%n`` (index % n == k) and ``!k%n``
+    (index % n != k, the complement of ``k%n``). Raises CalibrationError for a bad spec or an
+    empty selection.
+    """
+    if spec is None:
+        return list(items)
+    text = spec.replace(" ", "")
+    if m := re.fullmatch(r"(!?)(\d+)%(\d+)", text):
+        negate, k, n = m.group(1) == "!", int(m.group(2)), int(m.group(3))
+        if n == 0 or k >= n:
+            raise CalibrationError(f"bad subset {spec!r}: 'k%n' needs 0 <= k < n; accepted forms: {SUBSET_FORMS}")
+        chosen = [x for i, x in enumerate(items) if (i % n == k) != negate]
+    elif re.fullmatch(r"(-?\d+)?:(-?\d+)?(:(-?\d+)?)?", text):
+        start, stop, step = (int(p) if p else None for p in (text.split(":") + [""])[:3])
+        if step == 0:
+            raise CalibrationError(f"bad subset {spec!r}: slice step cannot be 0; accepted forms: {SUBSET_FORMS}")
+        chosen = list(items)[slice(start, stop, step)]
+    else:
+        raise CalibrationError(f"bad subset {spec!r}: accepted forms are {SUBSET_FORMS}")
+    if not chosen:
+        raise CalibrationError(f"subset {spec!r} selects none of the {len(items)} items: widen --subset")
+    return chosen

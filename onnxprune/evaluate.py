@@ -1,0 +1,168 @@
+"""Fidelity evaluation of a (pruned) model on an image folder: accuracy and agreement with a reference."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+from rich.table import Table
+
+from onnxprune.calib.images import Preprocess, label_from_name
+from onnxprune.calib.sources import load_image_folder
+from onnxprune.errors import OnnxPruneError
+from onnxprune.runtime.ort import make_session, model_input_specs, run_session
+
+EPS = 1e-12
+SAME_ORIGIN = "compare against the model this one was pruned from"
+
+
+@dataclass
+class EvalResult:
+    """Metrics over ``images`` images; ``None``/empty where they do not apply (no labels, no ref, no classifier)."""
+
+    images: int
+    provider: str
+    top1: float | None = None
+    top5: float | None = None
+    agreement: float | None = None
+    kl: float | None = None
+    rel_l2: dict[str, float] = field(default_factory=dict)
+    cosine: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready dict."""
+        return asdict(self)
+
+
+def evaluate(
+    model: str | Path,
+    images: str | Path,
+    *,
+    ref: str | Path | None = None,
+    preprocess: Preprocess | None = None,
+    subset: str | None = None,
+    batch_size: int = 32,
+    provider: str = "auto",
+) -> EvalResult:
+    """Run ``model`` on the images in ``images`` (after ``subset``) and measure it.
+
+    If the first output is 2-D (batch, classes) and every file name starts with its label, top-1/top-5
+    accuracy; with ``ref``, top-1 agreement and mean KL(softmax(ref) || softmax(model)) for such a
+    classifier, and for every output the mean relative L2 error and cosine similarity per image.
+    """
+    session, active = make_session(model, provider)
+    ref_session = None
+    if ref is not None:
+        ref_session, _ = make_session(ref, provider)
+        _check_compatible(session, ref_session, model, ref)
+    data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset)
+    labels = [label_from_name(p) for p in data.paths]
+    names = [o.name for o in session.get_outputs()]
+    hits1 = hits5 = agree = 0
+    kl = 0.0
+    rel = dict.fromkeys(names, 0.0)
+    cos = dict.fromkeys(names, 0.0)
+    classifier = False
+    offset = 0
+    for feed in data.batches(batch_size):
+        ys = run_session(session, feed)
+        n = len(ys[0])
+        classifier = ys[0].ndim == 2
+        if classifier and None not in labels:
+            top1, top5 = _hits(ys[0], np.asarray(labels[offset : offset + n]))
+            hits1, hits5 = hits1 + top1, hits5 + top5
+        if ref_session is not None:
+            refs = run_session(ref_session, feed)
+            for name, y, r in zip(names, ys, refs):
+                if y.shape != r.shape:
+                    raise _mismatch(name, y.shape, r.shape, model, ref)
+                rel_sum, cos_sum = _similarity(y, r)
+                rel[name] += rel_sum
+                cos[name] += cos_sum
+            if classifier:
+                agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
+                log_p, log_q = _log_softmax(refs[0]), _log_softmax(ys[0])
+                kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+        offset += n
+    result = EvalResult(images=offset, provider=active)
+    if classifier and None not in labels:
+        result.top1, result.top5 = hits1 / offset, hits5 / offset
+    if ref_session is not None:
+        result.rel_l2 = {k: v / offset for k, v in rel.items()}
+        result.cosine = {k: v / offset for k, v in cos.items()}
+        if classifier:
+            result.agreement, result.kl = agree / offset, kl / offset
+    return result
+
+
+def _hits(logits: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
+    """How many rows have their label as top-1 and within the top-5 scores."""
+    top5 = np.argsort(-logits, axis=1)[:, :5]
+    return int((top5[:, 0] == labels).sum()), int((top5 == labels[:, None]).any(axis=1).sum())
+
+
+def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
+    """Sums over the batch of the relative L2 error ||y - r|| / ||r|| and the cosine similarity, per sample."""
+    y, r = y.reshape(len(y), -1).astype(np.float64), r.reshape(len(r), -1).astype(np.float64)
+    ny, nr = np.linalg.norm(y, axis=1), np.linalg.norm(r, axis=1)
+    rel = np.linalg.norm(y - r, axis=1) / np.maximum(nr, EPS)
+    cos = (y * r).sum(axis=1) / np.maximum(ny * nr, EPS)
+    return float(rel.sum()), float(cos.sum())
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-softmax in float64."""
+    x = x.astype(np.float64)
+    x = x - x.max(axis=1, keepdims=True)
+    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
+
+
+def _mismatch(name: str, ours: object, theirs: object, model: str | Path, ref: str | Path) -> OnnxPruneError:
+    """The error for an output whose shape differs between ``model`` and ``ref``."""
+    return OnnxPruneError(f"output {name!r} is {ours} in {model} but {theirs} in {ref}: {SAME_ORIGIN}")
+
+
+def _check_compatible(
+    session: ort.InferenceSession, ref_session: ort.InferenceSession, model: str | Path, ref: str | Path
+) -> None:
+    """OnnxPruneError unless ``ref`` has the same input names and output names/static shapes as ``model``."""
+    for kind, ours, theirs in (
+        ("inputs", session.get_inputs(), ref_session.get_inputs()),
+        ("outputs", session.get_outputs(), ref_session.get_outputs()),
+    ):
+        a, b = [v.name for v in ours], [v.name for v in theirs]
+        if a != b:
+            raise OnnxPruneError(f"{kind} of {model} ({', '.join(a)}) differ from those of {ref} ({', '.join(b)}): "
+                                 f"{SAME_ORIGIN}")
+    for o, r in zip(session.get_outputs(), ref_session.get_outputs()):
+        if len(o.shape) != len(r.shape) or any(
+            isinstance(d, int) and isinstance(e, int) and d != e for d, e in zip(o.shape, r.shape)
+        ):
+            raise _mismatch(o.name, o.shape, r.shape, model, ref)
+
+
+def format_table(results: dict[str, EvalResult]) -> Table:
+    """A rich table with one row per model (keyed by its label) and one column per metric."""
+    outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
+    table = Table(title="Fidelity")
+    for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
+        table.add_column(header, justify="left" if header == "model" else "right")
+    for name in outputs:
+        suffix = f" {name}" if len(outputs) > 1 else ""
+        table.add_column(f"rel-L2{suffix}", justify="right")
+        table.add_column(f"cos{suffix}", justify="right")
+    for label, r in results.items():
+        row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
+               _fmt(r.kl, ".4g")]
+        for name in outputs:
+            row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
+        table.add_row(*row)
+    return table
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or '-' if missing."""
+    return "-" if value is None else format(value, spec)

@@ -1,0 +1,138 @@
+"""Streamed second-order statistics of a consumer layer and the neuron quadratics built from them.
+
+A consumer (Conv/Gemm) reads N channels; unfolded, its input at position p is x_p in R^D with
+D = N*K (column i*K + k belongs to channel i) and its output is t_p = W x_p + b, W of shape (O, D).
+Channel i contributes h_i(p) = W[:, iK:(i+1)K] @ x_p[iK:(i+1)K] to t_p - b.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+CHUNK_ROWS = 65536
+"""Rows per float32 product: bounds the float32 rounding error before float64 accumulation."""
+
+_BLOCK_ELEMENTS = 1 << 22
+"""Elements of one row block of W^T W in `neuron_gram` (keeps temporaries at ~32 MiB)."""
+
+
+def _as_float32_tensor(a: np.ndarray | torch.Tensor) -> torch.Tensor:
+    """A float32 torch view/copy of a numpy array or tensor (device kept)."""
+    if isinstance(a, np.ndarray):
+        a = torch.from_numpy(np.ascontiguousarray(a))
+    return a.detach().to(torch.float32)
+
+
+class ConsumerStats:
+    """Streaming float64 sums over positions p: xx = Σ x xᵀ, xt = Σ x tᵀ, sx = Σ x, st = Σ t, tt = Σ ||t||².
+
+    `count` is the number of positions.
+
+    Products are taken in float32 on chunks of at most `CHUNK_ROWS` rows (on the inputs' device when
+    given torch tensors) and accumulated in float64. On CUDA keep TF32 matmul disabled
+    (`torch.backends.cuda.matmul.allow_tf32 = False`, the default), or xx/xt lose ~3 digits.
+    The properties xx, xt, sx, st are float64 numpy arrays (views of the accumulators on CPU).
+    """
+
+    def __init__(self, d: int, o: int) -> None:
+        self.d, self.o = d, o
+        self._xx = torch.zeros(d, d, dtype=torch.float64)
+        self._xt = torch.zeros(d, o, dtype=torch.float64)
+        self._sx = torch.zeros(d, dtype=torch.float64)
+        self._st = torch.zeros(o, dtype=torch.float64)
+        self.tt = 0.0
+        self.count = 0
+
+    def _to(self, device: torch.device) -> None:
+        """Move the accumulators to `device` (where the inputs live)."""
+        if self._xx.device != device:
+            self._xx, self._xt, self._sx, self._st = (
+                a.to(device) for a in (self._xx, self._xt, self._sx, self._st)
+            )
+
+    def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor) -> None:
+        """Add positions: x of shape (P, D), t of shape (P, O) (numpy arrays or torch tensors)."""
+        xf, tf = _as_float32_tensor(x), _as_float32_tensor(t)
+        if xf.ndim != 2 or tf.ndim != 2 or xf.shape[1] != self.d or tf.shape[1] != self.o or len(xf) != len(tf):
+            raise ValueError(
+                f"ConsumerStats.update expects x (P, {self.d}) and t (P, {self.o}); "
+                f"got {tuple(xf.shape)} and {tuple(tf.shape)}"
+            )
+        tf = tf.to(xf.device)
+        self._to(xf.device)
+        d = self.d
+        with torch.no_grad():
+            for start in range(0, len(xf), CHUNK_ROWS):
+                # One product [x t]ᵀ[x t] per chunk: tall-skinny GEMMs are dominated by call overhead.
+                z = torch.cat([xf[start : start + CHUNK_ROWS], tf[start : start + CHUNK_ROWS]], dim=1)
+                zz = (z.T @ z).double()
+                self._xx += zz[:d, :d]
+                self._xt += zz[:d, d:]
+                self.tt += float(z[:, d:].double().square().sum())
+                sums = z.sum(0, dtype=torch.float64)
+                self._sx += sums[:d]
+                self._st += sums[d:]
+        self.count += len(xf)
+
+    def merge(self, other: ConsumerStats) -> None:
+        """Add another accumulator's sums into this one (same D and O)."""
+        if (other.d, other.o) != (self.d, self.o):
+            raise ValueError(f"cannot merge ConsumerStats of dims {(other.d, other.o)} into {(self.d, self.o)}")
+        self._xx += other._xx.to(self._xx.device)
+        self._xt += other._xt.to(self._xx.device)
+        self._sx += other._sx.to(self._xx.device)
+        self._st += other._st.to(self._xx.device)
+        self.tt += other.tt
+        self.count += other.count
+
+    @property
+    def xx(self) -> np.ndarray:
+        """Σ_p x_p x_pᵀ, shape (D, D), float64."""
+        return self._xx.cpu().numpy()
+
+    @property
+    def xt(self) -> np.ndarray:
+        """Σ_p x_p t_pᵀ, shape (D, O), float64."""
+        return self._xt.cpu().numpy()
+
+    @property
+    def sx(self) -> np.ndarray:
+        """Σ_p x_p, shape (D,), float64."""
+        return self._sx.cpu().numpy()
+
+    @property
+    def st(self) -> np.ndarray:
+        """Σ_p t_p, shape (O,), float64."""
+        return self._st.cpu().numpy()
+
+
+def neuron_gram(xx: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+    """G_ij = Σ_p <h_i(p), h_j(p)> = Σ_{a,b<K} (WᵀW)[iK+a, jK+b] · xx[iK+a, jK+b], shape (N, N)."""
+    w = np.asarray(w, dtype=np.float64)
+    d = w.shape[1]
+    n = d // k
+    g = np.empty((n, n))
+    rows = max(1, _BLOCK_ELEMENTS // (d * k))  # channels per block
+    for i0 in range(0, n, rows):
+        i1 = min(n, i0 + rows)
+        block = (w[:, i0 * k : i1 * k].T @ w) * xx[i0 * k : i1 * k]
+        g[i0:i1] = block.reshape(i1 - i0, k, n, k).sum(axis=(1, 3))
+    return g
+
+
+def neuron_cross(
+    xt: np.ndarray, sx: np.ndarray, w: np.ndarray, k: int, bias: np.ndarray | None = None
+) -> np.ndarray:
+    """c_i = Σ_p <h_i(p), t_p - bias> = Σ_{a,o} W[o, iK+a] (xt[iK+a, o] - sx[iK+a] bias[o]), shape (N,)."""
+    w = np.asarray(w, dtype=np.float64)
+    target = xt if bias is None else xt - np.outer(sx, bias)
+    return np.einsum("od,do->d", w, target).reshape(-1, k).sum(axis=1)
+
+
+def target_energy(tt: float, st: np.ndarray, count: int, bias: np.ndarray | None = None) -> float:
+    """Σ_p ||t_p - bias||² = tt - 2 biasᵀst + count·||bias||²."""
+    if bias is None:
+        return float(tt)
+    bias = np.asarray(bias, dtype=np.float64)
+    return float(tt - 2.0 * bias @ st + count * bias @ bias)

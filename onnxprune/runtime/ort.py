@@ -1,0 +1,130 @@
+"""onnxruntime sessions: provider choice that verifies what really runs, input/output specs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from google.protobuf.message import DecodeError
+
+from onnxprune.errors import ModelError, OnnxPruneError
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TENSORRT = "TensorrtExecutionProvider"
+# Each explicit choice with its fallbacks for nodes the first provider cannot run.
+PROVIDER_CHAINS = {"cpu": [CPU], "cuda": [CUDA, CPU], "tensorrt": [TENSORRT, CUDA, CPU]}
+
+ModelLike = onnx.ModelProto | bytes | str | Path
+InputSpec = tuple[str, list[int | str | None], np.dtype]
+
+
+def available_providers() -> list[str]:
+    """The execution providers this onnxruntime build offers."""
+    return list(ort.get_available_providers())
+
+
+def _chain(provider: str) -> list[str]:
+    """The provider list to request for ``provider`` ("auto", "cpu", "cuda", "tensorrt")."""
+    if provider == "auto":
+        return PROVIDER_CHAINS["cuda"] if CUDA in available_providers() else PROVIDER_CHAINS["cpu"]
+    if provider not in PROVIDER_CHAINS:
+        raise OnnxPruneError(f"unknown provider {provider!r}: use --provider auto, cpu, cuda or tensorrt")
+    chain = PROVIDER_CHAINS[provider]
+    if chain[0] not in available_providers():
+        raise OnnxPruneError(
+            f"{chain[0]} is not available in this onnxruntime (has {', '.join(available_providers())}): "
+            "install onnxruntime-gpu with a matching CUDA, or use --provider cpu"
+        )
+    return [p for p in chain if p in available_providers()]
+
+
+def make_session(
+    model: ModelLike, provider: str = "auto", threads: int | None = None
+) -> tuple[ort.InferenceSession, str]:
+    """An InferenceSession for ``model`` and the provider that actually runs it.
+
+    "auto" prefers CUDA and falls back to CPU; an explicit non-CPU provider that does not become
+    active (onnxruntime-gpu silently falls back) raises OnnxPruneError. ``threads`` sets the
+    intra-op thread count.
+    """
+    chain = _chain(provider)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if threads is not None:
+        options.intra_op_num_threads = threads
+    if isinstance(model, onnx.ModelProto):
+        source, name = model.SerializeToString(), "the in-memory model"
+    elif isinstance(model, bytes):
+        source, name = model, "the in-memory model"
+    else:
+        path = Path(model)
+        if not path.is_file():
+            raise ModelError(f"model file {path} not found: check the path")
+        source, name = str(path), str(path)
+    try:
+        session = ort.InferenceSession(source, sess_options=options, providers=chain)
+    except Exception as e:  # onnxruntime raises its own Exception subclasses (Fail, InvalidGraph, ...)
+        reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelError(f"onnxruntime cannot load {name} ({reason}): check it is a valid ONNX model") from e
+    active = session.get_providers()[0]
+    if active != chain[0] and provider != "auto":
+        raise OnnxPruneError(
+            f"{chain[0]} was requested but onnxruntime fell back to {active} (missing CUDA/cuDNN/TensorRT "
+            "libraries?): fix the GPU install or use --provider cpu"
+        )
+    return session, active
+
+
+def _load_graph(model: onnx.ModelProto | str | Path) -> onnx.GraphProto:
+    """The graph of ``model``, loading it (without external weights) if it is a path."""
+    if isinstance(model, onnx.ModelProto):
+        return model.graph
+    path = Path(model)
+    if not path.is_file():
+        raise ModelError(f"model file {path} not found: check the path")
+    try:
+        return onnx.load(str(path), load_external_data=False).graph
+    except (DecodeError, OSError, ValueError) as e:
+        raise ModelError(f"{path} is not a readable ONNX model ({e}): re-export or re-download it") from e
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str | None]:
+    """Static dims as ints, symbolic ones as their name, unknown ones as None."""
+    return [
+        d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
+        for d in value.type.tensor_type.shape.dim
+    ]
+
+
+def model_input_specs(model: onnx.ModelProto | str | Path) -> list[InputSpec]:
+    """``(name, shape, numpy dtype)`` of each real graph input (initializers listed as inputs excluded)."""
+    graph = _load_graph(model)
+    weights = {init.name for init in graph.initializer}
+    return [
+        (v.name, _dims(v), np.dtype(onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)))
+        for v in graph.input
+        if v.name not in weights
+    ]
+
+
+def model_output_names(model: onnx.ModelProto | str | Path) -> list[str]:
+    """The graph output names, in order."""
+    return [v.name for v in _load_graph(model).output]
+
+
+def run_session(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """All outputs of ``session`` on ``feed``, splitting/padding the batch if the model has a static batch size."""
+    n = len(next(iter(feed.values())))
+    size = session.get_inputs()[0].shape[0]
+    if not isinstance(size, int) or size <= 0 or size == n:
+        return session.run(None, feed)
+    parts = []
+    for start in range(0, n, size):
+        chunk = {k: v[start : start + size] for k, v in feed.items()}
+        m = len(next(iter(chunk.values())))
+        chunk = {k: np.concatenate([v, np.repeat(v[-1:], size - m, axis=0)]) for k, v in chunk.items()}
+        parts.append([y[:m] for y in session.run(None, chunk)])
+    return [np.concatenate(ys) for ys in zip(*parts)]

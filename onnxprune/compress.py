@@ -27,7 +27,7 @@ from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import quadratic_loss_full, refit_full, refit_scale
+from onnxprune.imitation.refit import quadratic_loss_full, refit_cv, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
 from onnxprune.runtime.segments import Liveness, run_segment
@@ -64,6 +64,7 @@ class LayerReport:
     imitation_loss: float | None  # relative loss of the greedy's simplex solution (local only)
     error_fold: float  # relative output error of the consumers before the refit
     error: float  # relative output error of the consumers as written
+    ridges: list[float]  # refit ridge per consumer, chosen by cross-validation (full reconstruction)
     seconds: float
 
 
@@ -108,13 +109,6 @@ def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]
     return order, skipped
 
 
-def _rows(x: torch.Tensor) -> torch.Tensor:
-    """(B, O, ...) → (B·positions, O), matching the row order of ``consumers.unfold``."""
-    if x.dim() == 2:
-        return x
-    return x.movedim(1, -1).reshape(-1, x.shape[1])
-
-
 def _residual_partner(node: gs.Node) -> str | None:
     """The other input of a residual Add that the consumer's output feeds into, if any."""
     out = node.outputs[0]
@@ -130,7 +124,8 @@ def _residual_partner(node: gs.Node) -> str | None:
 @dataclass
 class _ConsumerData:
     use: ConsumerUse
-    stats: ConsumerStats
+    folds: tuple[ConsumerStats, ConsumerStats]  # alternate batches, for choosing the refit's ridge
+    stats: ConsumerStats  # both folds
     current: consumers.Linear
     original: consumers.Linear
 
@@ -183,15 +178,19 @@ class Compressor:
             partner = _residual_partner(node_o)
             if partner is not None and partner not in self.values_p:
                 partner = None
-            stats = ConsumerStats(current.weight.shape[1], current.weight.shape[0])
+            folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
             x_p, x_o = self.values_p[use.tensor], self.values_o[use.tensor]
             for s in range(0, len(x_p), bs):
                 x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
-                t = consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs])) @ w_o.T + b_o
+                t = torch.matmul(w_o, consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs]))) + b_o[:, None]
                 if partner is not None:
-                    t += _rows(torch.from_numpy(self.values_o[partner][s : s + bs] - self.values_p[partner][s : s + bs]))
-                stats.update(x, t)
-            out.append(_ConsumerData(use, stats, current, original))
+                    shift = self.values_o[partner][s : s + bs] - self.values_p[partner][s : s + bs]
+                    t += consumers.columns(node_o, torch.from_numpy(shift))
+                folds[(s // bs) % 2].update(x, t)
+            stats = ConsumerStats(*current.weight.shape[::-1])
+            for fold in folds:
+                stats.merge(fold)
+            out.append(_ConsumerData(use, folds, stats, current, original))
         return out
 
     def choose(self, group: Group, data: list[_ConsumerData], width: int) -> tuple[np.ndarray, np.ndarray, float | None]:
@@ -221,24 +220,29 @@ class Compressor:
         rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None
         return keep, n * a[keep], rel
 
-    def apply(self, group: Group, data: list[_ConsumerData], keep: np.ndarray, fold: np.ndarray) -> tuple[float, float]:
-        """Slice the group, then fold/rescale/refit its consumers. Returns (error_fold, error)."""
+    def apply(
+        self, group: Group, data: list[_ConsumerData], keep: np.ndarray, fold: np.ndarray
+    ) -> tuple[float, float, list[float]]:
+        """Slice the group, then fold/rescale/refit its consumers. Returns (error_fold, error, ridges)."""
         self.graph = slice_channels(self.graph, group, keep)
         energy = sum(_centred_energy(d.stats) for d in data) or 1.0
         fold_err = sum(_fold_loss(d, keep, fold) for d in data) / energy
         mode = self.options.reconstruct
         if mode == "full":
+            ridges = []
             for d in data:
-                w, b = refit_full(d.stats, expand(keep, _k(d)), ridge=self.options.ridge)
+                cols = expand(keep, _k(d))
+                w, b, ridge = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
+                ridges.append(ridge)
                 self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)))
             err = sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, d)) for d in data)
-            return fold_err, err / energy
+            return fold_err, err / energy, ridges
         if mode == "scale":
             G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)[np.ix_(keep, keep)]
             c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data)[keep]
             fold = refit_scale(G, c, ridge=self.options.ridge)
         self.graph = scale_columns(self.graph, group, fold)
-        return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy
+        return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy, []
 
     def slice_cache(self, group: Group, keep: np.ndarray) -> None:
         for name, (axis, repeat) in group.tensors.items():
@@ -307,10 +311,10 @@ def compress(
             continue
         data = run.collect(group)
         keep, fold, rel = run.choose(group, data, width)
-        err_fold, err = run.apply(group, data, keep, fold)
+        err_fold, err, ridges = run.apply(group, data, keep, fold)
         run.slice_cache(group, keep)
         report.layers.append(LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers],
-                                         rel, err_fold, err, time.perf_counter() - t0))
+                                         rel, err_fold, err, ridges, time.perf_counter() - t0))
     if on_layer is not None:
         on_layer(len(order), len(order), "")
     pruned = run.export()

@@ -1,9 +1,9 @@
 """How each channel-mixing consumer op reads its input as a matrix, keyed by ONNX ``op_type``.
 
-Every consumer is seen as ``t = W x + b`` over "positions": ``x`` is a row of the unfolded input
-(D = channels × K columns, channel-major, K = kernel taps or flattened spatial size), ``W`` is
-(O, D). ``unfold`` gives the rows in torch; ``matrix``/``write`` convert to and from the op's
-own weight layout.
+Every consumer is seen as ``t = W x + b`` over "positions": ``x`` is a column of the unfolded
+input (D = channels × K entries, channel-major, K = kernel taps or flattened spatial size), ``W``
+is (O, D). ``unfold`` gives (B, D, positions) in torch; ``matrix``/``write`` convert to and from
+the op's own weight layout.
 """
 
 from __future__ import annotations
@@ -52,24 +52,21 @@ def _conv_pads(node: gs.Node) -> list[int]:
 
 
 def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
-    """Rows of im2col patches (B·L, C·kh·kw) of a 2-D Conv's input."""
+    """im2col patches (B, C·kh·kw, L) of a 2-D Conv's input (a free view for an unpadded 1×1)."""
     w_shape = node.inputs[1].shape
     if len(w_shape) != 4:
         raise UnsupportedOpError(f"Conv {node.name}: only 2-D convolutions can be re-fitted")
     pads = _conv_pads(node)
     strides = tuple(node.attrs.get("strides", [1, 1]))
     if tuple(w_shape[2:]) == (1, 1) and not any(pads):
-        # 1×1 conv: the patches are the (strided) pixels; im2col would only copy slowly.
-        x = x[:, :, :: strides[0], :: strides[1]]
-        return x.movedim(1, -1).reshape(-1, x.shape[1])
+        return x[:, :, :: strides[0], :: strides[1]].flatten(2)
     x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
-    cols = F.unfold(
+    return F.unfold(
         x,
         kernel_size=tuple(w_shape[2:]),
         dilation=tuple(node.attrs.get("dilations", [1, 1])),
         stride=strides,
     )
-    return cols.transpose(1, 2).reshape(-1, cols.shape[1])
 
 
 def matrix(node: gs.Node) -> Linear:
@@ -86,15 +83,36 @@ def matrix(node: gs.Node) -> Linear:
             bias = bias + beta * const_value(node.inputs[2]).astype(np.float64).reshape(-1)
         return Linear(w, bias, 1)
     if node.op == "MatMul":
-        return Linear(w.T, np.zeros(w.shape[1]), 1)
+        add = bias_add(node)
+        bias = np.zeros(w.shape[1]) if add is None else const_value(add.inputs[1]).astype(np.float64)
+        return Linear(w.T, bias, 1)
     raise UnsupportedOpError(f"{node.op} {node.name}: not a supported consumer")
 
 
 def unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
-    """What the consumer multiplies by W: rows (positions, D)."""
+    """What the consumer multiplies by W, channel-major: (B, D, positions)."""
     if node.op == "Conv":
         return conv_unfold(node, x)
-    return x.reshape(-1, x.shape[-1])
+    return columns(node, x)
+
+
+def columns(node: gs.Node, y: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped like the consumer's output (or a Gemm/MatMul input) as (B, channels, positions),
+    with positions in the order ``unfold`` uses."""
+    if node.op == "Conv":
+        return y.flatten(2)
+    return y.reshape(-1, y.shape[-1]).T.unsqueeze(0)
+
+
+def bias_add(node: gs.Node) -> gs.Node | None:
+    """The bias ``Add`` that ``write`` put after a MatMul consumer (a MatMul has no bias input), if any."""
+    out = node.outputs[0]
+    if node.op != "MatMul" or len(out.outputs) != 1:
+        return None
+    add = out.outputs[0]
+    if add.op != "Add" or add.name != f"{node.name}.bias_add" or add.inputs[0] is not out:
+        return None
+    return add
 
 
 def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
@@ -121,9 +139,13 @@ def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
             node.inputs.append(bias)
     elif node.op == "MatMul":
         node.inputs[1] = gs.Constant(f"{name}.weight", np.ascontiguousarray(w.T))
-        if np.any(b != 0):
+        add = bias_add(node)
+        if add is not None:  # written before: update that bias rather than stacking a second Add
+            add.inputs[1] = gs.Constant(f"{name}.bias", b)
+        elif np.any(b != 0):
             out = node.outputs[0]
-            mid = gs.Variable(f"{name}.matmul_out", dtype=out.dtype, shape=out.shape)
+            # no shape: it would go stale when a later group slices this MatMul's output channels
+            mid = gs.Variable(f"{name}.matmul_out", dtype=out.dtype)
             node.outputs[0] = mid
             graph.nodes.append(gs.Node("Add", f"{name}.bias_add", inputs=[mid, gs.Constant(f"{name}.bias", b)],
                                        outputs=[out]))

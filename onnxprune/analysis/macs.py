@@ -34,12 +34,33 @@ def _prod(dims: list[int | None], where: str) -> int:
     return int(np.prod(dims)) if dims else 1
 
 
+def _inference_stop(node: gs.Node) -> gs.Node:
+    """The upstream node where shape inference stopped: its output has no shape though its inputs do."""
+    seen: set[int] = set()
+    stack = [node]
+    while stack:
+        n = stack.pop()
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        parents = [t.inputs[0] for t in n.inputs if isinstance(t, gs.Variable) and t.shape is None and t.inputs]
+        if not parents:
+            return n
+        stack.extend(parents)
+    return node
+
+
 def node_macs(node: gs.Node) -> int:
     """MACs of one node for a single sample."""
     out = static_shape(node.outputs[0])
     inp = static_shape(node.inputs[0])
     where = f"{node.op} {node.name}"
     if out is None or inp is None:
+        stop = _inference_stop(node)
+        if stop is not node:
+            domain = f" (domain {stop.domain})" if getattr(stop, "domain", None) else ""
+            raise AnalysisError(f"{where}: unknown shapes: shape inference stops at {stop.op}{domain} {stop.name}; "
+                                "declare its output shape as value_info in the model")
         raise AnalysisError(f"{where}: unknown shapes; export the model with a fixed input size")
     weight = const_value(node.inputs[1])
     if node.op == "Conv":

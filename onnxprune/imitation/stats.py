@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 CHUNK_ROWS = 65536
-"""Rows per float32 product: bounds the float32 rounding error before float64 accumulation."""
+"""Positions per float32 product: bounds the float32 rounding error before float64 accumulation."""
 
 _BLOCK_ELEMENTS = 1 << 22
 """Elements of one row block of W^T W in `neuron_gram` (keeps temporaries at ~32 MiB)."""
@@ -52,28 +52,46 @@ class ConsumerStats:
             )
 
     def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor) -> None:
-        """Add positions: x of shape (P, D), t of shape (P, O) (numpy arrays or torch tensors)."""
+        """Add positions given as rows, x (P, D) and t (P, O), or channel-major, x (B, D, L) and
+        t (B, O, L) with positions b·L + l (what im2col and NCHW tensors give without a copy)."""
         xf, tf = _as_float32_tensor(x), _as_float32_tensor(t)
-        if xf.ndim != 2 or tf.ndim != 2 or xf.shape[1] != self.d or tf.shape[1] != self.o or len(xf) != len(tf):
+        if xf.ndim == 2 and tf.ndim == 2:
+            xf, tf = xf.T.unsqueeze(0), tf.T.unsqueeze(0)
+        if (xf.ndim != 3 or tf.ndim != 3 or xf.shape[1] != self.d or tf.shape[1] != self.o
+                or xf.shape[0] != tf.shape[0] or xf.shape[2] != tf.shape[2]):
             raise ValueError(
-                f"ConsumerStats.update expects x (P, {self.d}) and t (P, {self.o}); "
-                f"got {tuple(xf.shape)} and {tuple(tf.shape)}"
+                f"ConsumerStats.update expects x (P, {self.d}) and t (P, {self.o}), or (B, {self.d}, L) and "
+                f"(B, {self.o}, L); got {tuple(xf.shape)} and {tuple(tf.shape)}"
             )
         tf = tf.to(xf.device)
         self._to(xf.device)
-        d = self.d
+        b, _, length = xf.shape
         with torch.no_grad():
-            for start in range(0, len(xf), CHUNK_ROWS):
-                # One product [x t]ᵀ[x t] per chunk: tall-skinny GEMMs are dominated by call overhead.
-                z = torch.cat([xf[start : start + CHUNK_ROWS], tf[start : start + CHUNK_ROWS]], dim=1)
-                zz = (z.T @ z).double()
-                self._xx += zz[:d, :d]
-                self._xt += zz[:d, d:]
-                self.tt += float(z[:, d:].double().square().sum())
-                sums = z.sum(0, dtype=torch.float64)
-                self._sx += sums[:d]
-                self._st += sums[d:]
-        self.count += len(xf)
+            if length >= CHUNK_ROWS // 16:
+                # Long positions axis: one GEMM per image and slice, no transposing copy.
+                for i in range(b):
+                    for s in range(0, length, CHUNK_ROWS):
+                        self._add(xf[i, :, s : s + CHUNK_ROWS], tf[i, :, s : s + CHUNK_ROWS])
+            else:
+                per = max(1, CHUNK_ROWS // length)
+                for i in range(0, b, per):
+                    z = torch.cat([xf[i : i + per], tf[i : i + per]], dim=1).transpose(0, 1).reshape(self.d + self.o, -1)
+                    self._add(z[: self.d], z[self.d :])
+        self.count += b * length
+
+    def _add(self, x: torch.Tensor, t: torch.Tensor) -> None:
+        """Accumulate one chunk, x (D, positions) and t (O, positions), with a single float32 GEMM
+        [x; 1]·[x; t; 1]ᵀ (tall-skinny products are dominated by call overhead; the ones give the
+        sums, and tᵀt, which no caller needs, is never formed)."""
+        d = self.d
+        ones = torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)
+        left = torch.cat([x, ones])
+        zz = (left @ torch.cat([left, t]).T).double()
+        self._xx += zz[:d, :d]
+        self._sx += zz[:d, d]
+        self._xt += zz[:d, d + 1 :]
+        self._st += zz[d, d + 1 :]
+        self.tt += float(torch.sum(t * t, dtype=torch.float64))
 
     def merge(self, other: ConsumerStats) -> None:
         """Add another accumulator's sums into this one (same D and O)."""

@@ -67,9 +67,11 @@ def run_segment(
     session, ran = make_session(gs.export_onnx(g), provider)
     feed_names = [t.name for t in g.inputs]
     n = len(next(iter(values.values())))
-    chunks: list[list[np.ndarray]] = [[] for _ in outputs]
+    result: dict[str, np.ndarray] = {}
     for start in range(0, n, batch_size):
         feed = {name: values[name][start : start + batch_size] for name in feed_names}
-        for k, array in enumerate(session.run(outputs, feed)):
-            chunks[k].append(array)
-    return {name: np.concatenate(parts) for name, parts in zip(outputs, chunks)}, ran
+        for name, array in zip(outputs, session.run(outputs, feed)):
+            if name not in result:
+                result[name] = np.empty((n, *array.shape[1:]), dtype=array.dtype)
+            result[name][start : start + len(array)] = array
+    return result, ran

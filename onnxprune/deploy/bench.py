@@ -1,0 +1,300 @@
+"""Latency benchmark of ONNX models with onnxruntime on random inputs, and a comparison table."""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from rich.table import Table
+
+from onnxprune.analysis import analyze
+from onnxprune.analysis.graph import load_model
+from onnxprune.errors import ModelError, OnnxPruneError
+from onnxprune.runtime.ort import InputSpec, make_session, model_input_specs
+
+ShapeMap = dict[str | None, list[int]]
+SHAPE_FORMS = "use NxCxHxW for the single input (e.g. 1x3x224x224) or NAME:NxCxHxW per input (e.g. images:1x3x320x320)"
+_DIMS = re.compile(r"^\d+([x,]\d+)*$")
+
+
+def parse_input_shapes(specs: Iterable[str] | None) -> ShapeMap:
+    """``["1x3x224x224"]`` → ``{None: [1, 3, 224, 224]}``; ``["a:1x3x8x8", "b:1x4"]`` → per-input shapes.
+
+    An unnamed shape applies to the model's single input; several inputs need a named shape each.
+    """
+    shapes: ShapeMap = {}
+    for spec in specs or []:
+        text = spec.strip()
+        name, sep, dims = text.rpartition(":")
+        key = name.strip() if sep else None
+        dims = dims.strip().lower()
+        if (sep and not key) or not _DIMS.match(dims):
+            raise OnnxPruneError(f"--input-shape {spec!r} is not a shape: {SHAPE_FORMS}")
+        values = [int(d) for d in re.split(r"[x,]", dims)]
+        if any(v <= 0 for v in values):
+            raise OnnxPruneError(f"--input-shape {spec!r} has a zero dimension: every dimension must be >= 1")
+        if key in shapes:
+            what = f"input {key!r}" if key else "the unnamed input"
+            raise OnnxPruneError(f"--input-shape gives {what} twice: give each input's shape once")
+        shapes[key] = values
+    if None in shapes and len(shapes) > 1:
+        raise OnnxPruneError("--input-shape mixes an unnamed shape with named ones: with several inputs, "
+                             "name each one (NAME:NxCxHxW)")
+    return shapes
+
+
+def _as_shape_map(input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None) -> ShapeMap:
+    """Accept a parsed shape map or the raw ``--input-shape`` strings."""
+    if input_shapes is None:
+        return {}
+    if isinstance(input_shapes, Mapping):
+        return {k: [int(d) for d in v] for k, v in input_shapes.items()}
+    if isinstance(input_shapes, str):
+        input_shapes = [input_shapes]
+    return parse_input_shapes(list(input_shapes))
+
+
+def resolve_input_shapes(
+    specs: list[InputSpec],
+    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None,
+    batch: int | None,
+    source: str,
+) -> dict[str, list[int]]:
+    """A fully static shape for every model input.
+
+    A dynamic first (batch) dim becomes ``batch`` (or, with ``batch=None``, the ``input_shapes`` value,
+    else 1); every other dynamic dim must come from ``input_shapes``. Errors name ``source``, the input
+    and the dim.
+    """
+    given = _as_shape_map(input_shapes)
+    names = [name for name, _, _ in specs]
+    unknown = [k for k in given if k is not None and k not in names]
+    if unknown:
+        raise OnnxPruneError(f"{source}: --input-shape names {', '.join(map(repr, unknown))}, which the model "
+                             f"does not have: its inputs are {', '.join(map(repr, names))}")
+    if None in given and len(specs) != 1:
+        raise OnnxPruneError(f"{source}: an unnamed --input-shape needs a single-input model, but it has inputs "
+                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each")
+    shapes: dict[str, list[int]] = {}
+    for name, dims, _ in specs:
+        want = given.get(name, given.get(None))
+        if want is not None and len(want) != len(dims):
+            raise OnnxPruneError(f"{source}: --input-shape for input {name!r} has {len(want)} dims but the "
+                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims")
+        shape = []
+        for axis, dim in enumerate(dims):
+            static = isinstance(dim, int) and dim > 0
+            if axis == 0 and batch is not None:
+                if static and dim != batch:
+                    raise OnnxPruneError(
+                        f"{source}: input {name!r} has a static batch size of {dim} but --batch is {batch}: "
+                        f"use --batch {dim}, or re-export the model with a dynamic batch dimension")
+                if want is not None and want[0] != batch:
+                    raise OnnxPruneError(
+                        f"{source}: --input-shape sets the batch dim of input {name!r} to {want[0]} but --batch "
+                        f"is {batch}: make them agree (e.g. --batch {want[0]})")
+                shape.append(batch)
+            elif static:
+                if want is not None and want[axis] != dim:
+                    raise OnnxPruneError(
+                        f"{source}: --input-shape gives dim {axis} of input {name!r} as {want[axis]} but the "
+                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there")
+                shape.append(dim)
+            elif want is not None:
+                shape.append(want[axis])
+            elif axis == 0:
+                shape.append(1)
+            else:
+                label = f" ({dim!r})" if isinstance(dim, str) else ""
+                raise OnnxPruneError(
+                    f"{source}: input {name!r} {_show(dims)} has a dynamic dim {axis}{label} that needs a value: "
+                    f"pass --input-shape {name}:{'x'.join(str(d) for d in _example(dims, batch))}")
+        shapes[name] = shape
+    return shapes
+
+
+def _show(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _example(dims: Sequence[int | str | None], batch: int | None) -> list[int | str]:
+    """An example shape for an error message: static dims kept, the batch filled, others as placeholders."""
+    out: list[int | str] = []
+    for axis, d in enumerate(dims):
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif axis == 0:
+            out.append(batch or 1)
+        else:
+            out.append(f"<{d or f'dim{axis}'}>")
+    return out
+
+
+def random_inputs(
+    specs: list[InputSpec], shapes: dict[str, list[int]], seed: int = 0
+) -> dict[str, np.ndarray]:
+    """Random arrays of each input's dtype and resolved shape (normal floats, 0/1 integers and bools)."""
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for name, _, dtype in specs:
+        shape = shapes[name]
+        if np.issubdtype(dtype, np.floating):
+            feed[name] = rng.standard_normal(shape).astype(dtype)
+        elif dtype == np.bool_:
+            feed[name] = rng.random(shape) < 0.5
+        elif np.issubdtype(dtype, np.integer):
+            feed[name] = rng.integers(0, 2, size=shape).astype(dtype)
+        else:
+            raise OnnxPruneError(f"input {name!r} has dtype {dtype}, for which no random data can be made: "
+                                 "benchmark a model with numeric inputs")
+    return feed
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs have the given static shapes (intermediate shapes cleared)."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    for value in fixed.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            del dims[:]
+            for d in shapes[value.name]:
+                dims.add().dim_value = int(d)
+    del fixed.graph.value_info[:]
+    for value in fixed.graph.output:
+        if value.type.HasField("tensor_type"):
+            value.type.tensor_type.ClearField("shape")
+    return fixed
+
+
+@dataclass
+class BenchResult:
+    model: str
+    provider: str  # the execution provider that really ran the model
+    batch: int
+    threads: int | None  # intra-op threads requested (None: onnxruntime's default)
+    median_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput: float  # samples per second over all timed runs
+    runs: int  # timed runs
+    macs: int | None  # per sample; None when the model cannot be analysed
+    params: int | None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _model_stats(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> tuple[int | None, int | None]:
+    """(MACs per sample, parameters) at the benchmarked shapes; (None, None) if the analysis fails."""
+    try:
+        result = analyze(fix_input_shapes(model, shapes))
+        return int(result.macs.total), int(result.params)
+    except Exception:  # MACs/params are informational; a model the analysis cannot read still benchmarks
+        return None, None
+
+
+def bench(
+    model_path: str | Path,
+    *,
+    provider: str = "auto",
+    batch: int = 1,
+    threads: int | None = None,
+    warmup: int = 10,
+    runs: int = 50,
+    min_seconds: float | None = None,
+    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
+    seed: int = 0,
+) -> BenchResult:
+    """Latency of ``model_path`` with onnxruntime on random inputs of the model's dtypes.
+
+    ``warmup`` untimed runs, then at least ``runs`` timed ``session.run`` calls, continuing until
+    ``min_seconds`` of timed runs have passed when given.
+    """
+    path = Path(model_path)
+    if batch < 1:
+        raise OnnxPruneError(f"--batch {batch} is invalid: use a batch size >= 1")
+    if threads is not None and threads < 1:
+        raise OnnxPruneError(f"--threads {threads} is invalid: use >= 1, or leave it out for onnxruntime's default")
+    if runs < 1 or warmup < 0:
+        raise OnnxPruneError(f"--runs {runs} / --warmup {warmup} are invalid: use runs >= 1 and warmup >= 0")
+    model = load_model(path)
+    specs = model_input_specs(model)
+    if not specs:
+        raise ModelError(f"{path}: the model has no inputs to feed: nothing to benchmark")
+    shapes = resolve_input_shapes(specs, input_shapes, batch, str(path))
+    feed = random_inputs(specs, shapes, seed)
+    session, active = make_session(path, provider, threads)
+
+    for _ in range(warmup):
+        session.run(None, feed)
+    times: list[float] = []
+    started = time.perf_counter()
+    while len(times) < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
+        t0 = time.perf_counter()
+        session.run(None, feed)
+        times.append(time.perf_counter() - t0)
+
+    ms = np.asarray(times) * 1e3
+    macs, params = _model_stats(model, shapes)
+    return BenchResult(
+        model=str(path),
+        provider=active,
+        batch=batch,
+        threads=threads,
+        median_ms=float(np.median(ms)),
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(ms.mean()),
+        throughput=float(batch * len(times) / sum(times)) if sum(times) > 0 else float("inf"),
+        runs=len(times),
+        macs=macs,
+        params=params,
+    )
+
+
+def bench_many(paths: Iterable[str | Path], **kw) -> list[BenchResult]:
+    """``bench`` each model in turn with the same settings (the first is the baseline of the table)."""
+    return [bench(p, **kw) for p in paths]
+
+
+def _count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def format_bench_table(results: Sequence[BenchResult]) -> Table:
+    """One row per model; speed-up = first model's median / this median, MAC ratio = MACs / first's MACs."""
+    table = Table(title="Latency (onnxruntime)")
+    for col in ("model", "provider", "batch"):
+        table.add_column(col)
+    for col in ("median ms", "p90 ms", "p99 ms", "throughput /s", "MACs", "params", "speed-up", "MAC ratio"):
+        table.add_column(col, justify="right")
+    base = results[0] if results else None
+    for r in results:
+        speedup = f"{base.median_ms / r.median_ms:.2f}x" if base and r.median_ms > 0 else "-"
+        ratio = f"{r.macs / base.macs:.3f}" if base and base.macs and r.macs is not None else "-"
+        table.add_row(
+            Path(r.model).name,
+            r.provider.removesuffix("ExecutionProvider"),
+            str(r.batch),
+            f"{r.median_ms:.3f}",
+            f"{r.p90_ms:.3f}",
+            f"{r.p99_ms:.3f}",
+            f"{r.throughput:.1f}",
+            _count(r.macs),
+            _count(r.params),
+            speedup,
+            ratio,
+        )
+    return table

@@ -1,0 +1,183 @@
+"""Small helpers shared by the analysis/passes/compress/CLI tests: hand-built ONNX graphs, torch
+export, onnxruntime runs and the "masked original" reference model."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
+import torch
+from onnx import TensorProto, helper
+
+from onnxprune.analysis.groups import Group
+
+OPSET = 17
+
+
+class GraphBuilder:
+    """Builds a float32 ONNX graph node by node; every node is named (tests address nodes by name)."""
+
+    def __init__(self, inputs: dict[str, Sequence[int | str]], seed: int = 0) -> None:
+        self.inputs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()]
+        self.nodes: list[onnx.NodeProto] = []
+        self.inits: list[onnx.TensorProto] = []
+        self.value_info: list[onnx.ValueInfoProto] = []
+        self.rng = np.random.default_rng(seed)
+        self.opsets = {"": OPSET}
+
+    def const(self, name: str, value: np.ndarray | float, dtype=np.float32) -> str:
+        self.inits.append(helper.make_tensor(name, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+                                             np.shape(value), np.asarray(value, dtype=dtype).ravel().tolist()))
+        return name
+
+    def rand(self, name: str, shape: Sequence[int], scale: float = 1.0) -> str:
+        return self.const(name, scale * self.rng.standard_normal(shape))
+
+    def op(self, op_type: str, inputs: Sequence[str], name: str, *, outputs: int = 1, domain: str = "",
+           **attrs) -> str:
+        outs = [f"{name}_out" if i == 0 else f"{name}_out{i}" for i in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, list(inputs), outs, name=name, domain=domain or None, **attrs))
+        if domain and domain not in self.opsets:
+            self.opsets[domain] = 1
+        return outs[0]
+
+    def conv(self, x: str, name: str, cin: int, cout: int, k: int = 3, *, stride: int = 1, pad: int | None = None,
+             group: int = 1, dilation: int = 1, bias: bool = True) -> str:
+        pad = dilation * (k - 1) // 2 if pad is None else pad
+        fan_in = cin // group * k * k
+        ins = [x, self.rand(f"{name}.w", (cout, cin // group, k, k), (2.0 / fan_in) ** 0.5)]
+        if bias:
+            ins.append(self.rand(f"{name}.b", (cout,), 0.1))
+        return self.op("Conv", ins, name, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4,
+                       dilations=[dilation, dilation], group=group)
+
+    def bn(self, x: str, name: str, c: int) -> str:
+        r = self.rng
+        return self.op("BatchNormalization", [
+            x, self.const(f"{name}.scale", r.uniform(0.5, 1.5, c)), self.const(f"{name}.bias", r.uniform(-0.1, 0.1, c)),
+            self.const(f"{name}.mean", r.uniform(-0.2, 0.2, c)), self.const(f"{name}.var", r.uniform(0.5, 1.5, c)),
+        ], name)
+
+    def gemm(self, x: str, name: str, k: int, n: int, *, trans_b: int = 1, bias: bool = True, **attrs) -> str:
+        shape = (n, k) if trans_b else (k, n)
+        ins = [x, self.rand(f"{name}.w", shape, (1.0 / k) ** 0.5)]
+        if bias:
+            ins.append(self.rand(f"{name}.b", (n,), 0.1))
+        return self.op("Gemm", ins, name, transB=trans_b, **attrs)
+
+    def matmul(self, x: str, name: str, k: int, n: int) -> str:
+        return self.op("MatMul", [x, self.rand(f"{name}.w", (k, n), (1.0 / k) ** 0.5)], name)
+
+    def declare(self, name: str, shape: Sequence[int | str] | None) -> None:
+        """Record a value_info (for outputs of ops shape inference cannot see through)."""
+        self.value_info.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+
+    def model(self, outputs: Sequence[str] | dict[str, Sequence[int | str] | None]) -> onnx.ModelProto:
+        if not isinstance(outputs, dict):
+            outputs = {o: None for o in outputs}
+        graph = helper.make_graph(
+            self.nodes, "test", self.inputs,
+            [helper.make_tensor_value_info(o, TensorProto.FLOAT, s) for o, s in outputs.items()],
+            self.inits, value_info=self.value_info,
+        )
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v) for d, v in self.opsets.items()])
+        model.ir_version = 8
+        if any(s is None for s in outputs.values()):  # take the output shapes from shape inference
+            done = onnx.shape_inference.infer_shapes(model).graph
+            inferred = {v.name: v for v in [*done.value_info, *done.output]}
+            for out in model.graph.output:
+                if not out.type.tensor_type.HasField("shape") and out.name in inferred:
+                    out.type.CopyFrom(inferred[out.name].type)
+        return model
+
+
+def session(model: onnx.ModelProto | str | Path) -> ort.InferenceSession:
+    source = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
+
+
+def run(model: onnx.ModelProto | str | Path, **feeds: np.ndarray) -> list[np.ndarray]:
+    return session(model).run(None, feeds)
+
+
+def export_torch(module: torch.nn.Module, path: str | Path, input_shape: Sequence[int],
+                 dynamic_batch: bool = True) -> Path:
+    """TorchScript export (opset 17), input ``input``, output ``logits``."""
+    path = Path(path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(), (torch.zeros(*input_shape),), str(path), dynamo=False, opset_version=OPSET,
+            input_names=["input"], output_names=["logits"],
+            dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None,
+        )
+    return path
+
+
+def masked_original(graph: gs.Graph, group: Group, mask: np.ndarray) -> onnx.ModelProto:
+    """The original graph with each consumer's input columns of ``group`` multiplied by ``mask``
+    (one factor per ORIGINAL channel: 0 for a dropped channel, the column scale for a kept one)."""
+    g = graph.copy()
+    nodes = {n.name: n for n in g.nodes}
+    tensors = g.tensors()
+    for k, use in enumerate(group.consumers):
+        node = nodes[use.node]
+        src = tensors[use.tensor]
+        axis, repeat = group.tensors[use.tensor]
+        shape = [1] * len(src.shape)
+        shape[axis] = len(mask) * repeat
+        factor = np.repeat(np.asarray(mask, dtype=np.float32), repeat).reshape(shape)
+        out = gs.Variable(f"{use.tensor}.masked{k}", dtype=np.float32, shape=src.shape)
+        g.nodes.append(gs.Node("Mul", f"mask{k}", inputs=[src, gs.Constant(f"mask{k}.c", factor)], outputs=[out]))
+        node.inputs = [out if t is src else t for t in node.inputs]
+    return gs.export_onnx(g.cleanup().toposort())
+
+
+def export_graph(graph: gs.Graph) -> onnx.ModelProto:
+    model = gs.export_onnx(graph.cleanup().toposort())
+    onnx.checker.check_model(model)
+    return model
+
+
+class TinyMobileNet(torch.nn.Module):
+    """A MobileNetV2 in miniature (32x32 input): stem, a t=1 block, a strided t=4 block, a residual
+    t=4 block, a 1x1 head, global average pool and a Linear classifier."""
+
+    def __init__(self) -> None:
+        from torch import nn
+
+        from models._layers import conv_norm_act
+        from models.mobilenet_v2 import InvertedResidual
+
+        super().__init__()
+        self.features = nn.Sequential(
+            conv_norm_act(3, 16, stride=2, act=nn.ReLU6),
+            InvertedResidual(16, 8, 1, 1),
+            InvertedResidual(8, 12, 2, 4),
+            InvertedResidual(12, 12, 1, 4),
+            conv_norm_act(12, 64, kernel=1, act=nn.ReLU6),
+        )
+        self.classifier = torch.nn.Linear(64, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = torch.nn.functional.adaptive_avg_pool2d(self.features(x), 1)
+        return self.classifier(torch.flatten(x, 1))
+
+
+TINY_INPUT = (1, 3, 32, 32)
+
+
+def export_tiny(path: str | Path, dynamic_batch: bool = True, seed: int = 0) -> Path:
+    """The tiny MobileNet with seeded random weights and BN statistics (models.build.randomise)."""
+    from models.build import randomise
+
+    torch.manual_seed(seed)
+    return export_torch(randomise(TinyMobileNet(), seed=seed), path, TINY_INPUT, dynamic_batch)

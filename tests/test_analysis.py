@@ -1,0 +1,444 @@
+"""Channel-group detection on the zoo architectures and hand-built graphs; MAC counting."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprune.analysis import analyze
+from onnxprune.analysis.groups import Group
+from onnxprune.analysis.ops import AttrSite, SliceSite
+from onnxprune.errors import AnalysisError
+from onnxprune.passes import slice_channels
+from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
+
+
+def by_producer(groups: list[Group], node: str) -> Group:
+    """The group that ``node`` produces channels for."""
+    found = [g for g in groups if node in g.producers]
+    assert len(found) == 1, f"{node} produces {len(found)} groups"
+    return found[0]
+
+
+def consumers(group: Group) -> list[str]:
+    return [c.node for c in group.consumers]
+
+
+def assert_single(group: Group, producer: str, consumer: list[str], channels: int | None = None) -> None:
+    assert group.prunable, group.reason
+    assert not group.coupled
+    assert group.producers == [producer]
+    assert consumers(group) == consumer
+    if channels is not None:
+        assert group.channels == channels
+
+
+# ---------------------------------------------------------------- zoo architectures
+
+MBV2_STAGES = [(1, 16, 1), (6, 24, 2), (6, 32, 3), (6, 64, 4), (6, 96, 3), (6, 160, 3), (6, 320, 1)]  # t, c, n
+
+
+def test_mobilenet_v2_groups(zoo) -> None:
+    groups = zoo.analysis("mobilenet_v2").groups
+    f = "/features/features.{}".format
+    stem = f"{f(0)}/features.0.0/Conv"
+    # First block (t=1): the stem's 32 channels go through the depthwise conv to the projection.
+    g = by_producer(groups, stem)
+    assert_single(g, stem, [f"{f(1)}/conv/conv.1/Conv"], 32)
+    assert AttrSite(f"{f(1)}/conv/conv.0/conv.0.0/Conv", "group") in g.attrs
+    # Every other block: expansion channels -> depthwise -> projection, one producer.
+    in_ch, block = 16, 2
+    for t, c, n in MBV2_STAGES[1:]:
+        for _ in range(n):
+            expand = f"{f(block)}/conv/conv.0/conv.0.0/Conv"
+            g = by_producer(groups, expand)
+            assert_single(g, expand, [f"{f(block)}/conv/conv.2/Conv"], in_ch * t)
+            assert AttrSite(f"{f(block)}/conv/conv.1/conv.1.0/Conv", "group") in g.attrs
+            in_ch, block = c, block + 1
+    # Residual streams: one coupled group per stage with n > 1, produced by every block's projection.
+    block = 1
+    for t, c, n in MBV2_STAGES:
+        projections = [f"{f(b)}/conv/conv.{1 if t == 1 else 2}/Conv" for b in range(block, block + n)]
+        g = by_producer(groups, projections[0])
+        assert g.channels == c
+        assert sorted(g.producers) == sorted(projections)
+        assert g.coupled == (n > 1)
+        block += n
+    # Last 1280 channels -> GlobalAveragePool -> Flatten -> Gemm, one column per channel.
+    head = by_producer(groups, f"{f(18)}/features.18.0/Conv")
+    assert_single(head, f"{f(18)}/features.18.0/Conv", ["/classifier/classifier.1/Gemm"], 1280)
+    assert head.consumers[0].repeat == 1
+    assert len(head.tensors) >= 4  # conv, clip, pool, flatten outputs
+    logits = by_producer(groups, "/classifier/classifier.1/Gemm")
+    assert not logits.prunable and "graph output" in logits.reason
+
+
+@pytest.mark.parametrize("name", ["resnet34", "resnet50"])
+def test_resnet_inner_channels_are_prunable(zoo, name: str) -> None:
+    groups = zoo.analysis(name).groups
+    bottleneck = name == "resnet50"
+    inner = 0
+    for stage, blocks in enumerate([3, 4, 6, 3], start=1):
+        stream = None
+        for b in range(blocks):
+            p = f"/layer{stage}/layer{stage}.{b}"
+            assert_single(by_producer(groups, f"{p}/conv1/Conv"), f"{p}/conv1/Conv", [f"{p}/conv2/Conv"],
+                          64 * 2 ** (stage - 1))
+            inner += 1
+            last = f"{p}/conv2/Conv"
+            if bottleneck:
+                assert_single(by_producer(groups, last), last, [f"{p}/conv3/Conv"], 64 * 2 ** (stage - 1))
+                inner += 1
+                last = f"{p}/conv3/Conv"
+            g = by_producer(groups, last)  # the residual stream this block writes to
+            assert g.coupled and g.prunable
+            stream = stream or g
+            assert g is stream, "every block of a stage adds into the same stream"
+        # + the downsample conv, or (ResNet-34's first stage) the stem whose output is the stream
+        assert len(stream.producers) == blocks + 1
+        assert ("/conv1/Conv" in stream.producers) == (stage == 1 and not bottleneck)
+    assert inner == (32 if bottleneck else 16)
+    fc = by_producer(groups, "/fc/Gemm")
+    assert not fc.prunable
+
+
+def _vgg_conv_nodes() -> list[str]:
+    from models.vgg import _VGG11
+
+    names, index = [], 0
+    for v in _VGG11:
+        if v == "M":
+            index += 1
+        else:
+            names.append(f"/features/features.{index}/Conv")
+            index += 2
+    return names
+
+
+def _check_vgg(groups: list[Group], first_fc: str) -> None:
+    convs = _vgg_conv_nodes()
+    assert len(convs) == 8
+    for conv, nxt in zip(convs, convs[1:]):
+        assert_single(by_producer(groups, conv), conv, [nxt])
+    last = by_producer(groups, convs[-1])
+    assert_single(last, convs[-1], [first_fc], 512)
+    assert last.consumers[0].repeat == 49  # Flatten of 512x7x7: 49 Gemm columns per channel
+    assert SliceSite(first_fc, 1, 1, 49) in last.slices
+
+
+def test_vgg11_conv_stack(zoo) -> None:
+    """VGG-11's conv stack (models.vgg config) with a small classifier: every conv output is prunable."""
+    _check_vgg(zoo.analysis("vgg11_features").groups, "/classifier/classifier.0/Gemm")
+
+
+@pytest.mark.skipif(not os.environ.get("ONNXPRUNE_SLOW_TESTS"), reason="full VGG-11 takes ~20 s: ONNXPRUNE_SLOW_TESTS=1")
+def test_vgg11_full(zoo) -> None:
+    groups = zoo.analysis("vgg11").groups
+    _check_vgg(groups, "/classifier/classifier.0/Gemm")
+    assert by_producer(groups, "/classifier/classifier.0/Gemm").prunable
+
+
+def test_mobilenet_v3_small_se(zoo) -> None:
+    from models.mobilenet_v3 import _SMALL
+
+    groups = zoo.analysis("mobilenet_v3_small").groups
+    prev_out = "/features/features.0/features.0.0/Conv"
+    for i, cfg in enumerate(_SMALL, start=1):
+        p = f"/features/features.{i}/block"
+        has_expand = cfg.exp_ch != cfg.in_ch
+        expand = f"{p}/block.0/block.0.0/Conv" if has_expand else prev_out
+        project = f"{p}/block.{2 + cfg.use_se + has_expand - 1}/block.{2 + cfg.use_se + has_expand - 1}.0/Conv"
+        if cfg.use_se:
+            se = f"{p}/block.{1 + has_expand}"
+            assert_single(by_producer(groups, f"{se}/fc1/Conv"), f"{se}/fc1/Conv", [f"{se}/fc2/Conv"])
+            g = by_producer(groups, f"{se}/fc2/Conv")
+            assert g is by_producer(groups, expand), "the SE gate's output and the gated channels are one group"
+            assert g.coupled and g.prunable
+            assert g.channels == cfg.exp_ch
+            assert f"{se}/fc1/Conv" in consumers(g) and project in consumers(g)
+        elif has_expand:
+            assert_single(by_producer(groups, expand), expand, [project], cfg.exp_ch)
+        prev_out = project
+
+
+# ---------------------------------------------------------------- hand-built graphs
+
+
+def analyse(b: GraphBuilder, outputs) -> dict[str, Group]:
+    model = b.model(outputs)
+    onnx.checker.check_model(model)
+    return {g.name: g for g in analyze(model).groups}
+
+
+def check_slicing(model: onnx.ModelProto, group_name: str, keep: list[int], feeds: dict[str, np.ndarray]) -> None:
+    """Slicing ``keep`` gives the original model with the other channels zeroed at the consumers."""
+    analysis = analyze(model)
+    group = next(g for g in analysis.groups if g.name == group_name)
+    mask = np.zeros(group.channels)
+    mask[keep] = 1.0
+    reference = run(masked_original(analysis.graph, group, mask), **feeds)
+    pruned = export_graph(slice_channels(analysis.graph.copy(), group, np.array(keep)))
+    for got, want in zip(run(pruned, **feeds), reference):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+X = {"x": np.random.default_rng(1).standard_normal((2, 3, 8, 8)).astype(np.float32)}
+
+
+def test_residual_add_is_coupled() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    r = b.op("Relu", [b.conv("x", "stem", 3, 8)], "r0")
+    y = b.conv(b.op("Relu", [b.conv(r, "c1", 8, 6)], "r1"), "c2", 6, 8)
+    s = b.op("Add", [r, y], "add")
+    out = b.conv(b.op("Relu", [s], "r2"), "head", 8, 4)
+    groups = analyse(b, [out])
+    g = groups["stem"]
+    assert g.coupled and g.prunable and sorted(g.producers) == ["c2", "stem"]
+    assert sorted(consumers(g)) == ["c1", "head"]
+    assert_single(groups["c1"], "c1", ["c2"], 6)
+    check_slicing(b.model([out]), "stem", [0, 3, 4, 7], X)
+
+
+def test_concat_on_channel_axis_blocks() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    cat = b.op("Concat", [b.conv("x", "a", 3, 8), b.conv("x", "b", 3, 4)], "cat", axis=1)
+    out = b.conv(cat, "c", 12, 4)
+    groups = analyse(b, [out])
+    for name in ("a", "b"):
+        assert not groups[name].prunable
+        assert "Concat" in groups[name].reason
+
+
+def test_concat_on_other_axis_is_channelwise() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "a", 3, 8)], "r")
+    cat = b.op("Concat", [y, y], "cat", axis=2)
+    out = b.conv(cat, "c", 8, 4)
+    groups = analyse(b, [out])
+    assert_single(groups["a"], "a", ["c"], 8)
+
+
+def test_depthwise_conv_is_channelwise() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "a", 3, 8)], "r")
+    dw = b.op("Relu", [b.conv(y, "dw", 8, 8, group=8, stride=2)], "r2")
+    out = b.conv(dw, "c", 8, 4, k=1)
+    model = b.model([out])
+    groups = analyse(b, [out])
+    g = groups["a"]
+    assert_single(g, "a", ["c"], 8)
+    assert "dw" not in groups  # a depthwise conv creates no channel space of its own
+    assert "dw_out" in g.tensors
+    assert AttrSite("dw", "group") in g.attrs
+    assert SliceSite("dw", 1, 0) in g.slices and SliceSite("dw", 2, 0) in g.slices
+    check_slicing(model, "a", [1, 2, 6], X)
+
+
+def test_grouped_conv_blocks() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    out = b.conv(b.conv("x", "a", 3, 8), "g", 8, 4, group=2)
+    g = analyse(b, [out])["a"]
+    assert not g.prunable and "group" in g.reason
+
+
+def test_se_gate_is_coupled() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "a", 3, 8)], "r")
+    pooled = b.op("GlobalAveragePool", [y], "gap")
+    gate = b.op("Sigmoid", [b.conv(b.op("Relu", [b.conv(pooled, "fc1", 8, 4, k=1)], "r1"), "fc2", 4, 8, k=1)], "sig")
+    out = b.conv(b.op("Mul", [y, gate], "scale"), "c", 8, 5, k=1)
+    model = b.model([out])
+    groups = analyse(b, [out])
+    g = groups["a"]
+    assert g.coupled and g.prunable
+    assert sorted(g.producers) == ["a", "fc2"]
+    assert sorted(consumers(g)) == ["c", "fc1"]
+    assert_single(groups["fc1"], "fc1", ["fc2"], 4)
+    check_slicing(model, "a", [0, 5, 6, 7], X)
+    check_slicing(model, "fc1", [2], X)
+
+
+def test_hardswish_decomposed_with_broadcast_constants() -> None:
+    """x * Clip(x + 3, 0, 6) / 6 with scalar and [1]-shaped constants stays one channel-wise space."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.conv("x", "a", 3, 8)
+    shifted = b.op("Add", [y, b.const("three", 3.0)], "add3")
+    clipped = b.op("Clip", [shifted, b.const("zero", 0.0), b.const("six", 6.0)], "clip")
+    hs = b.op("Div", [b.op("Mul", [y, clipped], "mul"), b.const("six_1", np.array([6.0]))], "div")
+    out = b.conv(hs, "c", 8, 4)
+    model = b.model([out])
+    g = analyse(b, [out])["a"]
+    assert_single(g, "a", ["c"], 8)
+    assert {"add3_out", "clip_out", "mul_out", "div_out"} <= set(g.tensors)
+    assert not any(s.node in ("add3", "clip", "div") for s in g.slices), "scalar constants are not sliced"
+    check_slicing(model, "a", [0, 1, 5], X)
+
+
+def test_per_channel_constant_mul_is_sliced() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Mul", [b.conv("x", "a", 3, 8), b.rand("s", (1, 8, 1, 1))], "mul")
+    out = b.conv(y, "c", 8, 4)
+    model = b.model([out])
+    g = analyse(b, [out])["a"]
+    assert_single(g, "a", ["c"], 8)
+    assert SliceSite("mul", 1, 1) in g.slices
+    check_slicing(model, "a", [2, 3, 4, 7], X)
+
+
+def test_unfolded_batchnorm_mul_add() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Mul", [b.conv("x", "a", 3, 8, bias=False), b.rand("bn_s", (8, 1, 1))], "bn_mul")
+    y = b.op("Relu", [b.op("Add", [y, b.rand("bn_b", (8, 1, 1))], "bn_add")], "r")
+    out = b.conv(y, "c", 8, 4)
+    model = b.model([out])
+    g = analyse(b, [out])["a"]
+    assert_single(g, "a", ["c"], 8)
+    assert SliceSite("bn_mul", 1, 0) in g.slices and SliceSite("bn_add", 1, 0) in g.slices
+    check_slicing(model, "a", [0, 4], X)
+
+
+def test_batchnorm_node_is_sliced() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.bn(b.conv("x", "a", 3, 8, bias=False), "bn", 8)], "r")
+    out = b.conv(y, "c", 8, 4)
+    model = b.model([out])
+    g = analyse(b, [out])["a"]
+    assert {SliceSite("bn", i, 0) for i in range(1, 5)} <= set(g.slices)
+    check_slicing(model, "a", [1, 3, 5, 7], X)
+
+
+def test_weights_in_constant_nodes() -> None:
+    rng = np.random.default_rng(0)
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    for name, shape in (("w1", (8, 3, 3, 3)), ("w2", (4, 8, 1, 1))):
+        value = onnx.numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), f"{name}.v")
+        b.nodes.append(onnx.helper.make_node("Constant", [], [name], name=f"{name}_const", value=value))
+    y = b.op("Relu", [b.op("Conv", ["x", "w1"], "a", pads=[1, 1, 1, 1])], "r")
+    out = b.op("Conv", [y, "w2"], "c")
+    model = b.model([out])
+    g = analyse(b, [out])["a"]
+    assert_single(g, "a", ["c"], 8)
+    check_slicing(model, "a", [0, 2, 3], X)
+
+
+def test_softmax_over_channels_blocks() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    out = b.conv(b.op("Softmax", [b.conv("x", "a", 3, 8)], "sm", axis=1), "c", 8, 4)
+    g = analyse(b, [out])["a"]
+    assert not g.prunable
+    assert "Softmax" in g.reason and "sm" in g.reason
+
+
+def test_softmax_over_space_is_channelwise() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    out = b.conv(b.op("Softmax", [b.conv("x", "a", 3, 8)], "sm", axis=3), "c", 8, 4)
+    assert_single(analyse(b, [out])["a"], "a", ["c"], 8)
+
+
+def test_custom_domain_op_blocks_with_its_name() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("FancyNorm", [b.conv("x", "a", 3, 8)], "fancy", domain="com.example")
+    b.declare(y, ["batch", 8, 8, 8])  # a custom op's output shape only comes from value_info
+    out = b.conv(y, "c", 8, 4)
+    g = analyse(b, [out])["a"]
+    assert not g.prunable
+    assert "FancyNorm" in g.reason and "fancy" in g.reason
+
+
+def test_custom_domain_op_without_shapes_names_the_op() -> None:
+    """Shape inference stops at an unknown op: analysis must fail with an AnalysisError that names it."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("FancyNorm", [b.conv("x", "a", 3, 8)], "fancy", domain="com.example")
+    out = b.conv(y, "c", 8, 4)
+    with pytest.raises(AnalysisError, match="FancyNorm"):
+        analyze(b.model([out]))
+
+
+def test_channels_reaching_graph_output() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    r = b.op("Relu", [b.conv("x", "a", 3, 8)], "r")
+    out = b.conv(r, "c", 8, 4)
+    g = analyse(b, [out, r])["a"]
+    assert not g.prunable
+    assert "graph output" in g.reason and "r_out" in g.reason
+
+
+def test_matmul_chain_groups() -> None:
+    b = GraphBuilder({"x": ["batch", 5, 6]})
+    h = b.op("Relu", [b.op("Add", [b.matmul("x", "m1", 6, 10), b.rand("m1.b", (10,))], "m1_add")], "r")
+    out = b.matmul(h, "m2", 10, 3)
+    g = analyse(b, [out])["m1"]
+    assert_single(g, "m1", ["m2"], 10)
+    assert SliceSite("m1_add", 1, 0) in g.slices and SliceSite("m2", 1, 0) in g.slices
+
+
+# ---------------------------------------------------------------- MACs
+
+
+def test_mac_counts_by_hand() -> None:
+    b = GraphBuilder({"x": [1, 4, 17, 17], "y": [1, 3, 10]})
+    c1 = b.conv("x", "c1", 4, 8, 3, stride=2, pad=1)  # 17 -> 9
+    c2 = b.conv(c1, "c2", 8, 8, 3, group=2)  # 9x9, 4 input channels per group
+    c3 = b.conv(c2, "c3", 8, 6, 3, dilation=2, pad=0)  # 9 - 2*2 = 5
+    ct = b.op("ConvTranspose", [c3, b.rand("ct.w", (6, 5, 2, 2))], "ct", strides=[2, 2])  # 5 -> 10
+    flat = b.op("Flatten", [b.op("GlobalAveragePool", [ct], "gap")], "flat")
+    g1 = b.gemm(flat, "g1", 5, 7, trans_b=0)
+    g2 = b.gemm(g1, "g2", 7, 2, trans_b=1)
+    mm = b.matmul("y", "mm", 10, 4)
+    analysis = analyze(b.model([g2, mm]))
+    macs = {e.node: e.macs for e in analysis.macs.entries}
+    assert macs == {
+        "c1": 8 * 9 * 9 * 4 * 3 * 3,
+        "c2": 8 * 9 * 9 * 4 * 3 * 3,
+        "c3": 6 * 5 * 5 * 8 * 3 * 3,
+        "ct": 6 * 5 * 5 * 5 * 2 * 2,
+        "g1": 5 * 7,
+        "g2": 7 * 2,
+        "mm": 3 * 10 * 4,
+    }
+    assert analysis.macs.total == sum(macs.values())
+    # ConvTranspose produces channels (weight sliced on axis 1); it cannot be a consumer yet.
+    ct_group = next(g for g in analysis.groups if g.name == "ct")
+    assert SliceSite("ct", 1, 1) in ct_group.slices
+    c3_group = next(g for g in analysis.groups if g.name == "c3")
+    assert not c3_group.prunable and "ConvTranspose" in c3_group.reason
+
+
+def _prune_randomly(analysis, rng: np.random.Generator) -> tuple[dict[int, int], onnx.ModelProto]:
+    graph = analysis.graph.copy()
+    widths = {}
+    for g in analysis.prunable:
+        widths[g.id] = int(rng.integers(1, g.channels + 1))
+        graph = slice_channels(graph, g, rng.choice(g.channels, widths[g.id], replace=False))
+    return widths, export_graph(graph)
+
+
+@pytest.mark.parametrize("name", ["mobilenet_v2", "mobilenet_v3_small"])
+def test_mac_model_matches_pruned_zoo_model(zoo, name: str) -> None:
+    analysis = zoo.analysis(name)
+    widths, pruned = _prune_randomly(analysis, np.random.default_rng(0))
+    after = analyze(pruned)
+    assert after.macs.total == pytest.approx(analysis.macs.macs(widths), rel=1e-12)
+    assert after.macs.total < analysis.macs.total
+    x = np.random.default_rng(0).standard_normal((2, 3, 64, 64)).astype(np.float32)
+    (logits,) = run(pruned, input=x)
+    assert logits.shape == (2, 1000) and np.isfinite(logits).all()
+
+
+def test_mac_model_matches_pruned_hand_graph() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 16, 16]})
+    r = b.op("Relu", [b.conv("x", "stem", 3, 8, stride=2)], "r0")
+    e = b.op("Relu", [b.conv(r, "expand", 8, 24, k=1)], "r1")
+    d = b.op("Relu", [b.conv(e, "dw", 24, 24, group=24)], "r2")
+    s = b.op("Add", [r, b.conv(d, "project", 24, 8, k=1)], "add")
+    flat = b.op("Flatten", [b.op("Relu", [b.conv(s, "head", 8, 12, stride=2)], "r3")], "flat")  # 12 x 4 x 4
+    out = b.gemm(flat, "fc", 12 * 16, 5)
+    analysis = analyze(b.model([out]))
+    assert len(analysis.prunable) == 3
+    for seed in range(3):
+        widths, pruned = _prune_randomly(analysis, np.random.default_rng(seed))
+        assert analyze(pruned).macs.total == pytest.approx(analysis.macs.macs(widths), rel=1e-12)
+        assert run(pruned, x=np.ones((3, 3, 16, 16), np.float32))[0].shape == (3, 5)

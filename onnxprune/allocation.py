@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
 from onnxprune.errors import TargetError
@@ -18,26 +20,40 @@ def check_target(macs: MacModel, groups: list[Group], target: float, min_channel
                           f"least {floor / 1e6:.1f}M ({floor / macs.total:.1%} of the original)")
 
 
-def fill(macs: MacModel, groups: list[Group], widths: dict[int, int], target: float) -> dict[int, int]:
-    """Spend the budget left by rounding: add channels to the relatively narrowest groups first."""
+def _step(width: int, channels: int, round_to: int) -> int:
+    """The next allowed width: the next multiple of ``round_to``, or all channels."""
+    return min(channels, (width // round_to + 1) * round_to)
+
+
+def fill(macs: MacModel, groups: list[Group], widths: dict[int, int], target: float, round_to: int = 1) -> dict[int, int]:
+    """Spend the budget left by rounding: widen the relatively narrowest groups first."""
     widths = dict(widths)
     while True:
         for g in sorted(groups, key=lambda g: (widths[g.id] / g.channels, g.id)):
             if widths[g.id] < g.channels:
-                widths[g.id] += 1
+                old = widths[g.id]
+                widths[g.id] = _step(old, g.channels, round_to)
                 if macs.macs(widths) <= target:
                     break
-                widths[g.id] -= 1
+                widths[g.id] = old
         else:
             return widths
 
 
-def uniform_widths(macs: MacModel, groups: list[Group], target: float, min_channels: int = 1) -> dict[int, int]:
-    """The same keep ratio in every group (largest ratio within the budget), then ``fill``."""
+def uniform_widths(
+    macs: MacModel, groups: list[Group], target: float, min_channels: int = 1, round_to: int = 1
+) -> dict[int, int]:
+    """The same keep ratio in every group (largest ratio within the budget), then ``fill``.
+
+    With ``round_to`` > 1 every width is a multiple of it (or the full width)."""
+    min_channels = max(min_channels, round_to)
     check_target(macs, groups, target, min_channels)
 
     def at(ratio: float) -> dict[int, int]:
-        return {g.id: max(min(min_channels, g.channels), min(g.channels, round(ratio * g.channels))) for g in groups}
+        def width(g: Group) -> int:
+            w = min(g.channels, max(min_channels, round_to * int(ratio * g.channels / round_to)))
+            return w if w == g.channels or w % round_to == 0 else g.channels
+        return {g.id: width(g) for g in groups}
 
     lo, hi = 0.0, 1.0
     for _ in range(60):
@@ -46,4 +62,69 @@ def uniform_widths(macs: MacModel, groups: list[Group], target: float, min_chann
             lo = mid
         else:
             hi = mid
-    return fill(macs, groups, at(lo), target)
+    return fill(macs, groups, at(lo), target, round_to)
+
+
+def _round_up(n: int, channels: int, round_to: int) -> int:
+    return min(channels, -(-n // round_to) * round_to)
+
+
+def epsilon_widths(
+    macs: MacModel, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+    min_channels: int = 1, round_to: int = 1,
+) -> dict[int, int]:
+    """The paper's rule: each group keeps the fewest channels whose relative imitation loss is ≤ ε,
+    with one ε for all groups, searched so the total lands just under the budget, then ``fill``.
+
+    ``curves[g][n]`` is the group's relative loss at width n (non-increasing in n)."""
+    min_channels = max(min_channels, round_to)
+    check_target(macs, groups, target, min_channels)
+
+    def at(eps: float) -> dict[int, int]:
+        out = {}
+        for g in groups:
+            ok = np.flatnonzero(curves[g.id][1:] <= eps)
+            n = int(ok[0]) + 1 if ok.size else g.channels
+            out[g.id] = _round_up(max(n, min(min_channels, g.channels)), g.channels, round_to)
+        return out
+
+    lo, hi = -12.0, 1.0  # log10 ε: at hi every group sits at its floor
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if macs.macs(at(10**mid)) <= target:
+            hi = mid
+        else:
+            lo = mid
+    return fill(macs, groups, at(10**hi), target, round_to)
+
+
+def curve_widths(
+    macs: MacModel, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+    min_channels: int = 1, round_to: int = 1, floor: float = 0.25,
+) -> dict[int, int]:
+    """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
+    relative loss per MAC saved, never below ``floor`` of its channels."""
+    min_channels = max(min_channels, round_to)
+    check_target(macs, groups, target, min_channels)
+    widths = {g.id: g.channels for g in groups}
+    lowest = {g.id: _round_up(max(min_channels, int(np.ceil(floor * g.channels))), g.channels, round_to)
+              for g in groups}
+    step = {g.id: max(round_to, round_to * int(np.ceil(0.01 * g.channels / round_to))) for g in groups}
+    current = macs.macs(widths)
+    while current > target:
+        best, best_cost, best_macs = None, np.inf, current
+        for g in groups:
+            w = widths[g.id]
+            if w <= lowest[g.id]:
+                continue
+            narrower = max(lowest[g.id], w - step[g.id])
+            trial = macs.macs({**widths, g.id: narrower})
+            cost = (curves[g.id][narrower] - curves[g.id][w]) / max(current - trial, 1e-9)
+            if cost < best_cost:
+                best, best_cost, best_macs = (g.id, narrower), cost, trial
+        if best is None:
+            raise TargetError(f"target {target / 1e6:.1f}M MACs needs more than the floor of {floor:.0%} "
+                              "of each group's channels allows: use --allocation uniform")
+        widths[best[0]] = best[1]
+        current = best_macs
+    return fill(macs, groups, widths, target, round_to)

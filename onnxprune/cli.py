@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import sys
-import tempfile
 from pathlib import Path
 from typing import Annotated, Optional
 
 import onnx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -20,9 +19,12 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import load_model
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, compress
+from onnxprune.compress import ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, compress
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
+from onnxprune.deploy.bench import bench_many, format_bench_table
+from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
 from onnxprune.evaluate import evaluate, format_table
+from onnxprune.fileio import atomic_write
 from onnxprune.runtime.ort import model_input_specs
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -36,7 +38,7 @@ err_console = Console(stderr=True)
 
 
 def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -47,19 +49,6 @@ def parse_count(text: str) -> float:
         raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
     scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
     return float(match.group(1)) * scale
-
-
-def write_atomic(model: onnx.ModelProto, path: Path) -> None:
-    """Write next to ``path`` then rename, so a failure never leaves a half file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(model.SerializeToString())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _preprocess(resize: int, crop: int, mean: str, std: str, layout: str, bgr: bool) -> Preprocess:
@@ -119,6 +108,9 @@ def compress_cmd(
     target_flops: Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)] = None,
     target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
     method: Annotated[str, typer.Option(help=f"Channel selection: {', '.join(METHODS)}.")] = "local",
+    allocation: Annotated[str, typer.Option(
+        help="Per-layer widths: 'uniform' keep ratio, 'epsilon' (one threshold on every layer's imitation "
+             "loss, the paper's rule) or 'curve' (greedy on the error curves, each layer ≥ 25%).")] = "uniform",
     target: Annotated[str, typer.Option(
         help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
              "error) or 'paper' (the layer's own output on the pruned prefix).")] = "original",
@@ -137,6 +129,8 @@ def compress_cmd(
     batch_size: Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")] = 32,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random baseline.")] = 0,
+    round_to: Annotated[int, typer.Option(
+        help="Keep every pruned width a multiple of this (8 or 16 suit vector units and tensor cores).")] = 1,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
     """Prune channels to a MAC budget and write a smaller ONNX model."""
@@ -148,7 +142,8 @@ def compress_cmd(
         if target_ratio is not None and not 0 < target_ratio < 1:
             raise TargetError(f"--target-ratio {target_ratio} must lie strictly between 0 and 1")
         for name, value, allowed in (("method", method, METHODS), ("target", target, TARGETS),
-                                     ("reconstruct", reconstruct, RECONSTRUCTIONS)):
+                                     ("reconstruct", reconstruct, RECONSTRUCTIONS),
+                                     ("allocation", allocation, ALLOCATIONS)):
             if value not in allowed:
                 raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
         onnx_model = load_model(model)
@@ -157,18 +152,19 @@ def compress_cmd(
                                 subset=subset, limit=limit, flip=flip)
         options = CompressOptions(
             target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
-            method=method, target=target, reconstruct=reconstruct, batch_size=batch_size, provider=provider,
-            seed=seed,
+            method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
+            seed=seed, round_to=round_to,
         )
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=err_console, transient=True) as progress:
+                      TimeElapsedColumn(), console=err_console, transient=True,
+                      disable=not err_console.is_terminal) as progress:
             task = progress.add_task("pruning", total=None)
 
             def on_layer(i: int, total: int, name: str) -> None:
                 progress.update(task, completed=i, total=total, description=f"pruning {name}")
 
             pruned, result = compress(onnx_model, data, options, on_layer)
-        write_atomic(pruned, output)
+        atomic_write(output, lambda tmp: onnx.save(pruned, str(tmp)), refuse=[model])
         if report is not None:
             report.write_text(json.dumps(result.to_dict(), indent=2))
     except OnnxPruneError as exc:
@@ -218,6 +214,58 @@ def eval_cmd(
         print(json.dumps(result.to_dict(), indent=2))
     else:
         console.print(format_table({str(model): result}))
+
+
+InputShapeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--input-shape", help="Shape for dynamic inputs: 1x3x224x224, or name:1x3x320x320 per input (repeatable).")]
+
+
+@app.command("bench")
+def bench_cmd(
+    models: Annotated[list[Path], typer.Argument(help="ONNX models; the first is the baseline of the speed-up.")],
+    provider: Annotated[str, typer.Option(help="Execution provider: auto (best available), cpu, cuda, tensorrt.")] = "auto",
+    batch: Annotated[int, typer.Option(help="Batch size.")] = 1,
+    threads: Annotated[Optional[int], typer.Option(help="Intra-op threads (default: onnxruntime's).")] = None,
+    warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 10,
+    runs: Annotated[int, typer.Option(help="Timed runs.")] = 50,
+    input_shape: InputShapeOpt = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Latency (median/p90/p99) and throughput with onnxruntime, side by side with MACs and params."""
+    try:
+        results = bench_many(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
+                             input_shapes=input_shape)
+    except OnnxPruneError as exc:
+        _fail(str(exc))
+    if as_json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        console.print(format_bench_table(results))
+
+
+@app.command("export")
+def export_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Engine path (model.engine).")],
+    tensorrt: Annotated[bool, typer.Option("--tensorrt", help="Build a TensorRT engine (the only target).")] = True,
+    fp16: Annotated[bool, typer.Option("--fp16", help="Allow fp16 kernels.")] = False,
+    workspace: Annotated[int, typer.Option(help="Builder workspace in MiB.")] = 1024,
+    input_shape: InputShapeOpt = None,
+) -> None:
+    """Build a TensorRT engine and time it; without TensorRT, write a TensorRT-ready ONNX and the trtexec line."""
+    try:
+        if not tensorrt:
+            raise OnnxPruneError("only --tensorrt export exists: drop --no-tensorrt")
+        ready = prepare_for_tensorrt(model, output.with_suffix(".trt.onnx"), input_shape)
+        try:
+            engine = build_engine(ready, output, fp16=fp16, workspace_mb=workspace, shapes=input_shape)
+        except TensorRTUnavailable as exc:
+            console.print(f"TensorRT-ready ONNX written to {ready}")
+            console.print(trtexec_command(ready, output, fp16, workspace, None))
+            raise exc
+        console.print_json(json.dumps(engine_latency(engine)))
+    except OnnxPruneError as exc:
+        _fail(str(exc))
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune`

@@ -18,7 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.allocation import uniform_widths
+from onnxprune.allocation import curve_widths, epsilon_widths, uniform_widths
 from onnxprune.analysis import Analysis, analyze, consumers
 from onnxprune.analysis.graph import infer_shapes
 from onnxprune.analysis.groups import ConsumerUse, Group
@@ -35,7 +35,7 @@ from onnxprune.runtime.segments import Liveness, run_segment
 METHODS = ("local", "l1", "random")
 TARGETS = ("original", "paper")
 RECONSTRUCTIONS = ("none", "scale", "full")
-ALLOCATIONS = ("uniform",)
+ALLOCATIONS = ("uniform", "epsilon", "curve")
 
 
 @dataclass
@@ -50,6 +50,7 @@ class CompressOptions:
     allocation: str = "uniform"
     ridge: float = 1e-4
     min_channels: int = 1
+    round_to: int = 1
     batch_size: int = 32
     provider: str = "auto"
     seed: int = 0
@@ -141,8 +142,11 @@ class Compressor:
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
         self.rng = np.random.default_rng(options.seed)
-        self.values_p = self._load(calib)
-        self.values_o = dict(self.values_p)
+        self.inputs = self._load(calib)
+        if len(next(iter(self.inputs.values()))) < 2:
+            raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
+        self.values_p = dict(self.inputs)
+        self.values_o = dict(self.inputs)
         self.provider = options.provider
 
     def _load(self, calib: CalibrationSet) -> dict[str, np.ndarray]:
@@ -154,37 +158,63 @@ class Compressor:
             raise CalibrationError("the calibration set is empty: give a folder or file with samples")
         return {name: np.concatenate(arrays) for name, arrays in parts.items()}
 
-    def advance(self, cut: int) -> None:
-        """Bring both caches to the tensors live at ``cut``."""
+    def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
+        """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
         live = self.live.live(cut)
-        for graph, values in ((self.graph, self.values_p), (self.original, self.values_o)):
-            new, self.provider = run_segment(graph, values, live - set(values), provider=self.options.provider,
-                                             batch_size=self.options.batch_size)
-            values.update(new)
-            for name in set(values) - live:
-                del values[name]
+        new, self.provider = run_segment(graph, values, live - set(values), provider=self.options.provider,
+                                         batch_size=self.options.batch_size)
+        values.update(new)
+        for name in set(values) - live:
+            del values[name]
 
-    def collect(self, group: Group) -> list[_ConsumerData]:
-        """Streamed statistics of every consumer: pruned-prefix inputs vs original outputs."""
+    def quadratic(self, group: Group, data: list[_ConsumerData]) -> tuple[np.ndarray, np.ndarray, float]:
+        """(G, c, tau) of the local imitation loss aᵀGa - 2cᵀa + tau for the configured target."""
+        n = group.channels
+        G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)
+        if self.options.target == "paper":
+            return G, G.sum(axis=1) / n, float(G.sum()) / n**2
+        c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data) / n
+        tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
+        return G, c, tau
+
+    def error_curves(self, order: list[tuple[int, Group]]) -> dict[int, np.ndarray]:
+        """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
+        measured on the original network in one pass (for the curve-based allocations)."""
+        values = dict(self.inputs)
+        curves = {}
+        for cut, group in order:
+            self.advance(self.original, values, cut)
+            G, c, tau = self.quadratic(group, self.collect(group, values, values))
+            path = greedy_local(G, c, tau)
+            curve = np.minimum.accumulate(np.where(np.isfinite(path.curve), path.curve, np.inf)[1:])
+            curves[group.id] = np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])
+        return curves
+
+    def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[_ConsumerData]:
+        """Streamed statistics of every consumer: inputs on the ``prefix`` network (the pruned one)
+        vs outputs of the original network (its cached tensors ``reference``)."""
         nodes_p = {n.name: n for n in self.graph.nodes}
         nodes_o = {n.name: n for n in self.original.nodes}
         out = []
-        bs = self.options.batch_size
+        n = len(next(iter(prefix.values())))
+        # Chunks alternate between the two folds of the refit's cross-validation; an even size keeps
+        # an image and its mirror (adjacent with --flip) in the same fold.
+        bs = max(2, min(self.options.batch_size, n // 2) // 2 * 2)
         for use in group.consumers:
             node_p, node_o = nodes_p[use.node], nodes_o[use.node]
             current, original = consumers.matrix(node_p), consumers.matrix(node_o)
             w_o = torch.from_numpy(original.weight.astype(np.float32))
             b_o = torch.from_numpy(original.bias.astype(np.float32))
             partner = _residual_partner(node_o)
-            if partner is not None and partner not in self.values_p:
+            if partner is not None and partner not in prefix:
                 partner = None
             folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
-            x_p, x_o = self.values_p[use.tensor], self.values_o[use.tensor]
+            x_p, x_o = prefix[use.tensor], reference[use.tensor]
             for s in range(0, len(x_p), bs):
                 x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
                 t = torch.matmul(w_o, consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs]))) + b_o[:, None]
                 if partner is not None:
-                    shift = self.values_o[partner][s : s + bs] - self.values_p[partner][s : s + bs]
+                    shift = reference[partner][s : s + bs] - prefix[partner][s : s + bs]
                     t += consumers.columns(node_o, torch.from_numpy(shift))
                 folds[(s // bs) % 2].update(x, t)
             stats = ConsumerStats(*current.weight.shape[::-1])
@@ -207,13 +237,7 @@ class Compressor:
                     w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
                     norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
             return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
-        G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)
-        if self.options.target == "paper":
-            c = G.sum(axis=1) / n
-            tau = float(G.sum()) / n**2
-        else:
-            c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data) / n
-            tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
+        G, c, tau = self.quadratic(group, data)
         path = greedy_local(G, c, tau, max_steps=3 * width)
         keep = path.support(width)
         a = path.weights(width)
@@ -295,7 +319,12 @@ def compress(
     order, skipped = schedule(analysis, run.live)
     groups = [g for _, g in order]
     target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
-    widths = uniform_widths(analysis.macs, groups, target, options.min_channels)
+    if options.allocation == "uniform":
+        widths = uniform_widths(analysis.macs, groups, target, options.min_channels, options.round_to)
+    else:
+        allocate = epsilon_widths if options.allocation == "epsilon" else curve_widths
+        widths = allocate(analysis.macs, groups, run.error_curves(order), target, options.min_channels,
+                          options.round_to)
     report = CompressReport(
         macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
         target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
@@ -305,11 +334,12 @@ def compress(
         if on_layer is not None:
             on_layer(i, len(order), group.name)
         t0 = time.perf_counter()
-        run.advance(cut)
+        run.advance(run.graph, run.values_p, cut)
+        run.advance(run.original, run.values_o, cut)
         width = widths[group.id]
         if width == group.channels:
             continue
-        data = run.collect(group)
+        data = run.collect(group, run.values_p, run.values_o)
         keep, fold, rel = run.choose(group, data, width)
         err_fold, err, ridges = run.apply(group, data, keep, fold)
         run.slice_cache(group, keep)

@@ -55,8 +55,9 @@ def _keep_all(tiny, reconstruct: str) -> tuple[onnx.ModelProto, list[tuple[float
     order, _ = schedule(run_.analysis, run_.live)
     errors = []
     for cut, group in order:
-        run_.advance(cut)
-        data = run_.collect(group)
+        run_.advance(run_.graph, run_.values_p, cut)
+        run_.advance(run_.original, run_.values_o, cut)
+        data = run_.collect(group, run_.values_p, run_.values_o)
         n = group.channels
         keep, a = np.arange(n), np.full(n, 1.0 / n)
         errors.append(tuple(run_.apply(group, data, keep, n * a)[:2]))  # (error_fold, error, ...)
@@ -144,12 +145,42 @@ def test_paper_target_runs(tiny, pruned) -> None:
     assert y.shape == (4, 10) and np.isfinite(y).all()
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "compress.py: the full refit's two cross-validation folds alternate calibration batches, so with at most "
-    "one batch of samples (<= batch_size) the second fold is empty and refit_cv -> refit_full raises "
-    "ValueError('refit_full needs statistics over at least one position')"))
 def test_fewer_samples_than_one_batch(tiny, tmp_path) -> None:
     np.save(tmp_path / "few.npy", tiny.x[:16])
     calib = load_calibration(str(tmp_path / "few.npy"), model_input_specs(tiny.model))
     model, report = compress(tiny.model, calib, CompressOptions(target_ratio=RATIO, reconstruct="full", provider="cpu"))
     assert report.calibration_samples == 16 and report.macs_after <= RATIO * report.macs_before
+
+
+def _conv_chain_without_bias():
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder({"input": ["batch", 3, 16, 16]})
+    y = b.op("Relu", [b.bn(b.conv("input", "c1", 3, 12, bias=False), "bn1", 12)], "r1")
+    y = b.op("Relu", [b.bn(b.conv(y, "c2", 12, 16, bias=False), "bn2", 16)], "r2")
+    y = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(y, "c3", 16, 8)], "gap")], "flat")
+    return b.model([b.gemm(y, "fc", 8, 5)]), (64, 3, 16, 16)
+
+
+def _matmul_chain():
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder({"input": ["batch", 4, 6]})
+    h = b.op("Relu", [b.matmul("input", "m1", 6, 10)], "r1")
+    h = b.op("Relu", [b.matmul(h, "m2", 10, 8)], "r2")
+    return b.model([b.matmul(h, "m3", 8, 3)]), (64, 4, 6)
+
+
+@pytest.mark.parametrize("builder", [_conv_chain_without_bias, _matmul_chain], ids=["conv-no-bias", "matmul"])
+def test_full_refit_of_consumers_without_bias_input(builder, tmp_path) -> None:
+    """The refit gives a consumer a bias; pruning that node's own output group next must slice it too."""
+    model, shape = builder()
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x)
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    pruned_model, report = compress(model, calib, CompressOptions(target_ratio=0.5, reconstruct="full", provider="cpu"))
+    assert len(report.layers) >= 2
+    onnx.checker.check_model(pruned_model, full_check=True)
+    (y,) = run(pruned_model, input=x)
+    (ref,) = run(model, input=x)
+    assert y.shape == ref.shape and _rel(y, ref) < 1.0

@@ -200,7 +200,7 @@ def test_refit_consumer_written_weights_run_in_onnxruntime(builder, zero_bias: b
     new_node = next(n for n in graph.nodes if n.name == node.name)
     again = consumers.matrix(new_node)
     np.testing.assert_allclose(again.weight, w, rtol=1e-6, atol=1e-6)
-    np.testing.assert_allclose(again.bias if node.op != "MatMul" else bias, bias, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(again.bias, bias, rtol=1e-6, atol=1e-6)
 
     (got,) = run(export_graph(graph), **feeds)
     x = feeds["x"].astype(np.float64)
@@ -214,3 +214,56 @@ def test_refit_consumer_written_weights_run_in_onnxruntime(builder, zero_bias: b
             want = np.maximum(want, 0.0)
             assert len(graph.nodes) == n_nodes + (0 if zero_bias else 1)  # a bias Add only when needed
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def _conv_chain_without_bias() -> tuple[GraphBuilder, str]:
+    """conv → BN → relu → conv → BN → relu → conv, the first two convs without a bias input."""
+    b = GraphBuilder({"x": ["batch", 3, 10, 10]})
+    y = b.op("Relu", [b.bn(b.conv("x", "c1", 3, 12, bias=False), "bn1", 12)], "r1")
+    y = b.op("Relu", [b.bn(b.conv(y, "c2", 12, 10, bias=False), "bn2", 10)], "r2")
+    return b, b.conv(y, "c3", 10, 4)
+
+
+def _matmul_chain_without_bias() -> tuple[GraphBuilder, str]:
+    b = GraphBuilder({"x": ["batch", 4, 6]})
+    h = b.op("Relu", [b.matmul("x", "m1", 6, 10)], "r1")
+    h = b.op("Relu", [b.matmul(h, "m2", 10, 8)], "r2")
+    return b, b.matmul(h, "m3", 8, 3)
+
+
+@pytest.mark.parametrize("builder,first,second", [
+    (_conv_chain_without_bias, "c1", "c2"), (_matmul_chain_without_bias, "m1", "m2"),
+], ids=["conv", "matmul"])
+def test_refit_bias_is_sliced_when_the_node_is_pruned_as_producer(builder, first: str, second: str) -> None:
+    """The pipeline prunes group 1 (refitting its consumer, which gains a bias), then group 2 produced by
+    that consumer: the new bias must be sliced with the consumer's output channels."""
+    b, out = builder()
+    analysis = analyze(b.model([out]))
+    groups = {g.name: g for g in analysis.groups}
+    g1, g2 = groups[first], groups[second]
+    (use,) = g1.consumers
+    assert use.node == second
+    graph = slice_channels(analysis.graph.copy(), g1, np.array([0, 3, 4, 8]))
+    node = next(n for n in graph.nodes if n.name == second)
+    lin = consumers.matrix(node)
+    graph = refit_consumer(graph, second, consumers.Linear(RNG.standard_normal(lin.weight.shape),
+                                                           RNG.standard_normal(len(lin.bias)), lin.k))
+    feeds = _feeds(graph)
+    keep = np.array([1, 2, 5])
+    mask = np.zeros(g2.channels)
+    mask[keep] = 1.0
+    want = run(masked_original(graph, g2, mask), **feeds)
+    _assert_close(run(export_graph(slice_channels(graph.copy(), g2, keep)), **feeds), want)
+
+
+def test_refit_matmul_twice_keeps_one_bias() -> None:
+    graph, node, feeds = _single_consumer(_matmul)
+    old = consumers.matrix(node)
+    for _ in range(2):
+        w, bias = RNG.standard_normal(old.weight.shape), RNG.standard_normal(len(old.bias))
+        graph = refit_consumer(graph, node.name, consumers.Linear(w, bias, 1))
+    assert [n.op for n in graph.nodes].count("Add") == 1
+    again = consumers.matrix(next(n for n in graph.nodes if n.name == node.name))
+    np.testing.assert_allclose(again.bias, bias, rtol=1e-6)
+    (got,) = run(export_graph(graph), **feeds)
+    np.testing.assert_allclose(got, np.maximum(feeds["x"] @ w.T + bias, 0.0), rtol=1e-4, atol=1e-4)

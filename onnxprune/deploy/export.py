@@ -15,6 +15,7 @@ import onnx
 
 from onnxprune.analysis.graph import load_model
 from onnxprune.deploy.bench import fix_input_shapes, random_inputs, resolve_input_shapes
+from onnxprune.fileio import atomic_write
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from onnxprune.runtime.ort import model_input_specs
 
@@ -37,27 +38,6 @@ ShapeArg = Mapping[str | None, Sequence[int]] | Iterable[str] | None
 
 class TensorRTUnavailable(OnnxPruneError):
     """The ``tensorrt`` Python package (or a CUDA buffer library for timing) is not installed."""
-
-
-def _atomic_write(out_path: Path, write, refuse: Iterable[Path] = ()) -> Path:
-    """Call ``write(tmp_path)`` then move the result onto ``out_path``; never onto a path in ``refuse``."""
-    out_path = Path(out_path)
-    for src in refuse:
-        if out_path.resolve() == Path(src).resolve():
-            raise OutputError(f"{out_path}: the output would overwrite the input: choose another output path")
-    if out_path.is_dir():
-        raise OutputError(f"{out_path} is a directory: give a file path for the output")
-    if not out_path.parent.is_dir():
-        raise OutputError(f"{out_path}: the folder {out_path.parent} does not exist: create it first")
-    fd, tmp = tempfile.mkstemp(prefix=f".{out_path.name}.", suffix=".tmp", dir=out_path.parent)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, out_path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return out_path
 
 
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -139,7 +119,7 @@ def prepare_for_tensorrt(model_path: str | Path, out_path: str | Path, input_sha
         raise ModelError(f"{model_path}: the TensorRT-ready model fails onnx.checker ({first}): "
                          "report this with the model") from exc
 
-    return _atomic_write(out_path, lambda tmp: onnx.save(model, str(tmp)), refuse=[model_path])
+    return atomic_write(out_path, lambda tmp: onnx.save(model, str(tmp)), refuse=[model_path])
 
 
 def _shape_text(shapes: Mapping[str, Sequence[int]]) -> str:
@@ -236,7 +216,7 @@ def build_engine(
         with open(tmp, "wb") as f:
             f.write(memoryview(serialized))
 
-    return _atomic_write(engine_path, write, refuse=[onnx_path])
+    return atomic_write(engine_path, write, refuse=[onnx_path])
 
 
 class _TorchBuffers:

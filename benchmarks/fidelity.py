@@ -1,8 +1,10 @@
 """Fidelity vs MACs on the real ImageNet MobileNetV2, no fine-tuning.
 
 For every MAC target and variant (a set of `onnxprune compress` flags) it compresses, evaluates
-top-1/top-5, agreement and KL against the original on held-out photos (dev images whose index
-% 5 == 0, never used for calibration), and writes `<out>/fidelity.json` and `<out>/fidelity.md`.
+top-1/top-5, agreement and KL against the original on held-out photos, and writes
+`<out>/fidelity.json` and `<out>/fidelity.md`. With `--folds K` (K ≤ 5) fold k calibrates on the
+dev photos whose index % 5 != k and evaluates on those with index % 5 == k; the table pools the
+K held-out sets (K=5: every photo evaluated once, by a model that never saw it).
 
     python benchmarks/fidelity.py --data ../shared/data/imagenet-sample-dev
     python benchmarks/fidelity.py --quick          # tiny configuration, used by the test suite
@@ -15,8 +17,9 @@ import json
 import shlex
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+import numpy as np
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -25,6 +28,11 @@ VARIANTS: dict[str, list[str]] = {
     "l1": ["--method", "l1", "--reconstruct", "none"],
     "l1 + refit": ["--method", "l1"],
     "random": ["--method", "random", "--reconstruct", "none"],
+    "epsilon allocation": ["--allocation", "epsilon"],
+    "curve allocation": ["--allocation", "curve"],
+    "no rounding": ["--round-to", "1"],
+    "round to 16": ["--round-to", "16"],
+    "flip": ["--flip"],
 }
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
 
@@ -34,9 +42,16 @@ def run(args: list[str]) -> str:
     return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
+def pool(results: list[dict]) -> dict:
+    """Image-weighted means of the per-fold metrics."""
+    n = np.array([r["images"] for r in results], dtype=float)
+    keys = ("top1", "top5", "agreement", "kl")
+    return {"images": int(n.sum()), **{k: float(np.dot(n, [r[k] for r in results]) / n.sum()) for k in keys}}
+
+
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
-        "| target | variant | MACs | top-1 | top-5 | agreement | KL | compress s |",
+        "| target | variant | MACs | top-1 | top-5 | agreement | KL | compress s (mean) |",
         "|---|---|---|---|---|---|---|---|",
         f"| – | original | {original['macs'] / 1e6:.1f}M | {original['top1']:.1%} | {original['top5']:.1%} "
         "| 100% | 0 | – |",
@@ -53,14 +68,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--targets", default="270M,245M,220M,170M")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated among: {list(VARIANTS)}")
-    parser.add_argument("--calib", default="!0%5", help="calibration subset of the sorted photos")
-    parser.add_argument("--held-out", default="0%5", help="evaluation subset (disjoint from --calib)")
+    parser.add_argument("--folds", type=int, default=1, help="cross-validation folds (1-5)")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--flip'")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
     args = parser.parse_args()
+    folds = [(f"!{k}%5", f"{k}%5") for k in range(args.folds)]
     if args.quick:
-        args.calib, args.held_out, args.targets = "0:16", "100:110", "245M"
-        args.variants = "default,l1"
+        folds, args.targets, args.variants = [("0:16", "100:110")], "245M", "default,l1"
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -68,24 +82,29 @@ def main() -> None:
     original = args.out / "mobilenet_v2.onnx"
     if not original.exists():
         run([sys.executable, "-m", "models", "mobilenet_v2", "-o", str(original)])
-    ev = ["--images", str(args.data), "--subset", args.held_out, "--ref", str(original), "--json"]
-    base = json.loads(run([*cli, "eval", str(original), *ev]))
+    def evaluate(model: Path, held_out: str) -> dict:
+        return json.loads(run([*cli, "eval", str(model), "--images", str(args.data), "--subset", held_out,
+                               "--ref", str(original), "--json"]))
+
+    base = pool([evaluate(original, held) for _, held in folds])
     base["macs"] = json.loads(run([*cli, "analyze", str(original), "--json"]))["macs"]
     rows = []
     for target in args.targets.split(","):
         for variant in args.variants.split(","):
             flags = VARIANTS[variant] + shlex.split(args.extra)
-            stem = f"mbv2_{target}_{variant.replace(' ', '').replace(',', '_').replace('+', '_')}"
-            pruned, report = args.out / f"{stem}.onnx", args.out / f"{stem}.json"
-            start = time.perf_counter()
-            run([*cli, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", args.calib,
-                 "--target-flops", target, "--report", str(report), *flags])
-            seconds = time.perf_counter() - start
-            result = json.loads(run([*cli, "eval", str(pruned), *ev]))
-            rep = json.loads(report.read_text())
-            rows.append({"target": target, "variant": variant, "flags": flags, "macs": rep["macs_after"],
-                         "compress_seconds": rep["seconds"], "seconds": seconds, **result})
-            pruned.unlink()
+            results, seconds, macs = [], [], []
+            for calib, held in folds:
+                pruned, report = args.out / "pruned.onnx", args.out / "pruned.json"
+                run([*cli, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
+                     "--target-flops", target, "--report", str(report), *flags])
+                results.append(evaluate(pruned, held))
+                rep = json.loads(report.read_text())
+                seconds.append(rep["seconds"])
+                macs.append(rep["macs_after"])
+                pruned.unlink()
+            rows.append({"target": target, "variant": variant, "flags": flags, "macs": max(macs),
+                         "compress_seconds": float(np.mean(seconds)), **pool(results)})
+            print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
     (args.out / "fidelity.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
     table = markdown(rows, base)
     (args.out / "fidelity.md").write_text(table)

@@ -130,7 +130,7 @@ def compress_cmd(
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random baseline.")] = 0,
     round_to: Annotated[int, typer.Option(
-        help="Keep every pruned width a multiple of this (8 or 16 suit vector units and tensor cores).")] = 1,
+        help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd widths; 1 = any width).")] = 8,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
     """Prune channels to a MAC budget and write a smaller ONNX model."""

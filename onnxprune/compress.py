@@ -50,7 +50,7 @@ class CompressOptions:
     allocation: str = "uniform"
     ridge: float = 1e-4
     min_channels: int = 1
-    round_to: int = 1
+    round_to: int = 8
     batch_size: int = 32
     provider: str = "auto"
     seed: int = 0
@@ -181,11 +181,25 @@ class Compressor:
         """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
         measured on the original network in one pass (for the curve-based allocations)."""
         values = dict(self.inputs)
+        nodes = {n.name: n for n in self.original.nodes}
         curves = {}
         for cut, group in order:
             self.advance(self.original, values, cut)
-            G, c, tau = self.quadratic(group, self.collect(group, values, values))
-            path = greedy_local(G, c, tau)
+            # On the unpruned network both targets are the layer's own output, so the Gram matrix
+            # alone defines the loss: no output statistics are needed.
+            G = 0.0
+            for use in group.consumers:
+                node = nodes[use.node]
+                lin = consumers.matrix(node)
+                stats = ConsumerStats(lin.weight.shape[1], 0)
+                x = values[use.tensor]
+                for s in range(0, len(x), self.options.batch_size):
+                    cols = consumers.unfold(node, torch.from_numpy(x[s : s + self.options.batch_size]))
+                    stats.update(cols, cols[:, :0])
+                G = G + neuron_gram(stats.xx, lin.weight, lin.k * use.repeat)
+            n = group.channels
+            tau = float(G.sum()) / n**2
+            path = greedy_local(G, G.sum(axis=1) / n, tau)
             curve = np.minimum.accumulate(np.where(np.isfinite(path.curve), path.curve, np.inf)[1:])
             curves[group.id] = np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])
         return curves

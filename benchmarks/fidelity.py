@@ -23,12 +23,12 @@ import numpy as np
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
-    "local, paper fold": ["--target", "paper", "--reconstruct", "none"],
-    "local, scale": ["--reconstruct", "scale"],
+    "local paper fold": ["--target", "paper", "--reconstruct", "none"],
+    "local scale": ["--reconstruct", "scale"],
     "l1": ["--method", "l1", "--reconstruct", "none"],
     "l1 + refit": ["--method", "l1"],
     "random": ["--method", "random", "--reconstruct", "none"],
-    "epsilon allocation": ["--allocation", "epsilon"],
+    "uniform allocation": ["--allocation", "uniform"],
     "curve allocation": ["--allocation", "curve"],
     "no rounding": ["--round-to", "1"],
     "round to 16": ["--round-to", "16"],

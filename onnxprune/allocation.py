@@ -9,15 +9,16 @@ from onnxprune.analysis.macs import MacModel
 from onnxprune.errors import TargetError
 
 
-def check_target(macs: MacModel, groups: list[Group], target: float, min_channels: int) -> None:
+def check_target(macs: MacModel, groups: list[Group], target: float, min_channels: int, round_to: int = 1) -> None:
     """TargetError unless ``target`` lies between the lowest reachable MACs and the original."""
     if target >= macs.total:
-        raise TargetError(f"target {target / 1e6:.1f}M MACs is not below the model's {macs.total / 1e6:.1f}M: "
+        raise TargetError(f"target {target / 1e6:.3g}M MACs is not below the model's {macs.total / 1e6:.3g}M: "
                           "nothing to prune (lower --target-flops or --target-ratio)")
     floor = macs.macs({g.id: min(min_channels, g.channels) for g in groups})
     if target < floor:
-        raise TargetError(f"target {target / 1e6:.1f}M MACs is unreachable: the prunable groups allow at "
-                          f"least {floor / 1e6:.1f}M ({floor / macs.total:.1%} of the original)")
+        hint = f"; --round-to {round_to} keeps at least {round_to} channels per group" if round_to > 1 else ""
+        raise TargetError(f"target {target / 1e6:.3g}M MACs is unreachable: the prunable groups allow at "
+                          f"least {floor / 1e6:.3g}M ({floor / macs.total:.1%} of the original){hint}")
 
 
 def _step(width: int, channels: int, round_to: int) -> int:
@@ -47,7 +48,7 @@ def uniform_widths(
 
     With ``round_to`` > 1 every width is a multiple of it (or the full width)."""
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels)
+    check_target(macs, groups, target, min_channels, round_to)
 
     def at(ratio: float) -> dict[int, int]:
         def width(g: Group) -> int:
@@ -78,7 +79,7 @@ def epsilon_widths(
 
     ``curves[g][n]`` is the group's relative loss at width n (non-increasing in n)."""
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels)
+    check_target(macs, groups, target, min_channels, round_to)
 
     def at(eps: float) -> dict[int, int]:
         out = {}
@@ -105,7 +106,7 @@ def curve_widths(
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
     relative loss per MAC saved, never below ``floor`` of its channels."""
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels)
+    check_target(macs, groups, target, min_channels, round_to)
     widths = {g.id: g.channels for g in groups}
     lowest = {g.id: _round_up(max(min_channels, int(np.ceil(floor * g.channels))), g.channels, round_to)
               for g in groups}

@@ -109,8 +109,9 @@ def compress_cmd(
     target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
     method: Annotated[str, typer.Option(help=f"Channel selection: {', '.join(METHODS)}.")] = "local",
     allocation: Annotated[str, typer.Option(
-        help="Per-layer widths: 'uniform' keep ratio, 'epsilon' (one threshold on every layer's imitation "
-             "loss, the paper's rule) or 'curve' (greedy on the error curves, each layer ≥ 25%).")] = "uniform",
+        help="Per-layer widths: 'epsilon' (one threshold on every layer's relative imitation loss, the "
+             "paper's rule, searched to meet the budget), 'uniform' keep ratio, or 'curve' (greedy on the "
+             "error curves, each layer ≥ 25%).")] = "epsilon",
     target: Annotated[str, typer.Option(
         help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
              "error) or 'paper' (the layer's own output on the pruned prefix).")] = "original",

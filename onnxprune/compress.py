@@ -47,7 +47,7 @@ class CompressOptions:
     method: str = "local"
     target: str = "original"
     reconstruct: str = "full"
-    allocation: str = "uniform"
+    allocation: str = "epsilon"
     ridge: float = 1e-4
     min_channels: int = 1
     round_to: int = 8

@@ -68,7 +68,8 @@ def test_compress_writes_model_and_report(files, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     data = json.loads(report.read_text())
     assert data["macs_after"] <= 0.6 * data["macs_before"]
-    assert len(data["layers"]) == 5 and data["calibration_samples"] == 64
+    assert data["layers"] and all(layer["kept"] < layer["channels"] for layer in data["layers"])
+    assert data["calibration_samples"] == 64
     onnx.checker.check_model(str(out))
     sess = session(out)
     x = np.zeros((2, 3, 32, 32), np.float32)

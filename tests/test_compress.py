@@ -28,7 +28,9 @@ def pruned(tiny):
 
     def get(method: str, reconstruct: str):
         if (method, reconstruct) not in cache:
-            options = CompressOptions(target_ratio=RATIO, method=method, reconstruct=reconstruct, provider="cpu")
+            # round_to=1: channel granularity, so the budget can be met within 1% on this tiny net
+            options = CompressOptions(target_ratio=RATIO, method=method, reconstruct=reconstruct, provider="cpu",
+                                      round_to=1)
             cache[method, reconstruct] = compress(tiny.model, _calib(tiny), options)
         return cache[method, reconstruct]
 
@@ -131,14 +133,15 @@ def test_local_imitation_beats_l1_and_random(tiny, pruned) -> None:
 def test_target_macs_absolute(tiny) -> None:
     total = analyze(tiny.model).macs.total
     model, report = compress(tiny.model, _calib(tiny),
-                             CompressOptions(target_macs=0.75 * total, reconstruct="scale", provider="cpu"))
+                             CompressOptions(target_macs=0.75 * total, reconstruct="scale", provider="cpu", round_to=1))
     assert 0.74 * total <= report.macs_after <= 0.75 * total
     assert report.target_macs == pytest.approx(0.75 * total)
 
 
 def test_paper_target_runs(tiny, pruned) -> None:
     model, report = compress(tiny.model, _calib(tiny),
-                             CompressOptions(target_ratio=RATIO, target="paper", reconstruct="none", provider="cpu"))
+                             CompressOptions(target_ratio=RATIO, target="paper", reconstruct="none", provider="cpu",
+                                             round_to=1))
     assert report.macs_after == pruned("local", "none")[1].macs_after
     assert all(layer.imitation_loss is None or layer.imitation_loss >= -1e-9 for layer in report.layers)
     (y,) = run(model, input=tiny.x[:4])
@@ -178,9 +181,26 @@ def test_full_refit_of_consumers_without_bias_input(builder, tmp_path) -> None:
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     np.save(tmp_path / "calib.npy", x)
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    pruned_model, report = compress(model, calib, CompressOptions(target_ratio=0.5, reconstruct="full", provider="cpu"))
+    options = CompressOptions(target_ratio=0.5, reconstruct="full", provider="cpu", round_to=1)
+    pruned_model, report = compress(model, calib, options)
     assert len(report.layers) >= 2
     onnx.checker.check_model(pruned_model, full_check=True)
     (y,) = run(pruned_model, input=x)
     (ref,) = run(model, input=x)
     assert y.shape == ref.shape and _rel(y, ref) < 1.0
+
+
+@pytest.mark.parametrize("allocation", ["uniform", "epsilon", "curve"])
+def test_allocations_meet_the_budget(tiny, allocation: str) -> None:
+    total = analyze(tiny.model).macs.total
+    _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_ratio=0.7, allocation=allocation,
+                                                                   provider="cpu", round_to=1))
+    assert 0.69 * total <= report.macs_after <= 0.7 * total
+    assert len({layer.kept / layer.channels for layer in report.layers}) >= 1
+
+
+def test_round_to_keeps_widths_multiples(tiny) -> None:
+    _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_ratio=0.7, provider="cpu", round_to=8))
+    assert report.layers and report.macs_after <= 0.7 * report.macs_before
+    for layer in report.layers:
+        assert layer.kept % 8 == 0 or layer.kept == layer.channels, (layer.group, layer.kept)

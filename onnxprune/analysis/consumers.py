@@ -120,18 +120,14 @@ def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
     dtype = np.asarray(node.inputs[1].values).dtype
     w, b = linear.weight.astype(dtype), linear.bias.astype(dtype)
     name = node.name
-    if node.op == "Conv":
-        old = node.inputs[1].shape
-        node.inputs[1] = gs.Constant(f"{name}.weight", w.reshape(old[0], -1, *old[2:]))
-        bias = gs.Constant(f"{name}.bias", b)
-        if len(node.inputs) > 2:
-            node.inputs[2] = bias
+    if node.op in ("Conv", "Gemm"):
+        if node.op == "Conv":
+            old = node.inputs[1].shape
+            node.inputs[1] = gs.Constant(f"{name}.weight", w.reshape(old[0], -1, *old[2:]))
         else:
-            node.inputs.append(bias)
-    elif node.op == "Gemm":
-        trans_b = int(node.attrs.get("transB", 0))
-        node.inputs[1] = gs.Constant(f"{name}.weight", w if trans_b else np.ascontiguousarray(w.T))
-        node.attrs["alpha"], node.attrs["beta"] = 1.0, 1.0
+            trans_b = int(node.attrs.get("transB", 0))
+            node.inputs[1] = gs.Constant(f"{name}.weight", w if trans_b else np.ascontiguousarray(w.T))
+            node.attrs["alpha"], node.attrs["beta"] = 1.0, 1.0
         bias = gs.Constant(f"{name}.bias", b)
         if len(node.inputs) > 2:
             node.inputs[2] = bias

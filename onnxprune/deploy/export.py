@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import shlex
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence

@@ -25,6 +25,8 @@ from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import AnalysisError, CalibrationError
+from onnxprune.imitation.downstream import DownstreamObjective
+from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import quadratic_loss_full, refit_cv, refit_scale
@@ -32,7 +34,7 @@ from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, 
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
 from onnxprune.runtime.segments import Liveness, run_segment
 
-METHODS = ("local", "l1", "random")
+METHODS = ("local", "global", "l1", "random")
 TARGETS = ("original", "paper")
 RECONSTRUCTIONS = ("none", "scale", "full")
 ALLOCATIONS = ("uniform", "epsilon", "curve")
@@ -148,6 +150,7 @@ class Compressor:
         self.values_p = dict(self.inputs)
         self.values_o = dict(self.inputs)
         self.provider = options.provider
+        self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
 
     def _load(self, calib: CalibrationSet) -> dict[str, np.ndarray]:
         parts: dict[str, list[np.ndarray]] = {}
@@ -243,6 +246,8 @@ class Compressor:
         method = self.options.method
         if method == "random":
             return np.sort(self.rng.choice(n, width, replace=False)), np.ones(width), None
+        if method == "global":
+            return self._choose_global(group, width)
         if method == "l1":
             norms = np.zeros(n)
             nodes = {node.name: node for node in self.graph.nodes}
@@ -257,6 +262,22 @@ class Compressor:
         a = path.weights(width)
         rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None
         return keep, n * a[keep], rel
+
+    def _choose_global(self, group: Group, width: int) -> tuple[np.ndarray, np.ndarray, None]:
+        """The paper's greedy global imitation on the network's final output (KL for classifiers,
+        MSE otherwise), with the Taylor shortlist past 25 neurons; slow without a GPU."""
+        if self.reference is None:
+            outputs = [t.name for t in self.original.outputs]
+            self.reference, _ = run_segment(self.original, dict(self.inputs), outputs,
+                                            provider=self.options.provider, batch_size=self.options.batch_size)
+        objective = DownstreamObjective(
+            gs.export_onnx(self.graph), self.values_p,
+            [(use.tensor, group.tensors[use.tensor][0]) for use in group.consumers], self.reference,
+            batch_size=self.options.batch_size, seed=self.options.seed, n_channels=group.channels,
+        )
+        path = greedy_global(objective.losses, objective.grad, group.channels, width)
+        keep = path.support(width)
+        return keep, group.channels * path.weights(width)[keep], None
 
     def apply(
         self, group: Group, data: list[_ConsumerData], keep: np.ndarray, fold: np.ndarray

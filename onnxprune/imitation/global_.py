@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnxprune.imitation.path import WidthPath
+
 LossFn = Callable[[np.ndarray, int], np.ndarray]
 """losses(A, step): A is (K, N) candidate simplex weights; returns the K discrepancies (same
 mini-batch for every row of one step)."""
@@ -45,76 +47,38 @@ def taylor_scores(a: np.ndarray, r: np.ndarray) -> np.ndarray:
     return 2.0 * (r - float(np.asarray(a, dtype=np.float64) @ r))
 
 
-@dataclass
-class GlobalPath:
-    """Trace of one greedy global run (mirrors ``LocalPath``).
+@dataclass(kw_only=True)
+class GlobalPath(WidthPath):
+    """Trace of one greedy global run.
 
     losses[k], supports[k]: loss (on step k's mini-batch) and support size after k steps
     (k = 0 is the best single neuron). picks[k]: the neuron added/re-weighted at step k.
     exact[k]: whether step k evaluated every neuron (False: Taylor shortlist).
-    curve[n]: best loss among visited states with support exactly n (inf where never visited).
+    curve[n], best[n], weights/support/padded: see WidthPath.
     order: channels in the order they first entered the support.
     final: the weights a where the greedy stopped. evaluations: candidate evaluations in total.
+    Padding channels are the unselected ones with the best (smallest) Taylor score gr_i (one extra
+    `grad` call on the mini-batch of the step that reached that state, cached); without a `grad`
+    callback the lowest unselected indices pad.
     """
 
     losses: np.ndarray
     supports: np.ndarray
     picks: np.ndarray
     exact: np.ndarray
-    curve: np.ndarray
     order: np.ndarray
     final: np.ndarray
     evaluations: int
-    best: dict[int, np.ndarray] = field(repr=False)
-    """support size -> weights a of the best visited state with that support."""
     best_step: dict[int, int] = field(repr=False)
     """support size -> the step at which best[n] was reached (its mini-batch pads it)."""
     grad: GradFn | None = field(default=None, repr=False)
     _scores: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
 
-    def padded(self, n: int) -> bool:
-        """True when no visited state has support exactly n (support(n) is then padded)."""
-        self._check_width(n)
-        return not np.isfinite(self.curve[n])
-
-    def weights(self, n: int) -> np.ndarray:
-        """Simplex weights (N,) of the best visited state with support exactly n.
-
-        If support n was never visited (the greedy stopped at its step cap below n), this is the
-        best state with the largest visited support m < n; `support(n)` then adds n - m channels
-        that carry weight 0 here. Check with `padded(n)`.
-        """
-        return self._state(n)[0]
-
-    def support(self, n: int) -> np.ndarray:
-        """The n channels (sorted) chosen for width n: the support of weights(n), plus padding.
-
-        Padding channels are the unselected ones with the best (smallest) Taylor score gr_i at the
-        state of weights(n) (one extra `grad` call on the mini-batch of the step that reached
-        that state, cached). Without a `grad` callback the lowest unselected indices pad.
-        """
-        return self._state(n)[1]
-
-    def _state(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        self._check_width(n)
-        m = max(s for s in self.best if s <= n)
-        a = self.best[m].copy()
-        chosen = np.flatnonzero(a)
-        if m < n:
-            if m not in self._scores:
-                if self.grad is not None:
-                    self._scores[m] = taylor_scores(a, self.grad(a, self.best_step[m]))
-                else:
-                    self._scores[m] = np.zeros(len(a))
-            score = self._scores[m].copy()
-            score[chosen] = np.inf
-            chosen = np.sort(np.concatenate([chosen, np.argsort(score, kind="stable")[: n - m]]))
-        return a, chosen
-
-    def _check_width(self, n: int) -> None:
-        """Raise ValueError unless 1 <= n <= N."""
-        if not 1 <= n < len(self.curve):
-            raise ValueError(f"width {n} outside [1, {len(self.curve) - 1}]")
+    def _pad_scores(self, m: int, a: np.ndarray) -> np.ndarray:
+        if m not in self._scores:
+            grad = self.grad(a, self.best_step[m]) if self.grad is not None else None
+            self._scores[m] = taylor_scores(a, grad) if grad is not None else np.zeros(len(a))
+        return self._scores[m]
 
 
 def _evaluate(losses: LossFn, cands: np.ndarray, step: int, chunk: int) -> np.ndarray:

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from onnxprune.imitation.path import WidthPath
+
 ZERO_REL = 1e-15
 """Weights at or below ZERO_REL · max(a) are set to exactly 0."""
 
@@ -40,67 +42,29 @@ def _g_floor(diag: np.ndarray) -> float:
     return G_REL * max(float(diag.max()), np.finfo(float).tiny)
 
 
-@dataclass
-class LocalPath:
+@dataclass(kw_only=True)
+class LocalPath(WidthPath):
     """Trace of one greedy run.
 
     losses[k], supports[k]: loss and support size after k steps (k = 0 is the best single neuron).
-    curve[n]: best loss among visited states with support exactly n (inf where never visited).
+    curve[n], best[n], weights/support/padded: see WidthPath.
     order: channels in the order they first entered the support.
     final: the weights a where the greedy stopped.
+    Padding channels are the unselected ones with the largest unconstrained decrease q_i²/g_i (their
+    direction correlates most with the residual, which a later least-squares refit can exploit).
     """
 
     losses: np.ndarray
     supports: np.ndarray
-    curve: np.ndarray
     order: np.ndarray
     final: np.ndarray
     G: np.ndarray = field(repr=False)
     c: np.ndarray = field(repr=False)
-    best: dict[int, np.ndarray] = field(repr=False)
-    """support size -> weights a of the best visited state with that support."""
 
-    def padded(self, n: int) -> bool:
-        """True when no visited state has support exactly n (support(n) is then padded)."""
-        self._check_width(n)
-        return not np.isfinite(self.curve[n])
-
-    def weights(self, n: int) -> np.ndarray:
-        """Simplex weights (N,) of the best visited state with support exactly n.
-
-        If support n was never visited (the greedy stopped or plateaued below n), this is the best
-        state with the largest visited support m < n; `support(n)` then adds n - m channels that
-        carry weight 0 here. Check with `padded(n)`.
-        """
-        return self._state(n)[0]
-
-    def support(self, n: int) -> np.ndarray:
-        """The n channels (sorted) chosen for width n: the support of weights(n), plus padding.
-
-        Padding channels are the unselected ones with the largest unconstrained decrease q_i²/g_i
-        at the state of weights(n) (their direction correlates most with the residual, which a
-        later least-squares refit can exploit).
-        """
-        return self._state(n)[1]
-
-    def _state(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """(weights(n), support(n))."""
-        self._check_width(n)
-        m = max(s for s in self.best if s <= n)
-        a = self.best[m].copy()
-        chosen = np.flatnonzero(a)
-        if m < n:
-            diag = np.diag(self.G)
-            q, g = _directions(diag, self.G @ a, a, self.c)
-            score = q * q / np.maximum(g, _g_floor(diag))
-            score[chosen] = -np.inf
-            chosen = np.sort(np.concatenate([chosen, np.argsort(-score, kind="stable")[: n - m]]))
-        return a, chosen
-
-    def _check_width(self, n: int) -> None:
-        """Raise ValueError unless 1 <= n <= N."""
-        if not 1 <= n < len(self.curve):
-            raise ValueError(f"width {n} outside [1, {len(self.curve) - 1}]")
+    def _pad_scores(self, m: int, a: np.ndarray) -> np.ndarray:
+        diag = np.diag(self.G)
+        q, g = _directions(diag, self.G @ a, a, self.c)
+        return -(q * q / np.maximum(g, _g_floor(diag)))
 
 
 def greedy_local(

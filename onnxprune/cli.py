@@ -164,8 +164,8 @@ def compress_cmd(
                       disable=not err_console.is_terminal) as progress:
             task = progress.add_task("pruning", total=None)
 
-            def on_layer(i: int, total: int, name: str) -> None:
-                progress.update(task, completed=i, total=total, description=f"pruning {name}")
+            def on_layer(i: int, total: int, label: str) -> None:
+                progress.update(task, completed=i, total=total, description=label)
 
             pruned, result = compress(onnx_model, data, options, on_layer)
         atomic_write(output, lambda tmp: onnx.save(pruned, str(tmp)), refuse=[model])

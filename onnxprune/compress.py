@@ -180,13 +180,17 @@ class Compressor:
         tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
         return G, c, tau
 
-    def error_curves(self, order: list[tuple[int, Group]]) -> dict[int, np.ndarray]:
+    def error_curves(
+        self, order: list[tuple[int, Group]], on_layer: Callable[[int, int, str], None] | None = None
+    ) -> dict[int, np.ndarray]:
         """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
         measured on the original network in one pass (for the curve-based allocations)."""
         values = dict(self.inputs)
         nodes = {n.name: n for n in self.original.nodes}
         curves = {}
-        for cut, group in order:
+        for i, (cut, group) in enumerate(order):
+            if on_layer is not None:
+                on_layer(i, len(order), f"error curve of {group.name}")
             self.advance(self.original, values, cut)
             # On the unpruned network both targets are the layer's own output, so the Gram matrix
             # alone defines the loss: no output statistics are needed.
@@ -344,7 +348,7 @@ def compress(
     options: CompressOptions,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> tuple[onnx.ModelProto, CompressReport]:
-    """Prune ``model`` to the options' MAC budget. ``on_layer(i, total, name)`` reports progress."""
+    """Prune ``model`` to the options' MAC budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
     if options.method not in METHODS:
         raise ValueError(f"method {options.method!r} not in {METHODS}")
@@ -358,7 +362,7 @@ def compress(
         widths = uniform_widths(analysis.macs, groups, target, options.min_channels, options.round_to)
     else:
         allocate = epsilon_widths if options.allocation == "epsilon" else curve_widths
-        widths = allocate(analysis.macs, groups, run.error_curves(order), target, options.min_channels,
+        widths = allocate(analysis.macs, groups, run.error_curves(order, on_layer), target, options.min_channels,
                           options.round_to)
     report = CompressReport(
         macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
@@ -367,7 +371,7 @@ def compress(
     )
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
-            on_layer(i, len(order), group.name)
+            on_layer(i, len(order), f"pruning {group.name}")
         t0 = time.perf_counter()
         run.advance(run.graph, run.values_p, cut)
         run.advance(run.original, run.values_o, cut)

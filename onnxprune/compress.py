@@ -29,7 +29,7 @@ from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import quadratic_loss_full, refit_cv, refit_scale
+from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
 from onnxprune.runtime.segments import Liveness, run_segment
@@ -53,6 +53,7 @@ class CompressOptions:
     ridge: float = 1e-4
     min_channels: int = 1
     round_to: int = 8
+    curve_samples: int = 128  # calibration samples (evenly spaced) for the allocation's error curves
     batch_size: int = 32
     provider: str = "auto"
     seed: int = 0
@@ -184,8 +185,11 @@ class Compressor:
         self, order: list[tuple[int, Group]], on_layer: Callable[[int, int, str], None] | None = None
     ) -> dict[int, np.ndarray]:
         """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
-        measured on the original network in one pass (for the curve-based allocations)."""
-        values = dict(self.inputs)
+        measured on the original network in one pass over ``curve_samples`` evenly spaced
+        calibration samples (the allocation needs the curves' shape, not the refit's precision)."""
+        n_samples = len(next(iter(self.inputs.values())))
+        step = max(1, -(-n_samples // self.options.curve_samples))
+        values = {name: np.ascontiguousarray(v[::step]) for name, v in self.inputs.items()}
         nodes = {n.name: n for n in self.original.nodes}
         curves = {}
         for i, (cut, group) in enumerate(order):
@@ -288,7 +292,7 @@ class Compressor:
     ) -> tuple[float, float, list[float]]:
         """Slice the group, then fold/rescale/refit its consumers. Returns (error_fold, error, ridges)."""
         self.graph = slice_channels(self.graph, group, keep)
-        energy = sum(_centred_energy(d.stats) for d in data) or 1.0
+        energy = sum(centred_energy(d.stats) for d in data) or 1.0
         fold_err = sum(_fold_loss(d, keep, fold) for d in data) / energy
         mode = self.options.reconstruct
         if mode == "full":
@@ -322,11 +326,6 @@ class Compressor:
 def _k(d: _ConsumerData) -> int:
     """Weight columns per channel: kernel taps × entries per channel after a Flatten."""
     return d.current.k * d.use.repeat
-
-
-def _centred_energy(stats: ConsumerStats) -> float:
-    """Σ_p ||t_p - mean t||²: the scale relative errors are measured against."""
-    return float(stats.tt - stats.st @ stats.st / max(stats.count, 1))
 
 
 def _fold_loss(d: _ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:

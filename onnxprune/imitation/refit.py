@@ -98,7 +98,7 @@ def quadratic_loss_full(stats: ConsumerStats, keep_cols: np.ndarray, W: np.ndarr
     )
 
 
-def relative_error(stats: ConsumerStats, keep_cols: np.ndarray, W: np.ndarray, b: np.ndarray) -> float:
-    """quadratic_loss_full / Σ_p ||t_p - mean t||²: 0 is exact, 1 is as good as predicting the mean output."""
-    variance = stats.tt - float(stats.st @ stats.st) / max(stats.count, 1)
-    return quadratic_loss_full(stats, keep_cols, W, b) / max(variance, np.finfo(float).tiny)
+def centred_energy(stats: ConsumerStats) -> float:
+    """Σ_p ||t_p - mean t||²: relative errors divide `quadratic_loss_full` by it (0 is exact, 1 is
+    as good as predicting the mean output)."""
+    return float(stats.tt - stats.st @ stats.st / max(stats.count, 1))

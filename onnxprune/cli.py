@@ -33,7 +33,7 @@ MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm a
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Channel pruning of ONNX CNNs by greedy local imitation (Ye, Wu & Liu, NeurIPS 2020). "
                   + MACS_HELP)
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
 
 

@@ -165,8 +165,9 @@ class Compressor:
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
         live = self.live.live(cut)
-        new, self.provider = run_segment(graph, values, live - set(values), provider=self.options.provider,
-                                         batch_size=self.options.batch_size)
+        new, ran = run_segment(graph, values, live - set(values), provider=self.options.provider,
+                               batch_size=self.options.batch_size)
+        self.provider = ran or self.provider
         values.update(new)
         for name in set(values) - live:
             del values[name]

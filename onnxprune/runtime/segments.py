@@ -43,14 +43,14 @@ def run_segment(
     *,
     provider: str,
     batch_size: int,
-) -> tuple[dict[str, np.ndarray], str]:
+) -> tuple[dict[str, np.ndarray], str | None]:
     """Compute ``outputs`` from the cached ``values`` (all samples) with the nodes in between.
 
-    Returns the new arrays and the execution provider that ran.
+    Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
     outputs = sorted(set(outputs))
     if not outputs:
-        return {}, provider
+        return {}, None
     g = graph.copy()
     tensors = g.tensors()
     inputs = [tensors[name] for name in values if name in tensors]

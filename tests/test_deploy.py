@@ -147,6 +147,31 @@ def test_bench_many_table_has_speedup_and_mac_ratio(tmp_path: Path) -> None:
     assert "pruned.onnx" in console.export_text()
 
 
+def test_bench_many_times_models_in_alternating_rounds(tmp_path: Path, monkeypatch) -> None:
+    """Timed runs alternate between models, so drift of the machine's speed hits every model alike."""
+    import onnxprune.deploy.bench as bench_mod
+
+    calls: list[str] = []
+    real = bench_mod.make_session
+
+    def recording(path, provider, threads):
+        session, active = real(path, provider, threads)
+
+        class Recorder:
+            def run(self, names, feed):
+                calls.append(Path(path).stem)
+                return session.run(names, feed)
+
+        return Recorder(), active
+
+    monkeypatch.setattr(bench_mod, "make_session", recording)
+    a = _classifier(tmp_path / "base.onnx", channels=8)
+    b = _classifier(tmp_path / "pruned.onnx", channels=4)
+    results = bench_many([a, b], provider="cpu", warmup=0, runs=3)
+    assert calls == ["base", "pruned"] * 3
+    assert [r.runs for r in results] == [3, 3]
+
+
 def test_bench_missing_model(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="nope.onnx"):
         bench(tmp_path / "nope.onnx", provider="cpu")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -200,8 +200,56 @@ def _model_stats(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> tuple[
         return None, None
 
 
-def bench(
-    model_path: str | Path,
+@dataclass
+class _Target:
+    """One model ready to time: its session, inputs and the timings so far."""
+
+    path: Path
+    model: onnx.ModelProto
+    shapes: dict[str, list[int]]
+    feed: dict[str, np.ndarray]
+    session: object
+    provider: str
+    times: list[float] = field(default_factory=list)
+
+
+def _prepare(path: Path, provider: str, batch: int, threads: int | None, input_shapes, seed: int) -> _Target:
+    model = load_model(path)
+    specs = model_input_specs(model)
+    if not specs:
+        raise ModelError(f"{path}: the model has no inputs to feed: nothing to benchmark")
+    shapes = resolve_input_shapes(specs, input_shapes, batch, str(path))
+    session, active = make_session(path, provider, threads)
+    return _Target(path, model, shapes, random_inputs(specs, shapes, seed), session, active)
+
+
+def _result(t: _Target, batch: int, threads: int | None) -> BenchResult:
+    ms = np.asarray(t.times) * 1e3
+    macs, params = _model_stats(t.model, t.shapes)
+    total = float(sum(t.times))
+    return BenchResult(
+        model=str(t.path),
+        provider=t.provider,
+        batch=batch,
+        threads=threads,
+        median_ms=float(np.median(ms)),
+        p90_ms=float(np.percentile(ms, 90)),
+        p99_ms=float(np.percentile(ms, 99)),
+        mean_ms=float(ms.mean()),
+        throughput=float(batch * len(t.times) / total) if total > 0 else float("inf"),
+        runs=len(t.times),
+        macs=macs,
+        params=params,
+    )
+
+
+def bench(model_path: str | Path, **kw) -> BenchResult:
+    """Latency of ``model_path`` with onnxruntime on random inputs of the model's dtypes (see bench_many)."""
+    return bench_many([model_path], **kw)[0]
+
+
+def bench_many(
+    paths: Iterable[str | Path],
     *,
     provider: str = "auto",
     batch: int = 1,
@@ -211,57 +259,32 @@ def bench(
     min_seconds: float | None = None,
     input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
     seed: int = 0,
-) -> BenchResult:
-    """Latency of ``model_path`` with onnxruntime on random inputs of the model's dtypes.
+) -> list[BenchResult]:
+    """Time several models with the same settings (the first is the baseline of the table).
 
-    ``warmup`` untimed runs, then at least ``runs`` timed ``session.run`` calls, continuing until
-    ``min_seconds`` of timed runs have passed when given.
+    ``warmup`` untimed runs each, then timed ``session.run`` calls taken in rounds, one per model, so
+    that a machine whose speed drifts (shared cores, clocks) affects every model alike; at least
+    ``runs`` rounds, continuing until ``min_seconds`` of timing have passed when given.
     """
-    path = Path(model_path)
     if batch < 1:
         raise OnnxPruneError(f"--batch {batch} is invalid: use a batch size >= 1")
     if threads is not None and threads < 1:
         raise OnnxPruneError(f"--threads {threads} is invalid: use >= 1, or leave it out for onnxruntime's default")
     if runs < 1 or warmup < 0:
         raise OnnxPruneError(f"--runs {runs} / --warmup {warmup} are invalid: use runs >= 1 and warmup >= 0")
-    model = load_model(path)
-    specs = model_input_specs(model)
-    if not specs:
-        raise ModelError(f"{path}: the model has no inputs to feed: nothing to benchmark")
-    shapes = resolve_input_shapes(specs, input_shapes, batch, str(path))
-    feed = random_inputs(specs, shapes, seed)
-    session, active = make_session(path, provider, threads)
-
-    for _ in range(warmup):
-        session.run(None, feed)
-    times: list[float] = []
+    targets = [_prepare(Path(p), provider, batch, threads, input_shapes, seed) for p in paths]
+    for t in targets:
+        for _ in range(warmup):
+            t.session.run(None, t.feed)
     started = time.perf_counter()
-    while len(times) < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
-        t0 = time.perf_counter()
-        session.run(None, feed)
-        times.append(time.perf_counter() - t0)
-
-    ms = np.asarray(times) * 1e3
-    macs, params = _model_stats(model, shapes)
-    return BenchResult(
-        model=str(path),
-        provider=active,
-        batch=batch,
-        threads=threads,
-        median_ms=float(np.median(ms)),
-        p90_ms=float(np.percentile(ms, 90)),
-        p99_ms=float(np.percentile(ms, 99)),
-        mean_ms=float(ms.mean()),
-        throughput=float(batch * len(times) / sum(times)) if sum(times) > 0 else float("inf"),
-        runs=len(times),
-        macs=macs,
-        params=params,
-    )
-
-
-def bench_many(paths: Iterable[str | Path], **kw) -> list[BenchResult]:
-    """``bench`` each model in turn with the same settings (the first is the baseline of the table)."""
-    return [bench(p, **kw) for p in paths]
+    rounds = 0
+    while rounds < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
+        for t in targets:
+            t0 = time.perf_counter()
+            t.session.run(None, t.feed)
+            t.times.append(time.perf_counter() - t0)
+        rounds += 1
+    return [_result(t, batch, threads) for t in targets]
 
 
 def _count(n: float | None) -> str:

@@ -50,7 +50,7 @@ class CompressOptions:
     target: str = "original"
     reconstruct: str = "full"
     allocation: str = "epsilon"
-    ridge: float = 1e-4
+    ridge: float = 1e-4  # of the per-channel "scale" refit; the full refit cross-validates its own
     min_channels: int = 1
     round_to: int = 8
     curve_samples: int = 128  # calibration samples (evenly spaced) for the allocation's error curves

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.runtime.torch_eval import OPS, TorchGraph, write_back
+from tests.onnx_builders import session
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(0)
@@ -30,14 +30,6 @@ def _rand(*shape: int, low: float | None = None) -> np.ndarray:
 
 def _i64(*values: int) -> np.ndarray:
     return np.array(values, dtype=np.int64)
-
-
-def _session(model: onnx.ModelProto | str | Path) -> ort.InferenceSession:
-    src = model.SerializeToString() if isinstance(model, onnx.ModelProto) else str(model)
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    opts.intra_op_num_threads = 2
-    return ort.InferenceSession(src, opts, providers=["CPUExecutionProvider"])
 
 
 def _single_node(
@@ -271,7 +263,7 @@ def _compare(ref: np.ndarray, got: torch.Tensor, rtol: float = 1e-5) -> None:
 @pytest.mark.parametrize("op, feeds, consts, attrs, out_types, opset", CASES)
 def test_single_op_matches_onnxruntime(op, feeds, consts, attrs, out_types, opset) -> None:
     model = _single_node(op, feeds, consts, attrs, out_types, opset)
-    refs = _session(model).run(None, feeds)
+    refs = session(model).run(None, feeds)
     graph = TorchGraph(model)
     with torch.no_grad():
         got = graph(*(torch.from_numpy(np.array(v)) for v in feeds.values()))
@@ -285,7 +277,7 @@ def test_single_op_matches_onnxruntime(op, feeds, consts, attrs, out_types, opse
 
 def _check_model(path: Path | str, x: np.ndarray) -> TorchGraph:
     model = onnx.load(str(path))
-    sess = _session(path)
+    sess = session(path)
     refs = sess.run(None, {sess.get_inputs()[0].name: x})
     graph = TorchGraph(model)
     with torch.no_grad():
@@ -494,7 +486,7 @@ def test_write_back_round_trip() -> None:
         assert t.data_type == old_inits[t.name].data_type and list(t.dims) == list(old_inits[t.name].dims)
     assert not np.array_equal(numpy_helper.to_array(old_inits["conv1.weight"]),
                               numpy_helper.to_array(next(t for t in new.graph.initializer if t.name == "conv1.weight")))
-    got = _session(new).run(None, {"x": x})[0]
+    got = session(new).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
     # a trained float64 copy writes back as float32
     graph64 = TorchGraph(model).double()

@@ -23,6 +23,7 @@ import numpy as np
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
+    "omp": ["--method", "omp"],
     "local paper fold": ["--target", "paper", "--reconstruct", "none"],
     "local scale": ["--reconstruct", "scale"],
     "l1": ["--method", "l1", "--reconstruct", "none"],

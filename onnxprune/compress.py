@@ -28,16 +28,18 @@ from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
+from onnxprune.imitation.omp import centred, group_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
 from onnxprune.runtime.segments import Liveness, run_segment
 
-METHODS = ("local", "global", "l1", "random")
+METHODS = ("local", "omp", "global", "l1", "random")
 TARGETS = ("original", "paper")
 RECONSTRUCTIONS = ("none", "scale", "full")
 ALLOCATIONS = ("uniform", "epsilon", "curve")
+OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
 
 
 @dataclass
@@ -199,7 +201,7 @@ class Compressor:
             self.advance(self.original, values, cut)
             # On the unpruned network both targets are the layer's own output, so the Gram matrix
             # alone defines the loss: no output statistics are needed.
-            G = 0.0
+            pairs = []
             for use in group.consumers:
                 node = nodes[use.node]
                 lin = consumers.matrix(node)
@@ -208,12 +210,8 @@ class Compressor:
                 for s in range(0, len(x), self.options.batch_size):
                     cols = consumers.unfold(node, torch.from_numpy(x[s : s + self.options.batch_size]))
                     stats.update(cols, cols[:, :0])
-                G = G + neuron_gram(stats.xx, lin.weight, lin.k * use.repeat)
-            n = group.channels
-            tau = float(G.sum()) / n**2
-            path = greedy_local(G, G.sum(axis=1) / n, tau)
-            curve = np.minimum.accumulate(np.where(np.isfinite(path.curve), path.curve, np.inf)[1:])
-            curves[group.id] = np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])
+                pairs.append((stats, lin.weight, lin.k * use.repeat))
+            curves[group.id] = _local_curve(pairs, group.channels)
         return curves
 
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[_ConsumerData]:
@@ -265,6 +263,10 @@ class Compressor:
                     w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
                     norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
             return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
+        if method == "omp":
+            path = group_omp(*_centred(d.stats for d in data), [_k(d) for d in data], width, ridge=OMP_RIDGE)
+            keep = path.support(width)
+            return keep, np.ones(width), float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
         G, c, tau = self.quadratic(group, data)
         path = greedy_local(G, c, tau, max_steps=3 * width)
         keep = path.support(width)
@@ -322,6 +324,21 @@ class Compressor:
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
         return infer_shapes(model)
+
+
+def _local_curve(pairs: list[tuple[ConsumerStats, np.ndarray, int]], n: int) -> np.ndarray:
+    """Relative local-imitation loss by width; on the unpruned network both targets are the layer's
+    own output, so the Gram matrix alone defines it."""
+    G = sum(neuron_gram(stats.xx, w, k) for stats, w, k in pairs)
+    tau = float(G.sum()) / n**2
+    path = greedy_local(G, G.sum(axis=1) / n, tau)
+    curve = np.minimum.accumulate(np.where(np.isfinite(path.curve), path.curve, np.inf)[1:])
+    return np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])
+
+
+def _centred(stats) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
+    A, B, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
+    return list(A), list(B), list(e)
 
 
 def _k(d: _ConsumerData) -> int:

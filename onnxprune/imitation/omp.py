@@ -1,0 +1,164 @@
+"""Group orthogonal matching pursuit over channels: greedy forward selection by exact LS reduction.
+
+A group of N channels feeds consumers j = 1..J. Consumer j reads D_j = N·k_j columns (channel i owns
+columns i·k_j … i·k_j + k_j - 1) and, for a kept channel set S with columns C = cols_j(S), has the
+ridge least-squares loss (centred statistics, λ_j = ridge·tr(A_j)/D_j)
+
+    loss_j(S) = e_j - tr(B_j[C]ᵀ (A_j[C,C] + λ_j I)^{-1} B_j[C]).
+
+`group_omp` starts from S = ∅ and repeatedly adds the channel whose addition reduces Σ_j loss_j the
+most. Per consumer it keeps an (A+λI)-orthonormal basis Z of the selected columns, the Schur
+complement M_c = (A+λI)[c,c] - Z[:,c]ᵀZ[:,c] of every candidate block and the residual cross
+Q_c = B[c] - Z[:,c]ᵀ L^{-1}B[C]; adding a block downdates both by rank k, so a step costs
+O(|C|·k·D + D·O·k + N·k³) per consumer and the reduction of candidate c is tr(Q_cᵀ M_c^{-1} Q_c).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+REL_TOL = 1e-10
+"""Schur-complement eigenvalues below REL_TOL × (largest diagonal of the candidate's block of A+λI)
+count as 0: such directions already lie in the span of the selected columns and reduce nothing."""
+
+
+@dataclass
+class OmpPath:
+    """Greedy path: `order` (width,) channels in the order chosen; `curve` (width + 1,) with
+    curve[m] = Σ_j loss_j(first m channels of order), curve[0] = Σ_j e_j."""
+
+    order: np.ndarray
+    curve: np.ndarray
+
+    def support(self, width: int) -> np.ndarray:
+        """The first `width` channels of `order`, sorted."""
+        if not 0 <= width <= len(self.order):
+            raise ValueError(f"width {width} outside 0..{len(self.order)}")
+        return np.sort(self.order[:width])
+
+
+def centred(
+    xx: np.ndarray, xt: np.ndarray, sx: np.ndarray, st: np.ndarray, tt: float, count: int
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-position centred (A, B, e) from streamed sums Σ x xᵀ (D, D), Σ x tᵀ (D, O), Σ x (D,),
+    Σ t (O,), Σ ||t||² over `count` positions: A = xx/n - m_x m_xᵀ, B = xt/n - m_x m_tᵀ,
+    e = tt/n - ||m_t||²."""
+    xx, xt = np.asarray(xx, dtype=np.float64), np.asarray(xt, dtype=np.float64)
+    sx, st = np.asarray(sx, dtype=np.float64), np.asarray(st, dtype=np.float64)
+    if count <= 0:
+        raise ValueError(f"count must be positive, got {count}")
+    if xx.ndim != 2 or xx.shape[0] != xx.shape[1]:
+        raise ValueError(f"xx must be square, got shape {xx.shape}")
+    d = xx.shape[0]
+    if xt.ndim != 2 or xt.shape[0] != d:
+        raise ValueError(f"xt must have shape ({d}, O), got {xt.shape}")
+    if sx.shape != (d,) or st.shape != (xt.shape[1],):
+        raise ValueError(
+            f"sx/st must have shapes ({d},)/({xt.shape[1]},), got {sx.shape}/{st.shape}"
+        )
+    mx, mt = sx / count, st / count
+    a = xx / count - np.outer(mx, mx)
+    return (a + a.T) / 2, xt / count - np.outer(mx, mt), float(tt / count - mt @ mt)
+
+
+class _Consumer:
+    """Incremental state of one consumer: basis rows z (rows, D), Schur blocks m (N, k, k),
+    residual cross q (D, O) (rows c·k … c·k + k - 1 are Q_c)."""
+
+    def __init__(self, a: np.ndarray, b: np.ndarray, k: int, ridge: float, width: int) -> None:
+        d = len(a)
+        self.k, self.n = k, d // k
+        self.g = a + (ridge * np.trace(a) / d) * np.eye(d)
+        blocks = np.diagonal(self.g.reshape(self.n, k, self.n, k), axis1=0, axis2=2)
+        self.m = np.ascontiguousarray(blocks.transpose(2, 0, 1))
+        diag = np.diagonal(self.m, axis1=1, axis2=2)
+        self.floor = REL_TOL * diag.max(axis=1) + np.finfo(np.float64).tiny
+        self.q = b.copy()
+        self.z = np.empty((width * k, d))
+        self.rows = 0
+
+    def gains(self) -> np.ndarray:
+        """(N,) reduction of this consumer's loss by adding each channel (0 where degenerate)."""
+        if self.k == 1:
+            m = self.m[:, 0, 0]
+            ok = m > self.floor
+            return np.where(ok, np.einsum("ij,ij->i", self.q, self.q) / np.where(ok, m, 1.0), 0.0)
+        w, v = np.linalg.eigh(self.m)
+        proj = v.transpose(0, 2, 1) @ self.q.reshape(self.n, self.k, -1)
+        inv = np.where(w > self.floor[:, None], 1.0 / np.where(w > 0, w, 1.0), 0.0)
+        return np.einsum("nk,nko->n", inv, proj * proj)
+
+    def add(self, c: int) -> float:
+        """Select channel c: extend z, downdate m and q; return the exact loss reduction."""
+        w, v = np.linalg.eigh(self.m[c])
+        keep = w > self.floor[c]
+        basis = v[:, keep] / np.sqrt(w[keep])
+        cols = slice(c * self.k, (c + 1) * self.k)
+        z = self.z[: self.rows]
+        z_new = basis.T @ (self.g[cols] - np.ascontiguousarray(z[:, cols].T) @ z)
+        p_new = basis.T @ self.q[cols]
+        self.z[self.rows : self.rows + len(z_new)] = z_new
+        self.rows += len(z_new)
+        zb = z_new.reshape(len(z_new), self.n, self.k).transpose(1, 2, 0)
+        self.m -= zb @ zb.transpose(0, 2, 1)
+        self.q -= np.einsum("ad,ao->do", z_new, p_new)  # gemm is slow for k = 1
+        return float(np.sum(p_new * p_new))
+
+
+def _validate(
+    a: list[np.ndarray], b: list[np.ndarray], e: list[float], ks: list[int], width: int, ridge: float
+) -> int:
+    """Check shapes and arguments of `group_omp`; return the channel count N."""
+    if not a or not len(a) == len(b) == len(e) == len(ks):
+        raise ValueError(
+            f"A, B, e, ks must be non-empty and of equal length, got "
+            f"{len(a)}, {len(b)}, {len(e)}, {len(ks)}"
+        )
+    if not (np.isfinite(ridge) and ridge >= 0):
+        raise ValueError(f"ridge must be finite and >= 0, got {ridge}")
+    channels = set()
+    for j, (aj, bj, kj) in enumerate(zip(a, b, ks)):
+        if aj.ndim != 2 or aj.shape[0] != aj.shape[1]:
+            raise ValueError(f"A[{j}] must be square, got shape {aj.shape}")
+        if bj.ndim != 2 or bj.shape[0] != aj.shape[0]:
+            raise ValueError(f"B[{j}] must have shape ({aj.shape[0]}, O), got {bj.shape}")
+        if kj < 1 or aj.shape[0] % kj:
+            raise ValueError(f"D[{j}] = {aj.shape[0]} is not a positive multiple of k = {kj}")
+        channels.add(aj.shape[0] // kj)
+    if len(channels) != 1:
+        raise ValueError(f"consumers disagree on the channel count: {sorted(channels)}")
+    n = channels.pop()
+    if not 1 <= width <= n:
+        raise ValueError(f"width {width} outside 1..{n}")
+    return n
+
+
+def group_omp(
+    A: list[np.ndarray],
+    B: list[np.ndarray],
+    e: list[float],
+    ks: list[int],
+    width: int,
+    ridge: float = 1e-6,
+) -> OmpPath:
+    """Greedily choose `width` of the N channels, each step adding the channel that reduces
+    Σ_j loss_j the most (see the module docstring); A[j] (D_j, D_j), B[j] (D_j, O_j) and e[j] are
+    consumer j's centred statistics (`centred`), ks[j] its columns per channel."""
+    a = [np.asarray(aj, dtype=np.float64) for aj in A]
+    b = [np.asarray(bj, dtype=np.float64) for bj in B]
+    n = _validate(a, b, e, ks, width, ridge)
+    consumers = [_Consumer(aj, bj, int(kj), ridge, width) for aj, bj, kj in zip(a, b, ks)]
+    chosen = np.zeros(n, dtype=bool)
+    order = np.empty(width, dtype=np.int64)
+    curve = np.empty(width + 1)
+    curve[0] = float(np.sum(e))
+    for step in range(width):
+        total = sum(cons.gains() for cons in consumers)
+        total[chosen] = -np.inf
+        c = int(np.argmax(total))
+        chosen[c] = True
+        order[step] = c
+        curve[step + 1] = curve[step] - sum(cons.add(c) for cons in consumers)
+    return OmpPath(order, curve)

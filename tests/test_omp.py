@@ -1,0 +1,186 @@
+"""Group OMP over channels (onnxprune.imitation.omp) against direct least-squares solves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxprune.imitation.omp import OmpPath, centred, group_omp
+from onnxprune.imitation.refit import expand_channels
+
+# ---------------------------------------------------------------- helpers
+
+
+def sample_stats(
+    rng: np.random.Generator, n: int, k: int, o: int, p: int = 400
+) -> tuple[np.ndarray, np.ndarray, float]:
+    """Centred statistics of correlated random inputs (P, N·k) and random linear targets (P, O)
+    plus noise, so that no subset explains the targets exactly."""
+    d = n * k
+    x = rng.standard_normal((p, d)) @ (np.eye(d) + 0.3 * rng.standard_normal((d, d)))
+    t = x @ rng.standard_normal((d, o)) + rng.standard_normal((p, o)) + 2.0
+    return explicit_stats(x, t)
+
+
+def explicit_stats(x: np.ndarray, t: np.ndarray) -> tuple[np.ndarray, np.ndarray, float]:
+    """Per-position centred (A, B, e) computed directly from samples."""
+    xc, tc = x - x.mean(0), t - t.mean(0)
+    p = len(x)
+    return xc.T @ xc / p, xc.T @ tc / p, float(np.sum(tc * tc) / p)
+
+
+def direct_loss(
+    a: np.ndarray, b: np.ndarray, e: float, k: int, keep: np.ndarray, ridge: float
+) -> float:
+    """e - tr(B[C]ᵀ (A[C,C] + λI)^{-1} B[C]) with C = cols(keep), λ = ridge·tr(A)/D."""
+    if len(keep) == 0:
+        return e
+    cols = expand_channels(np.asarray(keep), k)
+    g = a[np.ix_(cols, cols)] + ridge * np.trace(a) / len(a) * np.eye(len(cols))
+    return e - float(np.trace(b[cols].T @ np.linalg.solve(g, b[cols])))
+
+
+def total_direct(stats: list, ks: list[int], keep: np.ndarray, ridge: float) -> float:
+    return sum(direct_loss(a, b, e, k, keep, ridge) for (a, b, e), k in zip(stats, ks))
+
+
+def run(stats: list, ks: list[int], width: int, ridge: float = 1e-6) -> OmpPath:
+    a, b, e = zip(*stats)
+    return group_omp(list(a), list(b), list(e), ks, width, ridge)
+
+
+CASES = [([1], 12), ([4], 10), ([1, 4], 10), ([9, 1], 7)]
+
+# ---------------------------------------------------------------- greedy correctness
+
+
+@pytest.mark.parametrize(("ks", "n"), CASES)
+def test_each_step_is_brute_force_argmax(ks: list[int], n: int) -> None:
+    rng = np.random.default_rng(sum(ks) * 100 + n)
+    stats = [sample_stats(rng, n, k, o) for k, o in zip(ks, (5, 3))]
+    path = run(stats, ks, n)
+    for m in range(n):
+        prefix = path.order[:m]
+        base = total_direct(stats, ks, prefix, 1e-6)
+        red = np.full(n, -np.inf)
+        for c in set(range(n)) - set(prefix.tolist()):
+            red[c] = base - total_direct(stats, ks, np.append(prefix, c), 1e-6)
+        assert path.order[m] == np.argmax(red), f"step {m}"
+
+
+@pytest.mark.parametrize(("ks", "n"), CASES)
+@pytest.mark.parametrize("ridge", [1e-6, 1e-2])
+def test_curve_matches_direct_formula(ks: list[int], n: int, ridge: float) -> None:
+    rng = np.random.default_rng(7 + n)
+    stats = [sample_stats(rng, n, k, o) for k, o in zip(ks, (4, 6))]
+    width = n - 2
+    path = run(stats, ks, width, ridge)
+    assert path.order.shape == (width,) and path.curve.shape == (width + 1,)
+    direct = [total_direct(stats, ks, path.order[:m], ridge) for m in range(width + 1)]
+    np.testing.assert_allclose(path.curve, direct, rtol=1e-8)
+    assert path.curve[0] == pytest.approx(sum(s[2] for s in stats))
+
+
+@pytest.mark.parametrize("ks", [[1], [3], [1, 3]])
+def test_recovers_exact_generating_channels(ks: list[int]) -> None:
+    rng = np.random.default_rng(3)
+    n, p, true = 16, 500, np.array([2, 9, 13])
+    stats = []
+    for k in ks:
+        x = rng.standard_normal((p, n * k))
+        cols = expand_channels(true, k)
+        t = x[:, cols] @ rng.standard_normal((len(cols), 6)) + 1.5
+        stats.append(explicit_stats(x, t))
+    path = run(stats, ks, 8, ridge=1e-9)
+    assert sorted(path.order[:3].tolist()) == true.tolist()
+    np.testing.assert_array_equal(path.support(3), true)
+    assert path.curve[3] < 1e-6 * path.curve[0]
+
+
+@pytest.mark.parametrize(("ks", "n"), CASES)
+def test_full_width_is_full_least_squares(ks: list[int], n: int) -> None:
+    rng = np.random.default_rng(11 + n)
+    p = 300
+    samples, stats = [], []
+    for k in ks:
+        x = rng.standard_normal((p, n * k)) * rng.uniform(0.1, 3.0, n * k)
+        t = x @ rng.standard_normal((n * k, 3)) + rng.standard_normal((p, 3))
+        samples.append((x, t))
+        stats.append(explicit_stats(x, t))
+    path = run(stats, ks, n, ridge=0.0)
+    assert np.all(np.diff(path.curve) <= 1e-12 * path.curve[0])
+    np.testing.assert_array_equal(np.sort(path.order), np.arange(n))
+    np.testing.assert_array_equal(path.support(n), np.arange(n))
+    lstsq = 0.0
+    for x, t in samples:
+        design = np.hstack([x, np.ones((p, 1))])
+        res = t - design @ np.linalg.lstsq(design, t, rcond=None)[0]
+        lstsq += float(np.sum(res * res) / p)
+    assert path.curve[n] == pytest.approx(lstsq, rel=1e-8)
+
+
+def test_collinear_channel_gives_no_reduction() -> None:
+    rng = np.random.default_rng(5)
+    n, p = 8, 200
+    x = rng.standard_normal((p, n))
+    x[:, 6] = 2.0 * x[:, 1]
+    t = x @ rng.standard_normal((n, 4)) + rng.standard_normal((p, 4))
+    a, b, e = explicit_stats(x, t)
+    path = group_omp([a], [b], [e], [1], n, ridge=0.0)
+    assert np.all(np.isfinite(path.curve))
+    assert path.order[-1] in (1, 6)
+    assert path.curve[-1] == pytest.approx(path.curve[-2], rel=1e-9)
+    np.testing.assert_array_equal(np.sort(path.order), np.arange(n))
+
+
+# ---------------------------------------------------------------- centred statistics
+
+
+def test_centred_matches_sample_covariances() -> None:
+    rng = np.random.default_rng(2)
+    p, d, o = 300, 6, 4
+    x = rng.standard_normal((p, d)) + rng.uniform(-3, 3, d)
+    t = rng.standard_normal((p, o)) + x[:, :o] + 5.0
+    a, b, e = centred(x.T @ x, x.T @ t, x.sum(0), t.sum(0), float(np.sum(t * t)), p)
+    cov = np.cov(np.hstack([x, t]).T, bias=True)
+    np.testing.assert_allclose(a, cov[:d, :d], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(b, cov[:d, d:], rtol=1e-10, atol=1e-12)
+    assert e == pytest.approx(np.trace(cov[d:, d:]), rel=1e-10)
+    np.testing.assert_array_equal(a, a.T)
+
+
+# ---------------------------------------------------------------- validation
+
+
+def test_bad_inputs_raise() -> None:
+    rng = np.random.default_rng(0)
+    a, b, e = sample_stats(rng, 4, 2, 3)
+    a1, b1, e1 = sample_stats(rng, 5, 1, 3)
+    bad = [  # (A, B, e, ks, width, ridge)
+        ([a], [b, b], [e], [2], 2, 1e-6),  # list lengths differ
+        ([], [], [], [], 1, 1e-6),  # no consumer
+        ([a[:, :-1]], [b], [e], [2], 2, 1e-6),  # A not square
+        ([a], [b[:-1]], [e], [2], 2, 1e-6),  # B rows != D
+        ([a], [b], [e], [3], 2, 1e-6),  # D not divisible by k
+        ([a], [b], [e], [0], 2, 1e-6),  # k = 0
+        ([a, a1], [b, b1], [e, e1], [2, 1], 2, 1e-6),  # channel counts differ (4 vs 5)
+        ([a], [b], [e], [2], 0, 1e-6),  # width below 1
+        ([a], [b], [e], [2], 5, 1e-6),  # width above N = 4
+        ([a], [b], [e], [2], 2, -1.0),  # negative ridge
+    ]
+    for args in bad:
+        with pytest.raises(ValueError):
+            group_omp(*args)
+    path = group_omp([a], [b], [e], [2], 2)
+    with pytest.raises(ValueError):
+        path.support(3)
+    xx, xt = np.eye(3), np.ones((3, 2))
+    for args in [
+        (xx, xt, np.zeros(3), np.zeros(2), 1.0, 0),
+        (xx[:2], xt, np.zeros(3), np.zeros(2), 1.0, 5),
+        (xx, xt[:2], np.zeros(3), np.zeros(2), 1.0, 5),
+        (xx, xt, np.zeros(2), np.zeros(2), 1.0, 5),
+        (xx, xt, np.zeros(3), np.zeros(3), 1.0, 5),
+    ]:
+        with pytest.raises(ValueError):
+            centred(*args)

@@ -1,0 +1,100 @@
+"""Training loops of recovery on cached tensors: plain torch, seeded, best held-out checkpoint kept."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from onnxprune.runtime.torch_eval import TorchGraph
+
+Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
+
+
+@dataclass
+class FitResult:
+    held_before: float  # held-out loss of the starting weights
+    held_after: float  # held-out loss of the weights kept (never above held_before)
+    best_step: int  # step of the kept checkpoint (0: the starting weights)
+    steps: int
+
+
+def relative_mse(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
+    """Σ_k ||y_k - t_k||² / ||t_k - mean t_k||² over the batch (scale-free across segments)."""
+    total = ys[0].new_zeros(())
+    for y, t in zip(ys, ts):
+        total = total + ((y - t) ** 2).sum() / ((t - t.mean(dim=0)) ** 2).sum().clamp_min(1e-12)
+    return total
+
+
+def evaluate_net(net: TorchGraph, xs: Sequence[np.ndarray], idx: np.ndarray, batch_size: int) -> list[np.ndarray]:
+    """The net's outputs on samples ``idx`` of the cached inputs ``xs`` (no gradients)."""
+    outs: list[list[np.ndarray]] = []
+    with torch.no_grad():
+        for s in range(0, len(idx), batch_size):
+            b = idx[s : s + batch_size]
+            ys = net(*[torch.from_numpy(x[b]) for x in xs])
+            outs.append([y.numpy() for y in ys])
+    return [np.concatenate(parts) for parts in zip(*outs)]
+
+
+def held_loss(net: TorchGraph, xs, ts, idx: np.ndarray, batch_size: int, loss: Loss) -> float:
+    """Loss on samples ``idx``, computed on the whole held-out set at once (batches concatenated)."""
+    ys = evaluate_net(net, xs, idx, batch_size)
+    return float(loss([torch.from_numpy(y) for y in ys], [torch.from_numpy(t[idx]) for t in ts]))
+
+
+def fit(
+    net: TorchGraph,
+    params: list[torch.nn.Parameter],
+    xs: Sequence[np.ndarray],
+    ts: Sequence[np.ndarray],
+    train_idx: np.ndarray,
+    held_idx: np.ndarray,
+    *,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    pull: float,
+    seed: int,
+    loss: Loss = relative_mse,
+    evals: int = 5,
+    on_step: Callable[[int, float, float], None] | None = None,
+) -> FitResult:
+    """Adam with cosine decay on ``params`` so that ``net(xs) ≈ ts`` on ``train_idx``; the held-out
+    loss on ``held_idx`` is measured ``evals`` times and the best weights (the starting ones
+    included) are left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the
+    start). ``on_step(step, train_loss, best_held)`` reports progress."""
+    gen = torch.Generator().manual_seed(seed)
+    start = [p.detach().clone() for p in params]
+    scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
+    best = held_loss(net, xs, ts, held_idx, batch_size, loss)
+    result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps)
+    best_state = [p0.clone() for p0 in start]
+    opt = torch.optim.Adam(params, lr=lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
+    checkpoints = {int(round(steps * (k + 1) / evals)) for k in range(evals)}
+    for step in range(1, steps + 1):
+        pick = train_idx[torch.randint(len(train_idx), (min(batch_size, len(train_idx)),), generator=gen).numpy()]
+        ys = net(*[torch.from_numpy(x[pick]) for x in xs])
+        value = loss(list(ys), [torch.from_numpy(t[pick]) for t in ts])
+        if pull > 0:
+            value = value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
+        opt.zero_grad(set_to_none=True)
+        value.backward()
+        opt.step()
+        sched.step()
+        if step in checkpoints:
+            held = held_loss(net, xs, ts, held_idx, batch_size, loss)
+            if held < best:
+                best, result.best_step = held, step
+                best_state = [p.detach().clone() for p in params]
+        if on_step is not None:
+            on_step(step, value.item(), best)
+    with torch.no_grad():
+        for p, v in zip(params, best_state):
+            p.copy_(v)
+    result.held_after = best
+    return result

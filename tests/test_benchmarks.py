@@ -28,3 +28,14 @@ def test_fidelity_quick(tmp_path: Path) -> None:
     for row in result["rows"]:
         assert row["macs"] <= 245e6 and row["images"] == 10 and 0 <= row["top1"] <= 1
     assert "| 245M | default |" in (tmp_path / "fidelity.md").read_text()
+
+
+@needs_real_model
+def test_recovery_quick(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "benchmarks/recovery.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "recovery.json").read_text())
+    assert [r["variant"] for r in result["rows"]] == ["none", "default"]
+    assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
+    assert result["rows"][1]["seconds"] > 0 and len(result["rows"][1]["calib_kl"]) == 2
+    assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()

@@ -341,11 +341,16 @@ def _clip(node: OpNode, x: Inputs) -> Tensor:
         lo, hi = node.get("min"), node.get("max")
         return t.clamp(lo, hi) if lo is not None or hi is not None else t
     lo, hi = _opt(x, 1), _opt(x, 2)
-    lo = lo.to(t.dtype) if lo is not None else None
-    hi = hi.to(t.dtype) if hi is not None else None
     if lo is None and hi is None:
         return t
-    return torch.clamp(t, lo, hi)
+    if t.is_floating_point():
+        # Python-number bounds: hardtanh/clamp then have a cheap backward (a mask), not a `where` graph.
+        lo_f = None if lo is None else float(lo)
+        hi_f = None if hi is None else float(hi)
+        if lo_f is not None and hi_f is not None and lo_f <= hi_f:
+            return F.hardtanh(t, lo_f, hi_f)
+        return t.clamp(lo_f, hi_f)
+    return torch.clamp(t, lo.to(t.dtype) if lo is not None else None, hi.to(t.dtype) if hi is not None else None)
 
 
 def _softmax_like(f: Callable[[Tensor, int], Tensor]) -> OpFn:

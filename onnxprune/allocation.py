@@ -8,17 +8,29 @@ from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
 from onnxprune.errors import TargetError
 
+CURVE_FLOOR = 0.25  # curve_widths never narrows a group below this share of its channels
+
+
+def lowest_macs(macs: MacModel, groups: list[Group], min_channels: int = 1, round_to: int = 1,
+                allocation: str = "epsilon") -> float:
+    """The fewest MACs ``allocation``'s widths can reach (what ``--best-effort`` prunes to)."""
+    min_channels = max(min_channels, round_to)
+    if allocation == "curve":
+        return macs.macs(_curve_lowest(groups, min_channels, round_to, CURVE_FLOOR))
+    return macs.macs({g.id: min(min_channels, g.channels) for g in groups})
+
 
 def check_target(macs: MacModel, groups: list[Group], target: float, min_channels: int, round_to: int = 1) -> None:
     """TargetError unless ``target`` lies between the lowest reachable MACs and the original."""
     if target >= macs.total:
         raise TargetError(f"target {target / 1e6:.3g}M MACs is not below the model's {macs.total / 1e6:.3g}M: "
                           "nothing to prune (lower --target-flops or --target-ratio)")
-    floor = macs.macs({g.id: min(min_channels, g.channels) for g in groups})
+    floor = lowest_macs(macs, groups, min_channels)
     if target < floor:
         hint = f"; --round-to {round_to} keeps at least {round_to} channels per group" if round_to > 1 else ""
         raise TargetError(f"target {target / 1e6:.3g}M MACs is unreachable: the prunable groups allow at "
-                          f"least {floor / 1e6:.3g}M ({floor / macs.total:.1%} of the original){hint}")
+                          f"least {floor / 1e6:.3g}M ({floor / macs.total:.1%} of the original){hint}; "
+                          "--best-effort prunes to that instead")
 
 
 def _step(width: int, channels: int, round_to: int) -> int:
@@ -96,20 +108,22 @@ def epsilon_widths(
             hi = mid
         else:
             lo = mid
-    return fill(macs, groups, at(10**hi), target, round_to)
+    widths = at(10**hi)
+    if macs.macs(widths) > target:  # a loss above 10 (a layer whose mean output nearly cancels): go to the floor
+        widths = at(np.inf)
+    return fill(macs, groups, widths, target, round_to)
 
 
 def curve_widths(
     macs: MacModel, groups: list[Group], curves: dict[int, np.ndarray], target: float,
-    min_channels: int = 1, round_to: int = 1, floor: float = 0.25,
+    min_channels: int = 1, round_to: int = 1, floor: float = CURVE_FLOOR,
 ) -> dict[int, int]:
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
     relative loss per MAC saved, never below ``floor`` of its channels."""
     min_channels = max(min_channels, round_to)
     check_target(macs, groups, target, min_channels, round_to)
     widths = {g.id: g.channels for g in groups}
-    lowest = {g.id: _round_up(max(min_channels, int(np.ceil(floor * g.channels))), g.channels, round_to)
-              for g in groups}
+    lowest = _curve_lowest(groups, min_channels, round_to, floor)
     step = {g.id: max(round_to, round_to * int(np.ceil(0.01 * g.channels / round_to))) for g in groups}
     current = macs.macs(widths)
     while current > target:
@@ -129,3 +143,9 @@ def curve_widths(
         widths[best[0]] = best[1]
         current = best_macs
     return fill(macs, groups, widths, target, round_to)
+
+
+def _curve_lowest(groups: list[Group], min_channels: int, round_to: int, floor: float) -> dict[int, int]:
+    """The narrowest widths ``curve_widths`` allows: ``floor`` of each group, at least ``min_channels``."""
+    return {g.id: _round_up(max(min_channels, int(np.ceil(floor * g.channels))), g.channels, round_to)
+            for g in groups}

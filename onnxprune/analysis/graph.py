@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -9,7 +11,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 
-from onnxprune.errors import ModelError
+from onnxprune.errors import ModelError, OnnxPruneError
+from onnxprune.runtime.ort import InputSpec, model_input_specs
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -32,11 +35,111 @@ def load_model(path: str | Path) -> onnx.ModelProto:
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference with data propagation (shapes of Reshape targets etc.)."""
+    """ONNX shape inference with data propagation (shapes of Reshape targets etc.).
+
+    With a dynamic batch, dims that symbolic inference leaves unknown (a Reshape to ``[batch, C, -1]``)
+    are taken from inference at batch 1 and at batch 2 where both agree: they do not depend on the batch.
+    Dims that are 1 and 2 there are the batch: they get the input's batch symbol."""
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # inference is best effort: analysis reports missing shapes itself
         return model
+    return _fill_per_sample_dims(inferred)
+
+
+def _known(value: onnx.ValueInfoProto, start: int = 0) -> bool:
+    """Whether every dim of ``value`` from ``start`` on is a number (no shape or no tensor: True)."""
+    if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
+        return True
+    return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim[start:])
+
+
+def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
+    weights = {init.name for init in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in weights]
+    values = [*model.graph.value_info, *model.graph.output]
+    if (not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs)
+            or all(_known(v, 0) for v in inputs) or all(_known(v) for v in values)):
+        return model  # nothing to fill, or inputs with dynamic dims beyond the batch
+    symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in inputs if not _known(v)}
+    batch_symbol = symbols.pop() if len(symbols) == 1 else ""
+    runs = []
+    for batch in (1, 2):
+        shapes = {v.name: [batch, *(d.dim_value for d in v.type.tensor_type.shape.dim[1:])] for v in inputs}
+        try:
+            done = onnx.shape_inference.infer_shapes(fix_input_shapes(model, shapes), data_prop=True)
+        except Exception:  # best effort, as above
+            return model
+        runs.append({v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
+                     for v in [*done.graph.value_info, *done.graph.output] if v.type.HasField("tensor_type")})
+    for value in values:
+        if _known(value):
+            continue
+        dims = value.type.tensor_type.shape.dim
+        at1, at2 = runs[0].get(value.name), runs[1].get(value.name)
+        if at1 is None or at2 is None or not len(dims) == len(at1) == len(at2):
+            continue
+        for d, a, b in zip(dims, at1, at2):
+            if not d.HasField("dim_value") and a is not None and a == b:
+                d.dim_value = a
+            elif not d.HasField("dim_value") and batch_symbol and (a, b) == (1, 2):
+                d.dim_param = batch_symbol
+    return model
+
+
+def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
+    """``(t, i)`` when the 1-element vector ``piece`` is ``Shape(t)[i]`` (Gather, Unsqueeze of a scalar
+    Gather, or a Slice of one entry), else None."""
+    node = piece.inputs[0] if len(piece.inputs) == 1 else None
+    if node is not None and node.op == "Unsqueeze":
+        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+    if node is None or node.op not in ("Gather", "Slice") or len(node.inputs[0].inputs) != 1:
+        return None
+    shape_node = node.inputs[0].inputs[0]
+    if shape_node.op != "Shape" or shape_node.attrs.get("start", 0) != 0:
+        return None
+    params = [const_value(t) for t in node.inputs[1:]]
+    if any(v is None or v.size != 1 for v in params):
+        return None
+    if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+        return shape_node.inputs[0], int(params[0].reshape(-1)[0])
+    if node.op == "Slice" and len(params) == 2 and int(params[1].reshape(-1)[0]) == int(params[0].reshape(-1)[0]) + 1:
+        return shape_node.inputs[0], int(params[0].reshape(-1)[0])
+    return None
+
+
+def _copy_batch_dims(graph: gs.Graph) -> bool:
+    """In Reshape targets built as ``Concat(..., Shape(t)[i], ...)``, write 0 ("copy the input's dim")
+    for an entry that is the same symbolic dim (the batch) as the Reshape input's dim at that position.
+
+    The target then folds to a constant, so no batch-size tensor (which has no batch axis) has to be
+    computed ahead and cached across the cuts of ``compress``. Returns whether a target changed."""
+    changed = 0
+    for node in list(graph.nodes):
+        target = node.inputs[1] if node.op == "Reshape" and len(node.inputs) > 1 else None
+        x_shape = node.inputs[0].shape if target is not None else None
+        if (x_shape is None or node.attrs.get("allowzero", 0) or len(target.inputs) != 1
+                or target.inputs[0].op != "Concat"):
+            continue
+        pieces, pos = [], 0
+        for piece in target.inputs[0].inputs:
+            shape = static_shape(piece)
+            if shape is None or len(shape) != 1 or shape[0] is None:
+                break
+            src = _shape_source(piece) if shape[0] == 1 else None
+            t_shape = src[0].shape if src is not None else None
+            if (src is not None and pos < len(x_shape) and isinstance(x_shape[pos], str) and t_shape is not None
+                    and src[1] < len(t_shape) and t_shape[src[1]] == x_shape[pos]):
+                piece = gs.Constant(f"{target.name}.copy{changed}.{pos}", np.zeros(1, np.int64))
+            pieces.append(piece)
+            pos += shape[0]
+        else:
+            if any(a is not b for a, b in zip(pieces, target.inputs[0].inputs)):
+                changed += 1
+                new = gs.Variable(f"{target.name}.copy{changed}", dtype=np.int64, shape=target.shape)
+                graph.nodes.append(gs.Node("Concat", f"{target.inputs[0].name}.copy{changed}", {"axis": 0}, pieces, [new]))
+                node.inputs[1] = new
+    return changed > 0
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
@@ -47,6 +150,12 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
     except Exception:  # folding is an optimisation; unfoldable graphs are analysed as they are
         pass
     graph.cleanup().toposort()
+    if _copy_batch_dims(graph):
+        try:
+            graph.fold_constants(error_ok=True)
+        except Exception:  # as above
+            pass
+        graph.cleanup().toposort()
     name_nodes(graph)
     # Folding can drop shapes; re-infer once on the folded graph.
     graph = gs.import_onnx(infer_shapes(gs.export_onnx(graph)))
@@ -77,3 +186,170 @@ def static_shape(tensor: gs.Tensor) -> list[int | None] | None:
     if tensor.shape is None:
         return None
     return [d if isinstance(d, (int, np.integer)) and d >= 0 else None for d in tensor.shape]
+
+
+# ------------------------------------------------------------------ input shapes (--input-shape)
+
+ShapeMap = dict[str | None, list[int]]
+SHAPE_FORMS = "use NxCxHxW for the single input (e.g. 1x3x224x224) or NAME:NxCxHxW per input (e.g. images:1x3x320x320)"
+_DIMS = re.compile(r"^\d+([x,]\d+)*$")
+
+
+def parse_input_shapes(specs: Iterable[str] | None) -> ShapeMap:
+    """``["1x3x224x224"]`` → ``{None: [1, 3, 224, 224]}``; ``["a:1x3x8x8", "b:1x4"]`` → per-input shapes.
+
+    An unnamed shape applies to the model's single input; several inputs need a named shape each.
+    """
+    shapes: ShapeMap = {}
+    for spec in specs or []:
+        text = spec.strip()
+        name, sep, dims = text.rpartition(":")
+        key = name.strip() if sep else None
+        dims = dims.strip().lower()
+        if (sep and not key) or not _DIMS.match(dims):
+            raise OnnxPruneError(f"--input-shape {spec!r} is not a shape: {SHAPE_FORMS}")
+        values = [int(d) for d in re.split(r"[x,]", dims)]
+        if any(v <= 0 for v in values):
+            raise OnnxPruneError(f"--input-shape {spec!r} has a zero dimension: every dimension must be >= 1")
+        if key in shapes:
+            what = f"input {key!r}" if key else "the unnamed input"
+            raise OnnxPruneError(f"--input-shape gives {what} twice: give each input's shape once")
+        shapes[key] = values
+    if None in shapes and len(shapes) > 1:
+        raise OnnxPruneError("--input-shape mixes an unnamed shape with named ones: with several inputs, "
+                             "name each one (NAME:NxCxHxW)")
+    return shapes
+
+
+def _as_shape_map(input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None) -> ShapeMap:
+    """Accept a parsed shape map or the raw ``--input-shape`` strings."""
+    if input_shapes is None:
+        return {}
+    if isinstance(input_shapes, Mapping):
+        return {k: [int(d) for d in v] for k, v in input_shapes.items()}
+    if isinstance(input_shapes, str):
+        input_shapes = [input_shapes]
+    return parse_input_shapes(list(input_shapes))
+
+
+def resolve_input_shapes(
+    specs: list[InputSpec],
+    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None,
+    batch: int | None,
+    source: str,
+) -> dict[str, list[int]]:
+    """A fully static shape for every model input.
+
+    A dynamic first (batch) dim becomes ``batch`` (or, with ``batch=None``, the ``input_shapes`` value,
+    else 1); every other dynamic dim must come from ``input_shapes``. Errors name ``source``, the input
+    and the dim.
+    """
+    given = _as_shape_map(input_shapes)
+    names = [name for name, _, _ in specs]
+    unknown = [k for k in given if k is not None and k not in names]
+    if unknown:
+        raise OnnxPruneError(f"{source}: --input-shape names {', '.join(map(repr, unknown))}, which the model "
+                             f"does not have: its inputs are {', '.join(map(repr, names))}")
+    if None in given and len(specs) != 1:
+        raise OnnxPruneError(f"{source}: an unnamed --input-shape needs a single-input model, but it has inputs "
+                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each")
+    shapes: dict[str, list[int]] = {}
+    for name, dims, _ in specs:
+        want = given.get(name, given.get(None))
+        if want is not None and len(want) != len(dims):
+            raise OnnxPruneError(f"{source}: --input-shape for input {name!r} has {len(want)} dims but the "
+                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims")
+        shape = []
+        for axis, dim in enumerate(dims):
+            static = isinstance(dim, int) and dim > 0
+            if axis == 0 and batch is not None:
+                if static and dim != batch:
+                    raise OnnxPruneError(
+                        f"{source}: input {name!r} has a static batch size of {dim} but --batch is {batch}: "
+                        f"use --batch {dim}, or re-export the model with a dynamic batch dimension")
+                if want is not None and want[0] != batch:
+                    raise OnnxPruneError(
+                        f"{source}: --input-shape sets the batch dim of input {name!r} to {want[0]} but --batch "
+                        f"is {batch}: make them agree (e.g. --batch {want[0]})")
+                shape.append(batch)
+            elif static:
+                if want is not None and want[axis] != dim:
+                    raise OnnxPruneError(
+                        f"{source}: --input-shape gives dim {axis} of input {name!r} as {want[axis]} but the "
+                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there")
+                shape.append(dim)
+            elif want is not None:
+                shape.append(want[axis])
+            elif axis == 0:
+                shape.append(1)
+            else:
+                label = f" ({dim!r})" if isinstance(dim, str) else ""
+                raise OnnxPruneError(
+                    f"{source}: input {name!r} {_show(dims)} has a dynamic dim {axis}{label} that needs a value: "
+                    f"pass --input-shape {name}:{'x'.join(str(d) for d in _example(dims, batch))}")
+        shapes[name] = shape
+    return shapes
+
+
+def _show(dims: Sequence[int | str | None]) -> str:
+    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
+
+
+def _example(dims: Sequence[int | str | None], batch: int | None) -> list[int | str]:
+    """An example shape for an error message: static dims kept, the batch filled, others as placeholders."""
+    out: list[int | str] = []
+    for axis, d in enumerate(dims):
+        if isinstance(d, int) and d > 0:
+            out.append(d)
+        elif axis == 0:
+            out.append(batch or 1)
+        else:
+            out.append(f"<{d or f'dim{axis}'}>")
+    return out
+
+
+def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], keep_batch: bool = False) -> onnx.ModelProto:
+    """A copy of ``model`` whose graph inputs have the given static shapes (intermediate shapes cleared).
+
+    With ``keep_batch`` an input's dynamic first (batch) dim stays as it is, and so do the output dims
+    named by the same symbols; the outputs' other dims are left to shape inference."""
+    fixed = onnx.ModelProto()
+    fixed.CopyFrom(model)
+    kept: set[str] = set()
+    for value in fixed.graph.input:
+        if value.name in shapes:
+            dims = value.type.tensor_type.shape.dim
+            batch = onnx.TensorShapeProto.Dimension()
+            if dims:
+                batch.CopyFrom(dims[0])
+            del dims[:]
+            for d in shapes[value.name]:
+                dims.add().dim_value = int(d)
+            if keep_batch and dims and not batch.HasField("dim_value"):
+                dims[0].CopyFrom(batch)
+                kept.add(batch.dim_param)
+    del fixed.graph.value_info[:]
+    for value in fixed.graph.output:
+        if value.type.HasField("tensor_type"):
+            if not keep_batch:
+                value.type.tensor_type.ClearField("shape")
+                continue
+            for d in value.type.tensor_type.shape.dim:
+                if not d.HasField("dim_value") and not (d.dim_param and d.dim_param in kept):
+                    d.Clear()
+    return fixed
+
+
+def specialise_inputs(
+    model: onnx.ModelProto, input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None, source: str
+) -> onnx.ModelProto:
+    """``model`` with every dynamic non-batch input dim fixed from ``input_shapes`` (``--input-shape``).
+
+    The analysis needs static shapes apart from the batch dim, which stays as it is (dynamic or not).
+    Returns ``model`` itself when no dim changes; a dynamic non-batch dim without a value is a one-line
+    OnnxPruneError naming the input and the ``--input-shape`` to pass."""
+    specs = model_input_specs(model)
+    shapes = resolve_input_shapes(specs, input_shapes, None, source)
+    if all(isinstance(d, int) and d > 0 for _, dims, _ in specs for d in dims[1:]):
+        return model
+    return fix_input_shapes(model, shapes, keep_batch=True)

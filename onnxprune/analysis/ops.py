@@ -238,7 +238,13 @@ def _reshape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
     if [d for _, d in non1_in] == [d for _, d in non1_out] and None not in [d for _, d in non1_in][1:]:
         k = [i for i, _ in non1_in].index(axis) if axis in [i for i, _ in non1_in] else None
         if k is not None:
-            return Channelwise({("in", 0): (axis, repeat), ("out", 0): (non1_out[k][0], repeat)})
+            out_axis = non1_out[k][0]
+            if node.op == "Reshape":
+                entry = _shape_entry(node.inputs[1], out_axis)
+                copied = entry == 0 and out_axis == axis and not node.attrs.get("allowzero", 0)
+                if entry is not None and entry != -1 and not copied:
+                    return Blocked(f"Reshape {node.name}: target shape fixes the channel count ({entry})")
+            return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
     # Case 2: flatten of [*lead, C, *spatial] into [*lead, C*prod(spatial)].
     if None in inner or len(o_shape) != axis + 1 or o_shape[:axis][1:] != lead[1:]:
         return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
@@ -251,6 +257,58 @@ def _reshape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
         if target is None or len(target) != axis + 1 or int(target[-1]) not in (-1,):
             return Blocked(f"Reshape {node.name}: target shape must end in -1 to be re-sized")
     return Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat * spatial)})
+
+
+def _shape_entry(tensor: gs.Tensor, index: int) -> int | None:
+    """Entry ``index`` of a shape vector that is a constant or a Concat of pieces, None if unknown."""
+    value = const_value(tensor)
+    if value is not None:
+        return int(value.reshape(-1)[index]) if index < value.size else None
+    node = tensor.inputs[0] if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1 else None
+    if node is None or node.op != "Concat":
+        return None
+    for piece in node.inputs:
+        shape = static_shape(piece)
+        if shape is None or len(shape) != 1 or shape[0] is None:
+            return None
+        if index < shape[0]:
+            return _shape_entry(piece, index)
+        index -= shape[0]
+    return None
+
+
+def _indices(node: gs.Node, length: int) -> list[int] | None:
+    """The entries of a length-``length`` vector that a Gather (axis 0) or Slice with constant
+    parameters reads from its first input, else None."""
+    if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+        index = const_value(node.inputs[1])
+        return None if index is None else sorted({int(i) % length for i in index.reshape(-1)})
+    if node.op == "Slice" and len(node.inputs) >= 3:
+        params = [const_value(t) for t in node.inputs[1:]]
+        if any(v is None for v in params) or any(v.size != 1 for v in params):
+            return None
+        starts, ends = int(params[0][0]), int(params[1][0])
+        axes = int(params[2][0]) if len(params) > 2 else 0
+        steps = int(params[3][0]) if len(params) > 3 else 1
+        return None if axes not in (0, -1) or steps == 0 else list(range(length))[starts:ends:steps]
+    return None
+
+
+@rule("Shape")
+def _shape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+    """Shape reads sizes, not values: a member of the space when nothing reads the channel count
+    (e.g. the batch size of a ``Reshape(x, [Shape(x)[0], -1])``)."""
+    rank = _rank(node.inputs[0])
+    if port != ("in", 0) or rank is None:
+        return Blocked(f"Shape {node.name}: unknown rank")
+    start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
+    start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else min(end, rank))
+    if start <= axis < end:
+        for user in node.outputs[0].outputs:
+            read = _indices(user, end - start) if user.inputs[0] is node.outputs[0] else None
+            if read is None or axis - start in read:
+                return Blocked(f"Shape {node.name}: the channel count is read by {user.op} {user.name}")
+    return Channelwise({("in", 0): (axis, repeat)})
 
 
 @rule("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1", "ReduceProd",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -13,126 +12,11 @@ import onnx
 from rich.table import Table
 
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import load_model
+from onnxprune.analysis.graph import (  # noqa: F401 (parse_input_shapes: re-exported)
+    fix_input_shapes, load_model, parse_input_shapes, resolve_input_shapes,
+)
 from onnxprune.errors import ModelError, OnnxPruneError
 from onnxprune.runtime.ort import InputSpec, make_session, model_input_specs
-
-ShapeMap = dict[str | None, list[int]]
-SHAPE_FORMS = "use NxCxHxW for the single input (e.g. 1x3x224x224) or NAME:NxCxHxW per input (e.g. images:1x3x320x320)"
-_DIMS = re.compile(r"^\d+([x,]\d+)*$")
-
-
-def parse_input_shapes(specs: Iterable[str] | None) -> ShapeMap:
-    """``["1x3x224x224"]`` → ``{None: [1, 3, 224, 224]}``; ``["a:1x3x8x8", "b:1x4"]`` → per-input shapes.
-
-    An unnamed shape applies to the model's single input; several inputs need a named shape each.
-    """
-    shapes: ShapeMap = {}
-    for spec in specs or []:
-        text = spec.strip()
-        name, sep, dims = text.rpartition(":")
-        key = name.strip() if sep else None
-        dims = dims.strip().lower()
-        if (sep and not key) or not _DIMS.match(dims):
-            raise OnnxPruneError(f"--input-shape {spec!r} is not a shape: {SHAPE_FORMS}")
-        values = [int(d) for d in re.split(r"[x,]", dims)]
-        if any(v <= 0 for v in values):
-            raise OnnxPruneError(f"--input-shape {spec!r} has a zero dimension: every dimension must be >= 1")
-        if key in shapes:
-            what = f"input {key!r}" if key else "the unnamed input"
-            raise OnnxPruneError(f"--input-shape gives {what} twice: give each input's shape once")
-        shapes[key] = values
-    if None in shapes and len(shapes) > 1:
-        raise OnnxPruneError("--input-shape mixes an unnamed shape with named ones: with several inputs, "
-                             "name each one (NAME:NxCxHxW)")
-    return shapes
-
-
-def _as_shape_map(input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None) -> ShapeMap:
-    """Accept a parsed shape map or the raw ``--input-shape`` strings."""
-    if input_shapes is None:
-        return {}
-    if isinstance(input_shapes, Mapping):
-        return {k: [int(d) for d in v] for k, v in input_shapes.items()}
-    if isinstance(input_shapes, str):
-        input_shapes = [input_shapes]
-    return parse_input_shapes(list(input_shapes))
-
-
-def resolve_input_shapes(
-    specs: list[InputSpec],
-    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None,
-    batch: int | None,
-    source: str,
-) -> dict[str, list[int]]:
-    """A fully static shape for every model input.
-
-    A dynamic first (batch) dim becomes ``batch`` (or, with ``batch=None``, the ``input_shapes`` value,
-    else 1); every other dynamic dim must come from ``input_shapes``. Errors name ``source``, the input
-    and the dim.
-    """
-    given = _as_shape_map(input_shapes)
-    names = [name for name, _, _ in specs]
-    unknown = [k for k in given if k is not None and k not in names]
-    if unknown:
-        raise OnnxPruneError(f"{source}: --input-shape names {', '.join(map(repr, unknown))}, which the model "
-                             f"does not have: its inputs are {', '.join(map(repr, names))}")
-    if None in given and len(specs) != 1:
-        raise OnnxPruneError(f"{source}: an unnamed --input-shape needs a single-input model, but it has inputs "
-                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each")
-    shapes: dict[str, list[int]] = {}
-    for name, dims, _ in specs:
-        want = given.get(name, given.get(None))
-        if want is not None and len(want) != len(dims):
-            raise OnnxPruneError(f"{source}: --input-shape for input {name!r} has {len(want)} dims but the "
-                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims")
-        shape = []
-        for axis, dim in enumerate(dims):
-            static = isinstance(dim, int) and dim > 0
-            if axis == 0 and batch is not None:
-                if static and dim != batch:
-                    raise OnnxPruneError(
-                        f"{source}: input {name!r} has a static batch size of {dim} but --batch is {batch}: "
-                        f"use --batch {dim}, or re-export the model with a dynamic batch dimension")
-                if want is not None and want[0] != batch:
-                    raise OnnxPruneError(
-                        f"{source}: --input-shape sets the batch dim of input {name!r} to {want[0]} but --batch "
-                        f"is {batch}: make them agree (e.g. --batch {want[0]})")
-                shape.append(batch)
-            elif static:
-                if want is not None and want[axis] != dim:
-                    raise OnnxPruneError(
-                        f"{source}: --input-shape gives dim {axis} of input {name!r} as {want[axis]} but the "
-                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there")
-                shape.append(dim)
-            elif want is not None:
-                shape.append(want[axis])
-            elif axis == 0:
-                shape.append(1)
-            else:
-                label = f" ({dim!r})" if isinstance(dim, str) else ""
-                raise OnnxPruneError(
-                    f"{source}: input {name!r} {_show(dims)} has a dynamic dim {axis}{label} that needs a value: "
-                    f"pass --input-shape {name}:{'x'.join(str(d) for d in _example(dims, batch))}")
-        shapes[name] = shape
-    return shapes
-
-
-def _show(dims: Sequence[int | str | None]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
-def _example(dims: Sequence[int | str | None], batch: int | None) -> list[int | str]:
-    """An example shape for an error message: static dims kept, the batch filled, others as placeholders."""
-    out: list[int | str] = []
-    for axis, d in enumerate(dims):
-        if isinstance(d, int) and d > 0:
-            out.append(d)
-        elif axis == 0:
-            out.append(batch or 1)
-        else:
-            out.append(f"<{d or f'dim{axis}'}>")
-    return out
 
 
 def random_inputs(
@@ -153,23 +37,6 @@ def random_inputs(
             raise OnnxPruneError(f"input {name!r} has dtype {dtype}, for which no random data can be made: "
                                  "benchmark a model with numeric inputs")
     return feed
-
-
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph inputs have the given static shapes (intermediate shapes cleared)."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    for value in fixed.graph.input:
-        if value.name in shapes:
-            dims = value.type.tensor_type.shape.dim
-            del dims[:]
-            for d in shapes[value.name]:
-                dims.add().dim_value = int(d)
-    del fixed.graph.value_info[:]
-    for value in fixed.graph.output:
-        if value.type.HasField("tensor_type"):
-            value.type.tensor_type.ClearField("shape")
-    return fixed
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from onnxprune.errors import AnalysisError
 from onnxprune.runtime.ort import make_session
 
 
@@ -70,7 +71,12 @@ def run_segment(
     result: dict[str, np.ndarray] = {}
     for start in range(0, n, batch_size):
         feed = {name: values[name][start : start + batch_size] for name in feed_names}
+        m = min(batch_size, n - start)
         for name, array in zip(outputs, session.run(outputs, feed)):
+            if array.ndim == 0 or len(array) != m:
+                raise AnalysisError(
+                    f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
+                    "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
             if name not in result:
                 result[name] = np.empty((n, *array.shape[1:]), dtype=array.dtype)
             result[name][start : start + len(array)] = array

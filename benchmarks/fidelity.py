@@ -23,9 +23,9 @@ import numpy as np
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
-    "omp": ["--method", "omp"],
-    "local paper fold": ["--target", "paper", "--reconstruct", "none"],
-    "local scale": ["--reconstruct", "scale"],
+    "local": ["--method", "local"],
+    "local paper fold": ["--method", "local", "--target", "paper", "--reconstruct", "none"],
+    "local scale": ["--method", "local", "--reconstruct", "scale"],
     "l1": ["--method", "l1", "--reconstruct", "none"],
     "l1 + refit": ["--method", "l1"],
     "random": ["--method", "random", "--reconstruct", "none"],

@@ -24,6 +24,7 @@ VARIANTS: dict[str, list[str]] = {
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],
     "100 steps": ["--steps", "100"],
+    "500 steps": ["--steps", "500"],
 }
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
 

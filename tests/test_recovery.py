@@ -21,7 +21,7 @@ FAST = {"steps": 100, "batch_size": 16, "provider": "cpu"}
 @pytest.fixture(scope="module")
 def student(tiny) -> onnx.ModelProto:
     """The tiny model at 50% of its MACs, channels and fold from local imitation, no refit: plenty to recover."""
-    options = CompressOptions(target_ratio=0.5, reconstruct="none", provider="cpu", round_to=1)
+    options = CompressOptions(target_ratio=0.5, method="local", reconstruct="none", provider="cpu", round_to=1)
     return compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)), options)[0]
 
 

@@ -15,11 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
+
+from common import CLI, DEFAULT_DATA, evaluate, original_model, run
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -35,12 +36,6 @@ VARIANTS: dict[str, list[str]] = {
     "round to 16": ["--round-to", "16"],
     "flip": ["--flip"],
 }
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
-
-
-def run(args: list[str]) -> str:
-    print("$", shlex.join(args), file=sys.stderr, flush=True)
-    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
 def pool(results: list[dict]) -> dict:
@@ -79,16 +74,9 @@ def main() -> None:
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "onnxprune"]
-    original = args.out / "mobilenet_v2.onnx"
-    if not original.exists():
-        run([sys.executable, "-m", "models", "mobilenet_v2", "-o", str(original)])
-    def evaluate(model: Path, held_out: str) -> dict:
-        return json.loads(run([*cli, "eval", str(model), "--images", str(args.data), "--subset", held_out,
-                               "--ref", str(original), "--json"]))
-
-    base = pool([evaluate(original, held) for _, held in folds])
-    base["macs"] = json.loads(run([*cli, "analyze", str(original), "--json"]))["macs"]
+    original = original_model(args.out)
+    base = pool([evaluate(original, original, args.data, held) for _, held in folds])
+    base["macs"] = json.loads(run([*CLI, "analyze", str(original), "--json"]))["macs"]
     rows = []
     for target in args.targets.split(","):
         for variant in args.variants.split(","):
@@ -96,9 +84,9 @@ def main() -> None:
             results, seconds, macs = [], [], []
             for calib, held in folds:
                 pruned, report = args.out / "pruned.onnx", args.out / "pruned.json"
-                run([*cli, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
+                run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
                      "--target-flops", target, "--report", str(report), *flags])
-                results.append(evaluate(pruned, held))
+                results.append(evaluate(pruned, original, args.data, held))
                 rep = json.loads(report.read_text())
                 seconds.append(rep["seconds"])
                 macs.append(rep["macs_after"])

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from common import CLI, DEFAULT_DATA, evaluate, original_model, run
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -26,12 +26,6 @@ VARIANTS: dict[str, list[str]] = {
     "100 steps": ["--steps", "100"],
     "500 steps": ["--steps", "500"],
 }
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
-
-
-def run(args: list[str]) -> str:
-    print("$", shlex.join(args), file=sys.stderr, flush=True)
-    return subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True).stdout
 
 
 def markdown(rows: list[dict], original: dict) -> str:
@@ -64,36 +58,29 @@ def main() -> None:
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
-    cli = [sys.executable, "-m", "onnxprune"]
-    original = args.out / "mobilenet_v2.onnx"
-    if not original.exists():
-        run([sys.executable, "-m", "models", "mobilenet_v2", "-o", str(original)])
+    original = original_model(args.out)
 
-    def evaluate(model: Path) -> dict:
-        return json.loads(run([*cli, "eval", str(model), "--images", str(args.data), "--subset", held,
-                               "--ref", str(original), "--json"]))
-
-    base = evaluate(original)
-    base["macs"] = json.loads(run([*cli, "analyze", str(original), "--json"]))["macs"]
+    base = evaluate(original, original, args.data, held)
+    base["macs"] = json.loads(run([*CLI, "analyze", str(original), "--json"]))["macs"]
     rows = []
     for target in args.targets.split(","):
         pruned, report = args.out / f"recovery_{target}.onnx", args.out / "recovery_report.json"
-        run([*cli, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
+        run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
              "--target-flops", target, "--report", str(report)])
         macs = json.loads(report.read_text())["macs_after"]
         rows.append({"target": target, "variant": "none", "macs": macs, "seconds": None, "calib_kl": None,
-                     **evaluate(pruned)})
+                     **evaluate(pruned, original, args.data, held)})
         print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         for variant in args.variants.split(","):
             recovered = args.out / "recovered.onnx"
             start = time.perf_counter()
-            run([*cli, "recover", str(pruned), "--teacher", str(original), "-o", str(recovered), "--calib",
+            run([*CLI, "recover", str(pruned), "--teacher", str(original), "-o", str(recovered), "--calib",
                  str(args.data), "--subset", calib, "--report", str(report), *VARIANTS[variant], *extra])
             wall = time.perf_counter() - start
             rep = json.loads(report.read_text())
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "seconds": wall, "calib_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
-                         **evaluate(recovered)})
+                         **evaluate(recovered, original, args.data, held)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()

@@ -17,7 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
+from common import DEFAULT_DATA, original_model
 
 
 def main() -> None:
@@ -31,9 +31,7 @@ def main() -> None:
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
-    original = args.out / "mobilenet_v2.onnx"
-    if not original.exists():
-        subprocess.run([sys.executable, "-m", "models", "mobilenet_v2", "-o", str(original)], check=True)
+    original = original_model(args.out)
     pruned, report = args.out / "speed.onnx", args.out / "speed_report.json"
     cmd = [sys.executable, "-m", "onnxprune", "compress", str(original), "-o", str(pruned), "--calib", str(args.data),
            "--limit", str(args.images), "--target-flops", args.target, "--report", str(report), *args.extra]

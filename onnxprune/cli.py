@@ -93,6 +93,10 @@ CropOpt = Annotated[Optional[int], typer.Option(
 MeanOpt = Annotated[str, typer.Option(help="Per-channel mean (R,G,B) after scaling to [0,1].")]
 StdOpt = Annotated[str, typer.Option(help="Per-channel std (R,G,B).")]
 LayoutOpt = Annotated[str, typer.Option(help="Input layout: nchw or nhwc.")]
+LimitOpt = Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")]
+FlipOpt = Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")]
+DEFAULT_MEAN = ",".join(map(str, IMAGENET_MEAN))
+DEFAULT_STD = ",".join(map(str, IMAGENET_STD))
 BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]
 SubsetOpt = Annotated[Optional[str], typer.Option(
     help="Subset of the sorted image list: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).")]
@@ -152,12 +156,12 @@ def compress_cmd(
         help="Consumer weights after selection: 'full' least-squares refit, per-channel 'scale', or 'none' "
              "(the paper's N·a_i fold).")] = "full",
     subset: SubsetOpt = None,
-    limit: Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")] = None,
-    flip: Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")] = False,
+    limit: LimitOpt = None,
+    flip: FlipOpt = False,
     resize: ResizeOpt = None,
     crop: CropOpt = None,
-    mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
-    std: StdOpt = ",".join(map(str, IMAGENET_STD)),
+    mean: MeanOpt = DEFAULT_MEAN,
+    std: StdOpt = DEFAULT_STD,
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
     batch_size: Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")] = 32,
@@ -287,12 +291,12 @@ def recover_cmd(
              "weights pruning changed).")] = "segment",
     pull: Annotated[float, typer.Option(help="Weight decay towards the starting weights (relative).")] = 0.0,
     subset: SubsetOpt = None,
-    limit: Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")] = None,
-    flip: Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")] = False,
+    limit: LimitOpt = None,
+    flip: FlipOpt = False,
     resize: ResizeOpt = None,
     crop: CropOpt = None,
-    mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
-    std: StdOpt = ",".join(map(str, IMAGENET_STD)),
+    mean: MeanOpt = DEFAULT_MEAN,
+    std: StdOpt = DEFAULT_STD,
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
     batch_size: Annotated[int, typer.Option(help="Training batch size.")] = 32,
@@ -337,8 +341,8 @@ def eval_cmd(
     subset: SubsetOpt = None,
     resize: ResizeOpt = None,
     crop: CropOpt = None,
-    mean: MeanOpt = ",".join(map(str, IMAGENET_MEAN)),
-    std: StdOpt = ",".join(map(str, IMAGENET_STD)),
+    mean: MeanOpt = DEFAULT_MEAN,
+    std: StdOpt = DEFAULT_STD,
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",

@@ -108,9 +108,10 @@ def test_bench_honours_batch_threads_and_min_seconds(tiny: Path, monkeypatch: py
     seen = {}
     real = bench_module.make_session
 
-    def spy(model, provider, threads):
-        session, active = real(model, provider, threads)
+    def spy(model, provider, threads, **kw):
+        session, active = real(model, provider, threads, **kw)
         seen["threads"] = session.get_session_options().intra_op_num_threads
+        seen["spinning"] = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
         real_run = session.run
 
         class Wrapped:
@@ -123,7 +124,7 @@ def test_bench_honours_batch_threads_and_min_seconds(tiny: Path, monkeypatch: py
 
     monkeypatch.setattr(bench_module, "make_session", spy)
     r = bench(tiny, provider="auto", batch=4, threads=2, warmup=0, runs=1, min_seconds=0.05)
-    assert seen == {"threads": 2, "shape": (4, 3, 8, 8), "dtype": np.float32}
+    assert seen == {"threads": 2, "spinning": "0", "shape": (4, 3, 8, 8), "dtype": np.float32}
     assert r.runs >= 1 and r.batch == 4 and r.threads == 2
     assert r.provider == "CPUExecutionProvider"  # auto on a CPU-only onnxruntime
 
@@ -154,8 +155,8 @@ def test_bench_many_times_models_in_alternating_rounds(tmp_path: Path, monkeypat
     calls: list[str] = []
     real = bench_mod.make_session
 
-    def recording(path, provider, threads):
-        session, active = real(path, provider, threads)
+    def recording(path, provider, threads, **kw):
+        session, active = real(path, provider, threads, **kw)
 
         class Recorder:
             def run(self, names, feed):

@@ -42,19 +42,23 @@ def _chain(provider: str) -> list[str]:
 
 
 def make_session(
-    model: ModelLike, provider: str = "auto", threads: int | None = None
+    model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
     "auto" prefers CUDA and falls back to CPU; an explicit non-CPU provider that does not become
     active (onnxruntime-gpu silently falls back) raises OnnxPruneError. ``threads`` sets the
-    intra-op thread count.
+    intra-op thread count; ``spinning=False`` lets its threads sleep between runs instead of
+    busy-waiting (what timing several sessions in turn needs: one's spinning threads steal the
+    cores from the next).
     """
     chain = _chain(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if threads is not None:
         options.intra_op_num_threads = threads
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if isinstance(model, onnx.ModelProto):
         source, name = model.SerializeToString(), "the in-memory model"
     elif isinstance(model, bytes):

@@ -1,6 +1,13 @@
-"""Per-group widths that meet a MAC budget."""
+"""Per-group widths that meet a budget: MACs, or latency predicted by a measured cost table.
+
+Every allocation spends a ``Cost``: the cost of the model for given group widths and of the
+unpruned model. A ``MacModel`` is used as the MAC cost.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -11,25 +18,64 @@ from onnxprune.errors import TargetError
 CURVE_FLOOR = 0.25  # curve_widths never narrows a group below this share of its channels
 
 
-def lowest_macs(macs: MacModel, groups: list[Group], min_channels: int = 1, round_to: int = 1,
+class Cost(Protocol):
+    """What the allocation spends (MACs, predicted milliseconds)."""
+
+    @property
+    def total(self) -> float:
+        """The unpruned model's cost."""
+
+    def __call__(self, widths: dict[int, int]) -> float:
+        """The cost when group ``g`` keeps ``widths[g]`` channels (others unchanged)."""
+
+    def show(self, value: float) -> str:
+        """``value`` with its unit, for messages."""
+
+
+@dataclass(frozen=True)
+class MacCost:
+    """MACs per sample as the cost."""
+
+    model: MacModel
+
+    @property
+    def total(self) -> float:
+        return self.model.total
+
+    def __call__(self, widths: dict[int, int]) -> float:
+        return self.model.macs(widths)
+
+    def show(self, value: float) -> str:
+        return f"{value / 1e6:.3g}M MACs"
+
+
+def as_cost(cost: MacModel | Cost) -> Cost:
+    return MacCost(cost) if isinstance(cost, MacModel) else cost
+
+
+def lowest_macs(cost: MacModel | Cost, groups: list[Group], min_channels: int = 1, round_to: int = 1,
                 allocation: str = "epsilon") -> float:
-    """The fewest MACs ``allocation``'s widths can reach (what ``--best-effort`` prunes to)."""
+    """The lowest cost (MACs, or what ``cost`` counts) ``allocation``'s widths can reach (what
+    ``--best-effort`` prunes to)."""
+    cost = as_cost(cost)
     min_channels = max(min_channels, round_to)
     if allocation == "curve":
-        return macs.macs(_curve_lowest(groups, min_channels, round_to, CURVE_FLOOR))
-    return macs.macs({g.id: min(min_channels, g.channels) for g in groups})
+        return cost(_curve_lowest(groups, min_channels, round_to, CURVE_FLOOR))
+    return cost({g.id: min(min_channels, g.channels) for g in groups})
 
 
-def check_target(macs: MacModel, groups: list[Group], target: float, min_channels: int, round_to: int = 1) -> None:
-    """TargetError unless ``target`` lies between the lowest reachable MACs and the original."""
-    if target >= macs.total:
-        raise TargetError(f"target {target / 1e6:.3g}M MACs is not below the model's {macs.total / 1e6:.3g}M: "
-                          "nothing to prune (lower --target-flops or --target-ratio)")
-    floor = lowest_macs(macs, groups, min_channels)
+def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_channels: int,
+                 round_to: int = 1) -> None:
+    """TargetError unless ``target`` lies between the lowest reachable cost and the original's."""
+    cost = as_cost(cost)
+    if target >= cost.total:
+        raise TargetError(f"target {cost.show(target)} is not below the model's {cost.show(cost.total)}: "
+                          "nothing to prune (lower the target)")
+    floor = lowest_macs(cost, groups, min_channels)
     if target < floor:
         hint = f"; --round-to {round_to} keeps at least {round_to} channels per group" if round_to > 1 else ""
-        raise TargetError(f"target {target / 1e6:.3g}M MACs is unreachable: the prunable groups allow at "
-                          f"least {floor / 1e6:.3g}M ({floor / macs.total:.1%} of the original){hint}; "
+        raise TargetError(f"target {cost.show(target)} is unreachable: the prunable groups allow at "
+                          f"least {cost.show(floor)} ({floor / cost.total:.1%} of the original){hint}; "
                           "--best-effort prunes to that instead")
 
 
@@ -38,15 +84,17 @@ def _step(width: int, channels: int, round_to: int) -> int:
     return min(channels, (width // round_to + 1) * round_to)
 
 
-def fill(macs: MacModel, groups: list[Group], widths: dict[int, int], target: float, round_to: int = 1) -> dict[int, int]:
+def fill(cost: MacModel | Cost, groups: list[Group], widths: dict[int, int], target: float,
+         round_to: int = 1) -> dict[int, int]:
     """Spend the budget left by rounding: widen the relatively narrowest groups first."""
+    cost = as_cost(cost)
     widths = dict(widths)
     while True:
         for g in sorted(groups, key=lambda g: (widths[g.id] / g.channels, g.id)):
             if widths[g.id] < g.channels:
                 old = widths[g.id]
                 widths[g.id] = _step(old, g.channels, round_to)
-                if macs.macs(widths) <= target:
+                if cost(widths) <= target:
                     break
                 widths[g.id] = old
         else:
@@ -54,13 +102,14 @@ def fill(macs: MacModel, groups: list[Group], widths: dict[int, int], target: fl
 
 
 def uniform_widths(
-    macs: MacModel, groups: list[Group], target: float, min_channels: int = 1, round_to: int = 1
+    cost: MacModel | Cost, groups: list[Group], target: float, min_channels: int = 1, round_to: int = 1
 ) -> dict[int, int]:
     """The same keep ratio in every group (largest ratio within the budget), then ``fill``.
 
     With ``round_to`` > 1 every width is a multiple of it (or the full width)."""
+    cost = as_cost(cost)
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels, round_to)
+    check_target(cost, groups, target, min_channels, round_to)
 
     def at(ratio: float) -> dict[int, int]:
         def width(g: Group) -> int:
@@ -71,11 +120,11 @@ def uniform_widths(
     lo, hi = 0.0, 1.0
     for _ in range(60):
         mid = (lo + hi) / 2
-        if macs.macs(at(mid)) <= target:
+        if cost(at(mid)) <= target:
             lo = mid
         else:
             hi = mid
-    return fill(macs, groups, at(lo), target, round_to)
+    return fill(cost, groups, at(lo), target, round_to)
 
 
 def _round_up(n: int, channels: int, round_to: int) -> int:
@@ -83,15 +132,16 @@ def _round_up(n: int, channels: int, round_to: int) -> int:
 
 
 def epsilon_widths(
-    macs: MacModel, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+    cost: MacModel | Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
     min_channels: int = 1, round_to: int = 1,
 ) -> dict[int, int]:
     """The paper's rule: each group keeps the fewest channels whose relative imitation loss is ≤ ε,
     with one ε for all groups, searched so the total lands just under the budget, then ``fill``.
 
     ``curves[g][n]`` is the group's relative loss at width n (non-increasing in n)."""
+    cost = as_cost(cost)
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels, round_to)
+    check_target(cost, groups, target, min_channels, round_to)
 
     def at(eps: float) -> dict[int, int]:
         out = {}
@@ -104,45 +154,46 @@ def epsilon_widths(
     lo, hi = -12.0, 1.0  # log10 ε: at hi every group sits at its floor
     for _ in range(60):
         mid = (lo + hi) / 2
-        if macs.macs(at(10**mid)) <= target:
+        if cost(at(10**mid)) <= target:
             hi = mid
         else:
             lo = mid
     widths = at(10**hi)
-    if macs.macs(widths) > target:  # a loss above 10 (a layer whose mean output nearly cancels): go to the floor
+    if cost(widths) > target:  # a loss above 10 (a layer whose mean output nearly cancels): go to the floor
         widths = at(np.inf)
-    return fill(macs, groups, widths, target, round_to)
+    return fill(cost, groups, widths, target, round_to)
 
 
 def curve_widths(
-    macs: MacModel, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+    cost: MacModel | Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
     min_channels: int = 1, round_to: int = 1, floor: float = CURVE_FLOOR,
 ) -> dict[int, int]:
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
-    relative loss per MAC saved, never below ``floor`` of its channels."""
+    relative loss per unit of cost saved, never below ``floor`` of its channels."""
+    cost = as_cost(cost)
     min_channels = max(min_channels, round_to)
-    check_target(macs, groups, target, min_channels, round_to)
+    check_target(cost, groups, target, min_channels, round_to)
     widths = {g.id: g.channels for g in groups}
     lowest = _curve_lowest(groups, min_channels, round_to, floor)
     step = {g.id: max(round_to, round_to * int(np.ceil(0.01 * g.channels / round_to))) for g in groups}
-    current = macs.macs(widths)
+    current = cost(widths)
     while current > target:
-        best, best_cost, best_macs = None, np.inf, current
+        best, best_price, best_cost = None, np.inf, current
         for g in groups:
             w = widths[g.id]
             if w <= lowest[g.id]:
                 continue
             narrower = max(lowest[g.id], w - step[g.id])
-            trial = macs.macs({**widths, g.id: narrower})
-            cost = (curves[g.id][narrower] - curves[g.id][w]) / max(current - trial, 1e-9)
-            if cost < best_cost:
-                best, best_cost, best_macs = (g.id, narrower), cost, trial
+            trial = cost({**widths, g.id: narrower})
+            price = (curves[g.id][narrower] - curves[g.id][w]) / max(current - trial, 1e-9)
+            if price < best_price:
+                best, best_price, best_cost = (g.id, narrower), price, trial
         if best is None:
-            raise TargetError(f"target {target / 1e6:.1f}M MACs needs more than the floor of {floor:.0%} "
+            raise TargetError(f"target {cost.show(target)} needs more than the floor of {floor:.0%} "
                               "of each group's channels allows: use --allocation uniform")
         widths[best[0]] = best[1]
-        current = best_macs
-    return fill(macs, groups, widths, target, round_to)
+        current = best_cost
+    return fill(cost, groups, widths, target, round_to)
 
 
 def _curve_lowest(groups: list[Group], min_channels: int, round_to: int, floor: float) -> dict[int, int]:

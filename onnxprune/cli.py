@@ -20,9 +20,12 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import load_model, resolve_input_shapes, specialise_inputs
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, compress
+from onnxprune.compress import (
+    ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, LatencyReport, compress,
+)
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
+from onnxprune.deploy.cost import parse_latency
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write
@@ -139,6 +142,16 @@ def compress_cmd(
     calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
     target_flops: Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)] = None,
     target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
+    target_latency: Annotated[Optional[str], typer.Option(
+        help="Latency budget on --provider at --latency-batch instead of MACs: 3.5ms, 800us, or 0.8x (of the "
+             "original's measured latency). Widths are allocated on a per-group cost table timed on this machine; "
+             "the written model is then timed against the original.")] = None,
+    latency_batch: Annotated[int, typer.Option(help="Batch size of the latency budget's timings.")] = 1,
+    threads: Annotated[Optional[int], typer.Option(
+        help="Intra-op threads of the latency budget's timings (default: onnxruntime's).")] = None,
+    cost_table: Annotated[Optional[Path], typer.Option(
+        help="Reuse a cost table written by --save-cost-table (same model, batch and machine).")] = None,
+    save_cost_table: Annotated[Optional[Path], typer.Option(help="Write the measured cost table (JSON) here.")] = None,
     method: Annotated[str, typer.Option(
         help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
              "consumers best reproduce the original output, a group orthogonal matching pursuit), 'local' "
@@ -178,15 +191,21 @@ def compress_cmd(
     input_shape: InputShapeOpt = None,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
-    """Prune channels to a MAC budget and write a smaller ONNX model.
+    """Prune channels to a MAC or latency budget and write a smaller ONNX model.
 
     Dynamic input dims other than the batch need --input-shape; the written model keeps a dynamic batch
     dim and has the other dims fixed to those values."""
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
-        if (target_flops is None) == (target_ratio is None):
-            raise TargetError("give exactly one of --target-flops (e.g. 245M) or --target-ratio (e.g. 0.8)")
+        if [target_flops, target_ratio, target_latency].count(None) != 2:
+            raise TargetError("give exactly one of --target-flops (e.g. 245M), --target-ratio (e.g. 0.8) or "
+                              "--target-latency (e.g. 3.5ms or 0.8x)")
+        latency_ms, latency_ratio = parse_latency(target_latency) if target_latency else (None, None)
+        if (cost_table or save_cost_table) and not target_latency:
+            raise TargetError("--cost-table and --save-cost-table go with --target-latency")
+        if latency_batch < 1 or (threads is not None and threads < 1):
+            raise OnnxPruneError(f"--latency-batch {latency_batch} / --threads {threads} must be at least 1")
         if target_ratio is not None and not 0 < target_ratio < 1:
             raise TargetError(f"--target-ratio {target_ratio} must lie strictly between 0 and 1")
         for name, value, allowed in (("method", method, METHODS), ("target", target, TARGETS),
@@ -201,7 +220,9 @@ def compress_cmd(
         options = CompressOptions(
             target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
             method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
-            seed=seed, round_to=round_to, best_effort=best_effort,
+            seed=seed, round_to=round_to, best_effort=best_effort, target_latency_ms=latency_ms,
+            target_latency_ratio=latency_ratio, latency_batch=latency_batch, threads=threads,
+            cost_table=cost_table and str(cost_table), save_cost_table=save_cost_table and str(save_cost_table),
         )
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True,
@@ -235,6 +256,8 @@ def compress_cmd(
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {_mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {_mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
+    if result.latency is not None:
+        _print_latency(result.latency)
     console.print(
         f"MACs {_mmacs(result.macs_before)} → {_mmacs(result.macs_after)} "
         f"({result.macs_after / result.macs_before:.1%}), params {result.params_before / 1e6:.2f}M → "
@@ -243,6 +266,26 @@ def compress_cmd(
     )
     if recovery is not None:
         _print_recovery(recovery)
+
+
+def _print_latency(r: LatencyReport) -> None:
+    """Predicted vs measured latency; a missed target is said on stderr, never passed over."""
+    if r.requested_ms is not None:
+        console.print(f"--best-effort: the latency budget of {r.requested_ms:.3g} ms is below the lowest reachable "
+                      f"{r.target_ms:.3g} ms (predicted): pruned to the lowest reachable latency instead")
+    where = f"{r.provider.removesuffix('ExecutionProvider')}, batch {r.batch}" + (
+        f", {r.threads} threads" if r.threads else "")
+    console.print(f"latency ({where}): target {r.target_ms:.3g} ms, predicted {r.predicted_ms:.3g} ms, measured "
+                  f"{r.measured_ms:.3g} ms vs the original's {r.original_ms:.3g} ms "
+                  f"({r.original_ms / r.measured_ms:.2f}x); cost table "
+                  + (f"measured in {r.table_seconds:.0f}s" if r.table_seconds else "read from file"))
+    if not r.met:
+        missed = (f"{r.measured_ms / r.original_ms:.2f}x of the original's latency misses the {r.target_ratio:g}x target"
+                  if r.target_ratio is not None and r.requested_ms is None
+                  else f"{r.measured_ms:.3g} ms misses the target {r.target_ms:.3g} ms")
+        err_console.print(f"[bold yellow]warning:[/] the measured latency {missed} (predicted {r.predicted_ms:.3g} ms): "
+                          "timings on a shared machine drift and the cost table's additive model errs; check with "
+                          "`onnxprune bench`, or lower the target", highlight=False, soft_wrap=True)
 
 
 def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: RecoverOptions

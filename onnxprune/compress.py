@@ -24,7 +24,8 @@ from onnxprune.analysis.graph import infer_shapes
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.errors import AnalysisError, CalibrationError
+from onnxprune.deploy.cost import CostTable, measure_cost_table, median_latencies
+from onnxprune.errors import AnalysisError, CalibrationError, TargetError
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
@@ -44,10 +45,19 @@ OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as 
 
 @dataclass
 class CompressOptions:
-    """What to prune and how. Exactly one of ``target_macs`` / ``target_ratio`` is set."""
+    """What to prune and how. Exactly one of ``target_macs`` / ``target_ratio`` / ``target_latency_ms`` /
+    ``target_latency_ratio`` is set."""
 
     target_macs: float | None = None
     target_ratio: float | None = None
+    # A latency budget (ms, or a fraction of the original's measured latency) spent through a cost table
+    # measured on ``provider`` at ``latency_batch`` with ``threads`` intra-op threads, or read from ``cost_table``.
+    target_latency_ms: float | None = None
+    target_latency_ratio: float | None = None
+    latency_batch: int = 1
+    threads: int | None = None
+    cost_table: str | None = None
+    save_cost_table: str | None = None
     method: str = "omp"
     target: str = "original"
     reconstruct: str = "full"
@@ -76,6 +86,24 @@ class LayerReport:
 
 
 @dataclass
+class LatencyReport:
+    """A latency target: what the cost table predicted and what the final benchmark measured."""
+
+    target_ms: float
+    target_ratio: float | None  # a target given as a fraction of the original's latency
+    predicted_ms: float  # the cost table's prediction for the chosen widths
+    measured_ms: float  # the written model, timed in rounds with the original
+    original_ms: float
+    met: bool  # measured ≤ target (a ratio target: measured / original ≤ the ratio, both timed together)
+    provider: str
+    batch: int
+    threads: int | None
+    requested_ms: float | None  # the target asked for, when best_effort raised it to the lowest reachable
+    table: dict  # the cost table (see onnxprune.deploy.cost)
+    table_seconds: float  # 0 when read from a file
+
+
+@dataclass
 class CompressReport:
     macs_before: int
     macs_after: int
@@ -89,6 +117,7 @@ class CompressReport:
     layers: list[LayerReport] = field(default_factory=list)
     skipped: list[dict] = field(default_factory=list)
     requested_macs: float | None = None  # the budget asked for, when best_effort raised it to the lowest reachable
+    latency: LatencyReport | None = None  # with a latency target (target_macs: the MACs its widths come to)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -367,7 +396,7 @@ def compress(
     options: CompressOptions,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> tuple[onnx.ModelProto, CompressReport]:
-    """Prune ``model`` to the options' MAC budget. ``on_layer(i, total, label)`` reports progress."""
+    """Prune ``model`` to the options' MAC or latency budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
     if options.method not in METHODS:
         raise ValueError(f"method {options.method!r} not in {METHODS}")
@@ -376,18 +405,31 @@ def compress(
     analysis = run.analysis
     order, skipped = schedule(analysis, run.live)
     groups = [g for _, g in order]
-    target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
+    latency = options.target_latency_ms is not None or options.target_latency_ratio is not None
+    table_seconds = 0.0
+    if latency:
+        t0 = time.perf_counter()
+        cost = _cost_table(run, groups, options, on_layer)
+        table_seconds = 0.0 if options.cost_table else time.perf_counter() - t0
+        target = (options.target_latency_ms if options.target_latency_ms is not None
+                  else options.target_latency_ratio * cost.model_ms)
+    else:
+        cost = analysis.macs
+        target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
     requested = None
     if options.best_effort:
-        lowest = lowest_macs(analysis.macs, groups, options.min_channels, options.round_to, options.allocation)
+        lowest = lowest_macs(cost, groups, options.min_channels, options.round_to, options.allocation)
         if target < lowest:
             requested, target = target, lowest
     if options.allocation == "uniform":
-        widths = uniform_widths(analysis.macs, groups, target, options.min_channels, options.round_to)
+        widths = uniform_widths(cost, groups, target, options.min_channels, options.round_to)
     else:
         allocate = epsilon_widths if options.allocation == "epsilon" else curve_widths
-        widths = allocate(analysis.macs, groups, run.error_curves(order, on_layer), target, options.min_channels,
+        widths = allocate(cost, groups, run.error_curves(order, on_layer), target, options.min_channels,
                           options.round_to)
+    if latency:
+        target_ms, requested_ms = target, requested
+        target, requested = analysis.macs.macs(widths), None
     report = CompressReport(
         macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
         target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
@@ -415,8 +457,36 @@ def compress(
     report.macs_after = after.macs.total
     report.params_after = count_params(after.graph)
     report.provider = run.provider
+    if latency:
+        if on_layer is not None:
+            on_layer(len(order), len(order), "timing the pruned model against the original")
+        (original_ms, measured_ms), ran = median_latencies(
+            [model, pruned], provider=options.provider, batch=cost.batch, threads=cost.threads)
+        # A ratio target is judged against the original timed in the same rounds, not the table's older figure.
+        bound = target_ms if options.target_latency_ms is not None else target_ms / cost.model_ms * original_ms
+        report.latency = LatencyReport(target_ms, options.target_latency_ratio, cost(widths), measured_ms, original_ms, measured_ms <= bound, ran,
+                                       cost.batch, cost.threads, requested_ms, cost.to_dict(), table_seconds)
     report.seconds = time.perf_counter() - start
     return pruned, report
 
 
-__all__ = ["ALLOCATIONS", "METHODS", "RECONSTRUCTIONS", "TARGETS", "CompressOptions", "CompressReport", "compress"]
+def _cost_table(run: Compressor, groups: list[Group], options: CompressOptions,
+                on_layer: Callable[[int, int, str], None] | None) -> CostTable:
+    """The latency cost table: read from ``options.cost_table``, or measured (and saved when asked)."""
+    if options.cost_table:
+        table = CostTable.load(options.cost_table, groups)
+        if table.batch != options.latency_batch:
+            raise TargetError(f"cost table {options.cost_table} was measured at batch {table.batch}, not "
+                              f"--latency-batch {options.latency_batch}: use --latency-batch {table.batch} or "
+                              "measure a new table")
+        return table
+    table = measure_cost_table(run.model, run.original, groups, provider=options.provider,
+                               batch=options.latency_batch, threads=options.threads,
+                               floor=options.min_channels, round_to=options.round_to, on_group=on_layer)
+    if options.save_cost_table:
+        table.save(options.save_cost_table)
+    return table
+
+
+__all__ = ["ALLOCATIONS", "METHODS", "RECONSTRUCTIONS", "TARGETS", "CompressOptions", "CompressReport", "LatencyReport",
+           "compress"]

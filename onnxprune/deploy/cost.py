@@ -1,0 +1,220 @@
+"""Latency cost table: what each prunable group's width costs on the target execution provider.
+
+For every group the subgraph of its producers, channel-wise ops and consumers is cut out of the
+model and timed at a few widths (the first ``w`` channels kept), in alternating rounds. The model
+of the pruned network's latency is additive in the savings:
+
+    latency(widths) = whole model's measured latency + Σ_g [cost_g(widths[g]) − cost_g(all channels)]
+
+with ``cost_g`` interpolated linearly between the measured widths after an isotonic fit (a cost
+never falls when a width grows). Session overhead cancels in the differences. A conv shared by two
+groups (consumer of one, producer of the next) has its saving counted in both, so chains of pruned
+groups are predicted a little optimistic; the final ``bench`` of the written model is the check.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxprune.analysis.graph import resolve_input_shapes
+from onnxprune.analysis.groups import Group
+from onnxprune.deploy.bench import random_inputs, time_rounds
+from onnxprune.errors import ModelError, TargetError
+from onnxprune.fileio import atomic_write
+from onnxprune.passes import slice_channels
+from onnxprune.runtime.ort import make_session, model_input_specs
+
+TABLE_VERSION = 1
+FRACTIONS = (0.25, 0.5, 0.75)  # widths timed besides the floor and all channels
+
+
+def isotonic(values: Sequence[float]) -> np.ndarray:
+    """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in values:
+        blocks.append([float(v), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            m2, n2 = blocks.pop()
+            m1, n1 = blocks.pop()
+            blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
+    return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.zeros(0)
+
+
+@dataclass
+class GroupCost:
+    """Measured latency (ms) of one group's subgraph at each of ``widths`` (increasing, last = all channels)."""
+
+    id: int
+    name: str
+    channels: int
+    widths: list[int]
+    ms: list[float]
+
+    def at(self, width: float) -> float:
+        """Interpolated cost at ``width`` channels, monotone in the width."""
+        return float(np.interp(width, self.widths, isotonic(self.ms)))
+
+    def saving(self, width: float) -> float:
+        """Milliseconds saved by narrowing the group from all its channels to ``width``."""
+        return self.at(self.channels) - self.at(width)
+
+
+@dataclass
+class CostTable:
+    """Predicted latency of the model for any group widths (see the module docstring)."""
+
+    model_ms: float  # the whole, unpruned model, measured
+    provider: str  # the execution provider that really ran
+    batch: int
+    threads: int | None
+    groups: list[GroupCost] = field(default_factory=list)
+    machine: str = field(default_factory=platform.node)
+    version: int = TABLE_VERSION
+
+    @property
+    def total(self) -> float:
+        return self.model_ms
+
+    def __call__(self, widths: dict[int, int]) -> float:
+        """Predicted latency (ms) when group ``g`` keeps ``widths[g]`` channels (others unchanged)."""
+        return self.model_ms - sum(g.saving(widths[g.id]) for g in self.groups if g.id in widths)
+
+    def show(self, value: float) -> str:
+        return f"{value:.3g} ms"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        atomic_write(Path(path), lambda tmp: tmp.write_text(json.dumps(self.to_dict(), indent=1)))
+
+    @classmethod
+    def load(cls, path: Path, groups: Sequence[Group]) -> CostTable:
+        """A table written by ``save``; it must list exactly ``groups`` (same names and channels)."""
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text())
+            table = cls(**{**data, "groups": [GroupCost(**g) for g in data["groups"]]})
+        except FileNotFoundError:
+            raise ModelError(f"cost table {path} not found: write one with --save-cost-table") from None
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ModelError(f"{path} is not a cost table written by --save-cost-table ({e}): "
+                             "measure a new one (leave out --cost-table)") from None
+        if table.version != TABLE_VERSION:
+            raise ModelError(f"cost table {path} has version {table.version}, this onnxprune reads "
+                             f"{TABLE_VERSION}: measure a new one")
+        want = {(g.name, g.channels) for g in groups}
+        have = {(g.name, g.channels) for g in table.groups}
+        if want != have:
+            diff = sorted(want ^ have)[0]
+            raise ModelError(f"cost table {path} does not fit this model (group {diff[0]} with {diff[1]} channels "
+                             "is in only one of them): measure a new table for this model")
+        ids = {g.name: g.id for g in groups}
+        for g in table.groups:
+            g.id = ids[g.name]
+        return table
+
+
+def widths_to_time(channels: int, floor: int, round_to: int) -> list[int]:
+    """The widths timed for a group: its floor, a few fractions (multiples of ``round_to``), all channels."""
+    def up(n: float) -> int:
+        return min(channels, max(floor, int(-(-n // round_to) * round_to)))
+
+    return sorted({up(floor), *(up(f * channels) for f in FRACTIONS), channels})
+
+
+def _subgraph(graph: gs.Graph, group: Group) -> gs.Graph:
+    """The group's producers, channel-wise ops and consumers as a graph of their own."""
+    members = set(group.producers) | {c.node for c in group.consumers}
+    sub = graph.copy()
+    for node in sub.nodes:
+        if any(t.name in group.tensors for t in node.outputs):
+            members.add(node.name)
+    nodes = [n for n in sub.nodes if n.name in members]
+    produced = {t.name for n in nodes for t in n.outputs}
+    inputs: dict[str, gs.Variable] = {}
+    for n in nodes:
+        for t in n.inputs:
+            if isinstance(t, gs.Variable) and t.name not in produced and t.name:
+                inputs[t.name] = t
+    outputs = [t for n in nodes for t in n.outputs
+               if t in sub.outputs or any(c.name not in members for c in t.outputs)]
+    sub.inputs, sub.outputs = list(inputs.values()), outputs
+    return sub.cleanup()
+
+
+def _timing_model(graph: gs.Graph, opset_model: onnx.ModelProto) -> onnx.ModelProto:
+    model = gs.export_onnx(graph)
+    model.ir_version = opset_model.ir_version
+    return model
+
+
+def _feed(model: onnx.ModelProto, batch: int) -> dict[str, np.ndarray]:
+    specs = model_input_specs(model)
+    return random_inputs(specs, resolve_input_shapes(specs, None, batch, "the timed model"))
+
+
+def median_latencies(
+    models: Sequence[onnx.ModelProto], *, provider: str = "auto", batch: int = 1, threads: int | None = None,
+    warmup: int = 3, runs: int = 20,
+) -> tuple[list[float], str]:
+    """Median milliseconds of each model timed in alternating rounds, and the provider that ran."""
+    sessions = [make_session(m, provider, threads, spinning=False) for m in models]
+    times = time_rounds([(s, _feed(m, batch)) for (s, _), m in zip(sessions, models)], warmup, runs)
+    return [float(np.median(t)) * 1e3 for t in times], sessions[0][1]
+
+
+def measure_cost_table(
+    model: onnx.ModelProto,
+    graph: gs.Graph,
+    groups: Sequence[Group],
+    *,
+    provider: str = "auto",
+    batch: int = 1,
+    threads: int | None = None,
+    floor: int = 1,
+    round_to: int = 1,
+    warmup: int = 3,
+    runs: int = 15,
+    on_group: Callable[[int, int, str], None] | None = None,
+) -> CostTable:
+    """Time ``model`` whole and each group's subgraph (cut from its analysed ``graph``) at a few widths."""
+    (model_ms,), active = median_latencies([model], provider=provider, batch=batch, threads=threads,
+                                           warmup=warmup, runs=runs)
+    table = CostTable(model_ms, active, batch, threads)
+    for i, group in enumerate(groups):
+        if on_group is not None:
+            on_group(i, len(groups), f"timing {group.name}")
+        sub = _subgraph(graph, group)
+        widths = widths_to_time(group.channels, min(max(floor, round_to), group.channels), round_to)
+        narrowed = [_timing_model(sub if w == group.channels else slice_channels(sub.copy(), group, np.arange(w)),
+                                  model) for w in widths]
+        ms, _ = median_latencies(narrowed, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs)
+        table.groups.append(GroupCost(group.id, group.name, group.channels, widths, ms))
+    return table
+
+
+def parse_latency(text: str) -> tuple[float | None, float | None]:
+    """'3.5ms' → (3.5, None), '800us' → (0.8, None), '0.8x' → (None, 0.8): milliseconds or a ratio of the
+    original's measured latency."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|us|µs|s|x)\s*", text.lower())
+    if not match:
+        raise TargetError(f"cannot read {text!r} as a latency: write e.g. 3.5ms, 800us, or 0.8x (a fraction of "
+                          "the original model's measured latency)")
+    value, unit = float(match.group(1)), match.group(2)
+    if unit == "x":
+        if not 0 < value < 1:
+            raise TargetError(f"--target-latency {text}: a ratio must lie strictly between 0 and 1 (e.g. 0.8x)")
+        return None, value
+    if value <= 0:
+        raise TargetError(f"--target-latency {text} must be positive")
+    return value * {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3}[unit], None

@@ -115,9 +115,11 @@ class CostTable:
         want = {(g.name, g.channels) for g in groups}
         have = {(g.name, g.channels) for g in table.groups}
         if want != have:
-            diff = sorted(want ^ have)[0]
-            raise ModelError(f"cost table {path} does not fit this model (group {diff[0]} with {diff[1]} channels "
-                             "is in only one of them): measure a new table for this model")
+            name, channels = sorted(want - have or have - want)[0]
+            where = "the model's group" if want - have else "the table's group"
+            side = "is not in the table" if want - have else "is not a prunable group of the model"
+            raise ModelError(f"cost table {path} does not fit this model ({where} {name} with {channels} channels "
+                             f"{side}): measure a new table for this model")
         ids = {g.name: g.id for g in groups}
         for g in table.groups:
             g.id = ids[g.name]

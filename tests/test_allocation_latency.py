@@ -1,0 +1,285 @@
+"""Latency-aware allocation: the cost model as plain functions (no timing thresholds), the cost table's
+measurement on a tiny model, and `compress --target-latency` end to end with its errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from typer.testing import CliRunner
+
+import onnxprune.compress as compress_module
+from onnxprune.allocation import check_target, curve_widths, epsilon_widths, lowest_macs, uniform_widths
+from onnxprune.analysis import analyze
+from onnxprune.analysis.groups import Group
+from onnxprune.calib.sources import load_calibration
+from onnxprune.cli import app
+from onnxprune.compress import CompressOptions, compress, schedule
+from onnxprune.deploy.cost import (
+    CostTable, GroupCost, _subgraph, isotonic, measure_cost_table, parse_latency, widths_to_time,
+)
+from onnxprune.errors import ModelError, TargetError
+from onnxprune.runtime.ort import model_input_specs
+from onnxprune.runtime.segments import Liveness
+from tests.onnx_builders import run
+
+runner = CliRunner()
+
+
+def _table(model_ms: float = 10.0) -> CostTable:
+    """Two groups: saving a channel of group 0 saves 0.1 ms, of group 1 0.01 ms (both 16 channels)."""
+    return CostTable(model_ms, "CPUExecutionProvider", 1, None, [
+        GroupCost(0, "a", 16, [4, 8, 16], [2.4, 2.8, 3.6]),
+        GroupCost(1, "b", 16, [4, 8, 16], [1.0, 1.04, 1.12]),
+    ])
+
+
+GROUPS = [Group(0, 16), Group(1, 16)]
+
+
+# ---------------------------------------------------------------- the cost model
+
+
+def test_isotonic_pools_violators() -> None:
+    assert isotonic([1.0, 3.0, 2.0]).tolist() == [1.0, 2.5, 2.5]
+    assert isotonic([1.0, 2.0, 5.0]).tolist() == [1.0, 2.0, 5.0]
+    assert isotonic([3.0, 2.0, 1.0]).tolist() == [2.0, 2.0, 2.0]
+
+
+@given(st.lists(st.floats(0, 100), min_size=1, max_size=12))
+def test_isotonic_is_monotone_and_keeps_the_sum(values: list[float]) -> None:
+    fit = isotonic(values)
+    assert np.all(np.diff(fit) >= -1e-9)
+    assert fit.sum() == pytest.approx(sum(values), abs=1e-6)
+
+
+@given(st.lists(st.floats(0.01, 50), min_size=4, max_size=4))
+def test_group_cost_is_monotone_in_width_even_on_noisy_timings(ms: list[float]) -> None:
+    g = GroupCost(0, "g", 64, [8, 16, 32, 64], ms)
+    costs = [g.at(w) for w in range(1, 65)]
+    assert np.all(np.diff(costs) >= -1e-12)
+    assert g.saving(64) == 0 and all(g.saving(w) >= 0 for w in range(1, 65))
+
+
+def test_group_cost_interpolates_linearly() -> None:
+    g = GroupCost(0, "g", 16, [8, 16], [1.0, 2.0])
+    assert g.at(12) == pytest.approx(1.5) and g.at(16) == 2.0 and g.at(4) == 1.0
+
+
+def test_cost_table_is_additive_in_the_savings() -> None:
+    t = _table()
+    assert t({0: 16, 1: 16}) == t({}) == t.total == 10.0
+    assert t({0: 8}) == pytest.approx(10.0 - 0.8)
+    assert t({1: 8}) == pytest.approx(10.0 - 0.08)
+    assert t({0: 8, 1: 8}) == pytest.approx(10.0 - 0.88)
+    assert t({0: 12, 1: 4}) == pytest.approx(10.0 - 0.4 - 0.12)
+
+
+def test_widths_to_time() -> None:
+    assert widths_to_time(96, 8, 8) == [8, 24, 48, 72, 96]
+    assert widths_to_time(16, 8, 8) == [8, 16]
+    assert widths_to_time(10, 1, 1) == [1, 3, 5, 8, 10]
+    assert widths_to_time(8, 8, 8) == [8]
+
+
+# ---------------------------------------------------------------- the allocation spends the table
+
+
+@pytest.mark.parametrize("allocate", ["uniform", "epsilon", "curve"])
+def test_allocations_meet_a_latency_budget(allocate: str) -> None:
+    t = _table()
+    curves = {g.id: np.concatenate([[np.inf], np.linspace(1, 0, 16)]) for g in GROUPS}
+    target = 9.5
+    if allocate == "uniform":
+        widths = uniform_widths(t, GROUPS, target, round_to=4)
+    else:
+        widths = (epsilon_widths if allocate == "epsilon" else curve_widths)(t, GROUPS, curves, target, round_to=4)
+    assert t(widths) <= target
+    assert all(w % 4 == 0 for w in widths.values())
+    # fill: no group can take its next step without passing the budget
+    assert all(t({**widths, g.id: widths[g.id] + 4}) > target for g in GROUPS if widths[g.id] < g.channels)
+
+
+def test_curve_allocation_narrows_the_group_that_saves_more_latency() -> None:
+    """Same error curves, same MACs: only the latency table tells the groups apart."""
+    curves = {g.id: np.concatenate([[np.inf], np.linspace(1, 0, 16)]) for g in GROUPS}
+    widths = curve_widths(_table(), GROUPS, curves, 9.6, round_to=4)
+    assert widths[0] < widths[1]
+
+
+def test_unreachable_latency_names_the_lowest_reachable() -> None:
+    t = _table()
+    assert lowest_macs(t, GROUPS, round_to=4) == pytest.approx(10.0 - 1.2 - 0.12)
+    with pytest.raises(TargetError, match=r"unreachable.*at least 8\.68 ms.*--best-effort"):
+        check_target(t, GROUPS, 5.0, 4, 4)
+    with pytest.raises(TargetError, match="not below the model's 10 ms"):
+        check_target(t, GROUPS, 12.0, 4, 4)
+
+
+# ---------------------------------------------------------------- parsing and the saved table
+
+
+@pytest.mark.parametrize("text, expected", [("3.5ms", (3.5, None)), ("800us", (0.8, None)), ("0.002s", (2.0, None)),
+                                            ("0.8x", (None, 0.8)), (" 12 MS ", (12.0, None))])
+def test_parse_latency(text: str, expected: tuple) -> None:
+    ms, ratio = parse_latency(text)
+    assert (ms if ms is None else pytest.approx(ms)) == expected[0] and ratio == expected[1]
+
+
+@pytest.mark.parametrize("text, words", [("fast", "cannot read"), ("3.5", "cannot read"), ("1.2x", "between 0 and 1"),
+                                         ("0x", "between 0 and 1"), ("0ms", "positive")])
+def test_parse_latency_rejects(text: str, words: str) -> None:
+    with pytest.raises(TargetError, match=words):
+        parse_latency(text)
+
+
+def test_cost_table_round_trip_and_mismatch(tmp_path: Path) -> None:
+    path = tmp_path / "table.json"
+    _table().save(path)
+    renumbered = [Group(7, 16, producers=["a"]), Group(9, 16, producers=["b"])]
+    loaded = CostTable.load(path, renumbered)
+    assert [g.id for g in loaded.groups] == [7, 9]  # matched by name: ids follow the model being pruned
+    assert loaded({7: 8, 9: 8}) == pytest.approx(_table()({0: 8, 1: 8}))
+    with pytest.raises(ModelError, match="group c with 16 channels"):
+        CostTable.load(path, [Group(0, 16, producers=["a"]), Group(1, 16, producers=["c"])])
+    with pytest.raises(ModelError, match="not found"):
+        CostTable.load(tmp_path / "none.json", renumbered)
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ModelError, match="not a cost table"):
+        CostTable.load(tmp_path / "bad.json", renumbered)
+
+
+# ---------------------------------------------------------------- measuring on a real (tiny) model
+
+
+def _groups(model: onnx.ModelProto):
+    analysis = analyze(model)
+    return analysis, [g for _, g in schedule(analysis, Liveness(analysis.graph))[0]]
+
+
+def test_subgraph_holds_the_group_and_runs_narrowed(tiny) -> None:
+    analysis, groups = _groups(tiny.model)
+    group = groups[2]
+    sub = _subgraph(analysis.graph, group)
+    names = {n.name for n in sub.nodes}
+    assert set(group.producers) | {c.node for c in group.consumers} <= names
+    assert len(names) < len(analysis.graph.nodes)
+    table = measure_cost_table(tiny.model, analysis.graph, groups, provider="cpu", batch=2, round_to=4, runs=2,
+                               warmup=0)
+    assert table.provider == "CPUExecutionProvider" and table.batch == 2 and table.model_ms > 0
+    assert [(g.name, g.channels) for g in table.groups] == [(g.name, g.channels) for g in groups]
+    for g in table.groups:
+        assert g.widths == sorted(set(g.widths)) and g.widths[-1] == g.channels
+        assert all(w % 4 == 0 or w == g.channels for w in g.widths) and all(ms > 0 for ms in g.ms)
+
+
+# ---------------------------------------------------------------- compress --target-latency
+
+
+def _fake_table(tiny, path: Path, batch: int = 1) -> CostTable:
+    """A table whose savings are proportional to each group's share of the MACs (deterministic)."""
+    analysis, groups = _groups(tiny.model)
+    table = CostTable(10.0, "CPUExecutionProvider", batch, None)
+    for g in groups:
+        widths = widths_to_time(g.channels, 4, 4)
+        table.groups.append(GroupCost(g.id, g.name, g.channels, widths,
+                                      [1e-5 * analysis.macs.macs({g.id: w}) for w in widths]))
+    table.save(path)
+    return table
+
+
+def _calib(tiny):
+    return load_calibration(str(tiny.calib), model_input_specs(tiny.model))
+
+
+@pytest.mark.parametrize("measured, met", [(7.0, True), (9.9, False)])
+def test_compress_reports_predicted_and_measured_latency(tiny, tmp_path: Path, monkeypatch, measured, met) -> None:
+    table = _fake_table(tiny, tmp_path / "t.json")
+    timed = []
+
+    def fake_latencies(models, *, provider, batch, threads, **kw):
+        timed.append((len(models), batch))
+        return [10.0, measured], "CPUExecutionProvider"
+
+    monkeypatch.setattr(compress_module, "median_latencies", fake_latencies)
+    options = CompressOptions(target_latency_ms=9.0, cost_table=str(tmp_path / "t.json"), round_to=4)
+    pruned, report = compress(tiny.model, _calib(tiny), options)
+    lat = report.latency
+    assert timed == [(2, 1)]  # the written model timed against the original, at the table's batch
+    assert lat.target_ms == 9.0 and lat.predicted_ms <= 9.0
+    assert lat.predicted_ms == pytest.approx(table(
+        {g.id: next((layer.kept for layer in report.layers if layer.group == g.name), g.channels)
+         for g in table.groups}))
+    assert (lat.measured_ms, lat.original_ms, lat.met) == (measured, 10.0, met)
+    assert report.macs_after < report.macs_before and report.target_macs == pytest.approx(report.macs_after)
+    x = tiny.x[:2]
+    assert run(pruned, input=x)[0].shape == (2, 10)
+
+
+def test_ratio_target_is_judged_against_the_original_timed_with_it(tiny, tmp_path: Path, monkeypatch) -> None:
+    _fake_table(tiny, tmp_path / "t.json")
+    # the original now runs at 20 ms (table: 10 ms); 15 ms is 0.75x of it: met for a 0.9x target
+    monkeypatch.setattr(compress_module, "median_latencies", lambda *a, **k: ([20.0, 15.0], "CPUExecutionProvider"))
+    _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_latency_ratio=0.9,
+                                                                 cost_table=str(tmp_path / "t.json"), round_to=4))
+    assert report.latency.target_ms == pytest.approx(9.0) and report.latency.target_ratio == 0.9
+    assert report.latency.met
+
+
+def test_cli_target_latency_measures_saves_and_warns_when_missed(tiny, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setattr(compress_module, "median_latencies",
+                        _slow_pruned(compress_module.median_latencies))
+    out, table, report = tmp_path / "p.onnx", tmp_path / "t.json", tmp_path / "r.json"
+    result = runner.invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                 "--target-latency", "0.9x", "--latency-batch", "2", "--threads", "1",
+                                 "--save-cost-table", str(table), "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert "predicted" in result.stdout and "measured" in result.stdout
+    assert "warning:" in result.stderr and "misses the 0.9x target" in result.stderr
+    saved = json.loads(table.read_text())
+    assert saved["batch"] == 2 and saved["threads"] == 1 and len(saved["groups"]) == len(_groups(tiny.model)[1])
+    lat = json.loads(report.read_text())["latency"]
+    assert lat["met"] is False and lat["batch"] == 2 and lat["table_seconds"] > 0 and out.is_file()
+
+
+def _slow_pruned(real):
+    """The real timing, except that the pruned model (second of two) comes out at the original's latency."""
+    def timed(models, **kw):
+        ms, provider = real(models, **kw)
+        return (ms if len(models) == 1 else [ms[0], ms[0]]), provider
+    return timed
+
+
+LATENCY_BAD = {
+    "unparseable": (["--target-latency", "quick"], ["cannot read 'quick' as a latency", "0.8x"]),
+    "unreachable": (["--target-latency", "0.0001ms", "--cost-table", "{table}"], ["unreachable", "at least", "ms",
+                                                                                  "--best-effort"]),
+    "no-provider": (["--target-latency", "0.9x", "--provider", "cuda"], ["CUDAExecutionProvider is not available",
+                                                                        "--provider cpu"]),
+    "two-targets": (["--target-latency", "0.9x", "--target-ratio", "0.5"], ["exactly one", "--target-latency"]),
+    "table-without-target": (["--target-ratio", "0.5", "--cost-table", "{table}"], ["go with --target-latency"]),
+    "table-other-batch": (["--target-latency", "0.9x", "--cost-table", "{table}", "--latency-batch", "8"],
+                          ["measured at batch 1", "--latency-batch 1"]),
+    "table-other-model": (["--target-latency", "0.9x", "--cost-table", "{other}"], ["does not fit this model"]),
+}
+
+
+@pytest.mark.parametrize("name", list(LATENCY_BAD))
+def test_cli_latency_bad_inputs(tiny, tmp_path: Path, name: str) -> None:
+    _fake_table(tiny, tmp_path / "t.json")
+    other = _table()
+    other.save(tmp_path / "other.json")
+    flags, words = LATENCY_BAD[name]
+    flags = [f.format(table=tmp_path / "t.json", other=tmp_path / "other.json") for f in flags]
+    out = tmp_path / "p.onnx"
+    result = runner.invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib), *flags])
+    assert result.exit_code == 2, (result.stdout, result.stderr)
+    assert result.stderr.startswith("error: ") and result.stderr.count("\n") == 1, result.stderr
+    for word in words:
+        assert word in result.stderr, (word, result.stderr)
+    assert not out.exists()

@@ -134,8 +134,11 @@ def masked_original(graph: gs.Graph, group: Group, mask: np.ndarray) -> onnx.Mod
         src = tensors[use.tensor]
         axis, repeat = group.tensors[use.tensor]
         shape = [1] * len(src.shape)
-        shape[axis] = len(mask) * repeat
-        factor = np.repeat(np.asarray(mask, dtype=np.float32), repeat).reshape(shape)
+        shape[axis] = src.shape[axis]
+        factor = np.ones(src.shape[axis], dtype=np.float32)
+        for start in group.starts(tensors, use.tensor):  # the group's range(s) in a concatenated input
+            factor[start * repeat : (start + len(mask)) * repeat] = np.repeat(np.asarray(mask, np.float32), repeat)
+        factor = factor.reshape(shape)
         out = gs.Variable(f"{use.tensor}.masked{k}", dtype=np.float32, shape=src.shape)
         g.nodes.append(gs.Node("Mul", f"mask{k}", inputs=[src, gs.Constant(f"mask{k}.c", factor)], outputs=[out]))
         node.inputs = [out if t is src else t for t in node.inputs]

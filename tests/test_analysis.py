@@ -202,16 +202,6 @@ def test_residual_add_is_coupled() -> None:
     check_slicing(b.model([out]), "stem", [0, 3, 4, 7], X)
 
 
-def test_concat_on_channel_axis_blocks() -> None:
-    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
-    cat = b.op("Concat", [b.conv("x", "a", 3, 8), b.conv("x", "b", 3, 4)], "cat", axis=1)
-    out = b.conv(cat, "c", 12, 4)
-    groups = analyse(b, [out])
-    for name in ("a", "b"):
-        assert not groups[name].prunable
-        assert "Concat" in groups[name].reason
-
-
 def test_concat_on_other_axis_is_channelwise() -> None:
     b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     y = b.op("Relu", [b.conv("x", "a", 3, 8)], "r")

@@ -26,7 +26,7 @@ class Analysis:
     def prunable_share(self) -> float:
         """Share of MACs whose input or output channels belong to a prunable group."""
         ids = {g.id for g in self.prunable}
-        touched = sum(e.macs for e in self.macs.entries if {e.in_group, e.out_group} & ids)
+        touched = sum(e.macs for e in self.macs.entries if e.groups & ids)
         return touched / max(self.macs.total, 1)
 
     def to_dict(self) -> dict:

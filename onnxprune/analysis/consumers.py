@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.errors import UnsupportedOpError
 
 
@@ -147,3 +148,29 @@ def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
                                        outputs=[out]))
     else:
         raise UnsupportedOpError(f"{node.op} {name}: not a supported consumer")
+
+
+@dataclass
+class ColumnView:
+    """A group's columns in one consumer's (O, D) matrix: ``cols`` channel-major (``k`` per group
+    channel: kernel taps × entries per channel × the ranges it fills), ``rest`` the other groups' columns."""
+
+    cols: np.ndarray
+    rest: np.ndarray
+    k: int
+
+    def linear(self, full: Linear) -> Linear:
+        return Linear(full.weight[:, self.cols], full.bias, self.k)
+
+
+def group_view(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -> ColumnView:
+    """Where ``group``'s channels sit among the consumer's columns in ``graph`` (pruned or original)."""
+    full = matrix(node)
+    taps = full.k if node.op == "Conv" else 1
+    tensors = graph.tensors()
+    width = group.width(tensors)
+    entries = np.stack([group.entries(tensors, use.tensor, o, use.repeat) for o in group.offsets[use.tensor]])
+    # (ranges, width·repeat) entries -> (width, ranges·repeat·taps) columns, channel-major
+    entries = entries.reshape(len(entries), width, use.repeat).transpose(1, 0, 2).reshape(width, -1)
+    cols = (entries[:, :, None] * taps + np.arange(taps)).reshape(-1)
+    return ColumnView(cols, np.setdiff1d(np.arange(full.weight.shape[1]), cols), cols.size // max(width, 1))

@@ -1,10 +1,18 @@
-"""Channel groups: the producers, channel-wise ops and consumers that share one set of channels."""
+"""Channel groups: the producers, channel-wise ops and consumers that share one set of channels.
+
+A group may hold only a range of a tensor's channel axis: one input of a channel-axis Concat, one
+piece of a Split or Slice (a producer whose output is split is one group per piece). Its offsets
+there are recorded in the original graph; as other groups in the same tensor are pruned they move,
+so ``Layout`` finds the current ones from the graph being pruned (each group's width is read from a
+tensor that holds exactly its channels, its witness).
+"""
 
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.graph import static_shape
@@ -13,13 +21,16 @@ from onnxprune.analysis.ops import (
     Blocked,
     Channelwise,
     Consumer,
+    Cut,
     Port,
     Producer,
+    ResizeSite,
     SliceSite,
     role_of,
 )
 
 PRODUCER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+Witness = tuple[str, int, int]  # (tensor, axis, repeat) holding exactly a group's channels
 
 
 @dataclass(frozen=True)
@@ -33,25 +44,54 @@ class ConsumerUse:
 
 
 @dataclass
+class Layout:
+    """Which groups hold which channel ranges of each tensor (original offsets, in channels)."""
+
+    segments: dict[str, list[tuple[int, int, Witness | None]]] = field(default_factory=dict)
+
+    def current(self, tensors: dict[str, gs.Tensor], name: str, offset: int) -> int:
+        """Where original channel position ``offset`` of tensor ``name`` is in the graph of ``tensors``."""
+        shift = 0
+        for start, length, witness in self.segments.get(name, []):
+            if witness is not None and start + length <= offset:
+                shift += length - _width(tensors, witness, length)
+        return offset - shift
+
+
+def _width(tensors: dict[str, gs.Tensor], witness: Witness, default: int) -> int:
+    name, axis, repeat = witness
+    shape = tensors[name].shape if name in tensors else None
+    dim = shape[axis] if shape is not None and axis < len(shape) else None
+    return int(dim) // repeat if isinstance(dim, (int, np.integer)) else default
+
+
+@dataclass
 class Group:
     """One channel space. Pruning keeps the same channel subset in every member tensor."""
 
     id: int
     channels: int
     tensors: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (axis, repeat)
+    offsets: dict[str, list[int]] = field(default_factory=dict)  # name -> original offsets of the range(s)
     producers: list[str] = field(default_factory=list)
     consumers: list[ConsumerUse] = field(default_factory=list)
     slices: list[SliceSite] = field(default_factory=list)
     attrs: list[AttrSite] = field(default_factory=list)
+    resizes: list[ResizeSite] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
+    witness: Witness | None = None
+    partial: bool = False  # some member tensor holds other channels too, or these channels twice
+    piece: str = ""  # "[a:b]" when the group is a range of its first producer's output channels
+    layout: Layout = field(default_factory=Layout)
 
     @property
     def name(self) -> str:
-        return self.producers[0] if self.producers else f"group{self.id}"
+        return self.producers[0] + self.piece if self.producers else f"group{self.id}"
 
     @property
     def coupled(self) -> bool:
         return len(self.producers) > 1
+
 
     @property
     def prunable(self) -> bool:
@@ -67,6 +107,19 @@ class Group:
             return "a single channel"
         return None
 
+    def width(self, tensors: dict[str, gs.Tensor]) -> int:
+        """The group's channel count in the graph of ``tensors`` (after any pruning of it)."""
+        return self.channels if self.witness is None else _width(tensors, self.witness, self.channels)
+
+    def starts(self, tensors: dict[str, gs.Tensor], name: str) -> list[int]:
+        """Current offsets (in channels) of the group's range(s) in tensor ``name``."""
+        return [self.layout.current(tensors, name, o) for o in self.offsets.get(name, [0])]
+
+    def entries(self, tensors: dict[str, gs.Tensor], name: str, offset: int, repeat: int) -> np.ndarray:
+        """Current indices of the group's entries (``repeat`` per channel) at one original ``offset``."""
+        start = self.layout.current(tensors, name, offset)
+        return np.arange(start * repeat, (start + self.width(tensors)) * repeat)
+
     def to_dict(self) -> dict:
         return {
             "id": self.id,
@@ -80,6 +133,29 @@ class Group:
         }
 
 
+def keep_index(size: int, starts: list[int], width: int, repeat: int, keep: np.ndarray) -> np.ndarray:
+    """Indices along an axis of ``size`` entries that survive when the group (``width`` channels of
+    ``repeat`` entries at each channel offset in ``starts``) keeps channels ``keep``."""
+    mask = np.ones(size, dtype=bool)
+    keep = np.sort(np.asarray(keep, dtype=np.int64))
+    for start in starts:
+        mask[start * repeat : (start + width) * repeat] = False
+        mask[((keep + start)[:, None] * repeat + np.arange(repeat)).ravel()] = True
+    return np.flatnonzero(mask)
+
+
+def kept_entries(graph: gs.Graph, group: Group, keep: np.ndarray) -> dict[str, np.ndarray]:
+    """For every member tensor with a known shape: the indices along its channel axis that survive."""
+    tensors = graph.tensors()
+    width = group.width(tensors)
+    out = {}
+    for name, (axis, repeat) in group.tensors.items():
+        shape = tensors[name].shape if name in tensors else None
+        if shape is not None and axis < len(shape) and isinstance(shape[axis], (int, np.integer)):
+            out[name] = keep_index(int(shape[axis]), group.starts(tensors, name), width, repeat, keep)
+    return out
+
+
 def _producer_axis(node: gs.Node) -> int | None:
     if node.op == "MatMul":
         shape = static_shape(node.outputs[0])
@@ -91,59 +167,129 @@ def _port_tensors(node: gs.Node, port: Port) -> gs.Tensor:
     return node.inputs[port[1]] if port[0] == "in" else node.outputs[port[1]]
 
 
+class _CutFound(Exception):
+    def __init__(self, at: list[int]) -> None:
+        super().__init__(at)
+        self.at = at
+
+
 class _Search:
-    """Breadth-first search of one channel space from a producer's output."""
+    """Breadth-first search of one channel space from a producer's output range."""
 
     def __init__(self, graph: gs.Graph, group: Group) -> None:
         self.group = group
         self.inputs = {t.name for t in graph.inputs}
         self.outputs = {t.name for t in graph.outputs}
-        self.visited: set[tuple[str, Port]] = set()
-        self.queue: deque[tuple[gs.Tensor, int, int]] = deque()
+        self.visited: set[tuple[str, Port, int]] = set()
+        self.queue: deque[tuple[gs.Tensor, int, int, int]] = deque()
 
-    def add_tensor(self, tensor: gs.Tensor, axis: int, repeat: int) -> None:
+    def add_tensor(self, tensor: gs.Tensor, axis: int, repeat: int, offset: int) -> None:
         known = self.group.tensors.get(tensor.name)
         if known is not None:
             if known != (axis, repeat):
                 self.group.blockers.append(f"tensor {tensor.name} carries the channels on two axes")
-            return
-        self.group.tensors[tensor.name] = (axis, repeat)
+                return
+            if offset in self.group.offsets[tensor.name]:
+                return
+            self.group.offsets[tensor.name].append(offset)
+        else:
+            self.group.tensors[tensor.name] = (axis, repeat)
+            self.group.offsets[tensor.name] = [offset]
         if tensor.name in self.outputs:
             self.group.blockers.append(f"channels reach the graph output {tensor.name}")
         if tensor.name in self.inputs:
             self.group.blockers.append(f"channels come from the graph input {tensor.name}")
-        self.queue.append((tensor, axis, repeat))
+        self.queue.append((tensor, axis, repeat, offset))
 
-    def visit(self, node: gs.Node, port: Port, axis: int, repeat: int) -> None:
-        if (node.name, port) in self.visited:
+    def visit(self, node: gs.Node, port: Port, axis: int, repeat: int, offset: int) -> None:
+        if (node.name, port, offset) in self.visited:
             return
-        self.visited.add((node.name, port))
-        role = role_of(node, port, axis, repeat)
+        self.visited.add((node.name, port, offset))
+        role = role_of(node, port, axis, repeat, (offset, self.group.channels))
         tensor = _port_tensors(node, port)
+        group = self.group
+        slices = [replace(s, tensor=tensor.name, offset=offset) for s in getattr(role, "slices", [])]
+        if isinstance(role, Cut):
+            raise _CutFound(role.at)
         if isinstance(role, Blocked):
-            self.group.blockers.append(role.reason)
+            group.blockers.append(role.reason)
         elif isinstance(role, Producer):
-            self.group.producers.append(node.name)
-            self.group.slices.extend(role.slices)
+            group.producers.extend([node.name] if node.name not in group.producers else [])
+            group.slices.extend(slices)
         elif isinstance(role, Consumer):
-            self.group.consumers.append(ConsumerUse(node.name, role.kind, tensor.name, repeat))
-            self.group.slices.extend(role.slices)
+            if all(c.node != node.name for c in group.consumers):
+                group.consumers.append(ConsumerUse(node.name, role.kind, tensor.name, repeat))
+            group.slices.extend(slices)
         elif isinstance(role, Channelwise):
-            self.group.slices.extend(s for s in role.slices if s not in self.group.slices)
-            self.group.attrs.extend(a for a in role.attrs if a not in self.group.attrs)
+            group.slices.extend(s for s in slices if s not in group.slices)
+            group.attrs.extend(a for a in role.attrs if a not in group.attrs)
+            group.resizes.extend(r for r in role.resizes if r not in group.resizes)
+            base = offset - role.frames.get(port, 0)
             for other, (o_axis, o_repeat) in role.ports.items():
-                self.visited.add((node.name, other))
-                self.add_tensor(_port_tensors(node, other), o_axis, o_repeat)
+                o_offset = base + role.frames.get(other, 0)
+                self.visited.add((node.name, other, o_offset))
+                self.add_tensor(_port_tensors(node, other), o_axis, o_repeat, o_offset)
 
     def run(self) -> None:
         while self.queue:
-            tensor, axis, repeat = self.queue.popleft()
+            tensor, axis, repeat, offset = self.queue.popleft()
             for node in list(tensor.inputs):
-                self.visit(node, ("out", node.outputs.index(tensor)), axis, repeat)
+                self.visit(node, ("out", node.outputs.index(tensor)), axis, repeat, offset)
             for node in list(tensor.outputs):
                 for k, inp in enumerate(node.inputs):
                     if inp is tensor:
-                        self.visit(node, ("in", k), axis, repeat)
+                        self.visit(node, ("in", k), axis, repeat, offset)
+
+
+def _search(graph: gs.Graph, node: gs.Node, axis: int, start: int, length: int) -> Group:
+    """The group seeded by channels [start, start + length) of producer ``node``'s output."""
+    group = Group(id=-1, channels=length)
+    search = _Search(graph, group)
+    out = node.outputs[0]
+    search.visited.add((node.name, ("out", 0), start))
+    role = role_of(node, ("out", 0), axis, 1, (start, length))
+    group.producers.append(node.name)
+    if isinstance(role, Blocked):
+        group.blockers.append(role.reason)
+        group.tensors[out.name] = (axis, 1)
+        group.offsets[out.name] = [start]
+        return group
+    group.slices.extend(replace(s, tensor=out.name, offset=start) for s in role.slices)
+    search.add_tensor(out, axis, 1, start)
+    search.run()
+    return group
+
+
+def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list[Group]:
+    """The groups of a producer's output: one range at first, cut wherever a Split/Slice/Concat needs."""
+    bounds = [0, channels]
+    while True:
+        groups = []
+        try:
+            for a, b in zip(bounds, bounds[1:]):
+                groups.append(_search(graph, node, axis, a, b - a))
+                groups[-1].piece = f"[{a}:{b}]" if len(bounds) > 2 else ""
+            return groups
+        except _CutFound as cut:
+            a = bounds[len(groups)]
+            bounds = sorted(set(bounds) | {a + int(c) for c in cut.at})
+
+
+def _finish(group: Group, tensor_map: dict[str, gs.Tensor]) -> None:
+    """Check every member's size against its ranges and pick the witness (a tensor of exactly the group)."""
+    for name, (t_axis, repeat) in group.tensors.items():
+        dims = static_shape(tensor_map[name])
+        size = None if dims is None or t_axis >= len(dims) else dims[t_axis]
+        need = (max(group.offsets[name]) + group.channels) * repeat
+        if size is not None and size < need:
+            group.blockers.append(f"tensor {name} has {size} entries on the channel axis, "
+                                  f"expected at least {group.channels}×{repeat} from offset {max(group.offsets[name])}")
+        whole = size == group.channels * repeat and group.offsets[name] == [0]
+        group.partial = group.partial or not whole
+        if group.witness is None and whole:
+            group.witness = (name, t_axis, repeat)
+    if group.witness is None and group.consumers and not group.blockers:
+        group.blockers.append(f"no tensor holds exactly the {group.channels} channels of {group.name}")
 
 
 def find_groups(graph: gs.Graph) -> list[Group]:
@@ -151,34 +297,23 @@ def find_groups(graph: gs.Graph) -> list[Group]:
     groups: list[Group] = []
     assigned: set[str] = set()
     tensor_map = graph.tensors()
+    layout = Layout()
     for node in graph.nodes:
         if node.op not in PRODUCER_OPS or not node.outputs or node.outputs[0].name in assigned:
             continue
         axis = _producer_axis(node)
-        out = node.outputs[0]
-        shape = static_shape(out)
+        shape = static_shape(node.outputs[0])
         if axis is None or shape is None or shape[axis] is None:
             continue
-        role = role_of(node, ("out", 0), axis, 1)
-        if isinstance(role, Channelwise):
+        if isinstance(role_of(node, ("out", 0), axis, 1, (0, shape[axis])), Channelwise):
             continue  # depthwise conv: part of its input's space
-        group = Group(id=len(groups), channels=int(shape[axis]))
-        search = _Search(graph, group)
-        search.visited.add((node.name, ("out", 0)))
-        if isinstance(role, Blocked):
-            group.blockers.append(role.reason)
-            group.producers.append(node.name)
-            group.tensors[out.name] = (axis, 1)
-        else:
-            group.producers.append(node.name)
-            group.slices.extend(role.slices)
-            search.add_tensor(out, axis, 1)
-            search.run()
-        for name, (t_axis, repeat) in group.tensors.items():
-            dims = static_shape(tensor_map[name])
-            if dims is not None and dims[t_axis] not in (None, group.channels * repeat):
-                group.blockers.append(f"tensor {name} has {dims[t_axis]} entries on the channel axis, "
-                                      f"expected {group.channels}×{repeat}")
-        assigned.update(group.tensors)
-        groups.append(group)
+        for group in _pieces_of(graph, node, axis, int(shape[axis])):
+            group.id = len(groups)
+            group.layout = layout
+            _finish(group, tensor_map)
+            assigned.update(group.tensors)
+            groups.append(group)
+    for group in groups:
+        for name, offsets in group.offsets.items():
+            layout.segments.setdefault(name, []).extend((o, group.channels, group.witness) for o in offsets)
     return groups

@@ -20,11 +20,18 @@ MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 
 @dataclass(frozen=True)
 class MacEntry:
+    """A MAC node and the groups whose widths scale it: ``(group id, share)`` of its input and of its
+    output channels (share < 1 when the group holds a range of a concatenated or split tensor)."""
+
     node: str
     op: str
     macs: int
-    in_group: int | None
-    out_group: int | None
+    inputs: tuple[tuple[int, float], ...]
+    outputs: tuple[tuple[int, float], ...]
+
+    @property
+    def groups(self) -> set[int]:
+        return {gid for gid, _ in (*self.inputs, *self.outputs)}
 
 
 def _prod(dims: list[int | None], where: str) -> int:
@@ -88,20 +95,30 @@ def count_params(graph: gs.Graph) -> int:
     return total
 
 
+def _shares(tensor: gs.Tensor, groups: list[Group], member: dict[str, list[Group]]) -> tuple[tuple[int, float], ...]:
+    """The share of ``tensor``'s channel entries that each group holds."""
+    out = []
+    for g in member.get(tensor.name, []):
+        axis, repeat = g.tensors[tensor.name]
+        dims = static_shape(tensor)
+        size = dims[axis] if dims is not None and axis < len(dims) else None
+        held = g.channels * repeat * len(g.offsets.get(tensor.name, [0]))
+        out.append((g.id, held / size if size else 1.0))
+    return tuple(out)
+
+
 class MacModel:
-    """Per-node MACs and which group's width scales each node's input and output channels."""
+    """Per-node MACs and which groups' widths scale each node's input and output channels."""
 
     def __init__(self, graph: gs.Graph, groups: list[Group]) -> None:
-        member = {name: g.id for g in groups for name in g.tensors}
+        member: dict[str, list[Group]] = {}
+        for g in groups:
+            for name in g.tensors:
+                member.setdefault(name, []).append(g)
         self.channels = {g.id: g.channels for g in groups}
         self.entries = [
-            MacEntry(
-                node.name,
-                node.op,
-                node_macs(node),
-                member.get(node.inputs[0].name),
-                member.get(node.outputs[0].name),
-            )
+            MacEntry(node.name, node.op, node_macs(node), _shares(node.inputs[0], groups, member),
+                     _shares(node.outputs[0], groups, member))
             for node in graph.nodes
             if node.op in MAC_OPS
         ]
@@ -115,8 +132,9 @@ class MacModel:
         total = 0.0
         for e in self.entries:
             scale = 1.0
-            for gid in {e.in_group, e.out_group} - {None}:
-                if gid in widths:
-                    scale *= widths[gid] / self.channels[gid]
+            seen = {gid for gid, _ in e.inputs}  # a depthwise conv's input and output: one group, counted once
+            for side in (e.inputs, tuple(o for o in e.outputs if o[0] not in seen)):
+                scale *= 1.0 - sum(share * (1.0 - widths[gid] / self.channels[gid]) for gid, share in side
+                                   if gid in widths)
             total += e.macs * scale
         return total

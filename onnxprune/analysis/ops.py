@@ -11,6 +11,12 @@ channels) reaches one port of a node. It answers what the node does with those c
   MatMul); its weight columns for a channel are sliced (``repeat`` columns per channel after a
   Flatten).
 * ``Blocked`` — anything else, with the reason. Unknown ops are blocked, never guessed.
+* ``Cut`` — the space reaches a Split/Slice/Concat boundary inside its channel range: the search
+  restarts with the range cut there (a producer whose output is split becomes one group per piece).
+
+A space may hold only part of a tensor's channel axis (one input of a channel-axis Concat, one
+piece of a Split): ``span`` is its (offset, length) there, and ``Channelwise.frames`` shifts the
+offset from port to port.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import onnx_graphsurgeon as gs
 from onnxprune.analysis.graph import const_value, static_shape
 
 Port = tuple[str, int]  # ("in", k) or ("out", k)
+Span = tuple[int, int]  # (offset, length) of the space's channels on a tensor's channel axis
 
 
 @dataclass(frozen=True)
@@ -34,6 +41,19 @@ class SliceSite:
     input_index: int
     axis: int
     repeat: int = 1
+    tensor: str = field(default="", compare=False)  # whose channel layout indexes ``axis`` (offsets move)
+    offset: int = 0  # of the group's channels there, in the original graph
+
+
+@dataclass(frozen=True)
+class ResizeSite:
+    """A Split or channel-axis Slice whose sizes / bounds must follow the channel layout of its input:
+    ``bounds`` are its piece boundaries (Split) or (start, end) (Slice) in the original graph."""
+
+    node: str
+    tensor: str
+    axis: int
+    bounds: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -49,6 +69,8 @@ class Channelwise:
     ports: dict[Port, tuple[int, int]]  # port -> (channel axis, repeat)
     slices: list[SliceSite] = field(default_factory=list)
     attrs: list[AttrSite] = field(default_factory=list)
+    frames: dict[Port, int] = field(default_factory=dict)  # port -> where channel 0 of the node's frame sits
+    resizes: list[ResizeSite] = field(default_factory=list)
 
 
 @dataclass
@@ -67,8 +89,14 @@ class Blocked:
     reason: str
 
 
-Role = Channelwise | Producer | Consumer | Blocked
-Rule = Callable[[gs.Node, Port, int, int], Role]
+@dataclass
+class Cut:
+    at: list[int]  # boundaries strictly inside the span, relative to its offset
+    reason: str
+
+
+Role = Channelwise | Producer | Consumer | Blocked | Cut
+Rule = Callable[[gs.Node, Port, int, int, Span], Role]
 
 RULES: dict[str, Rule] = {}
 
@@ -82,12 +110,12 @@ def rule(*ops: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def role_of(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
-    """What ``node`` does with a channel space reaching ``port`` at ``axis``."""
+def role_of(node: gs.Node, port: Port, axis: int, repeat: int, span: Span = (0, 0)) -> Role:
+    """What ``node`` does with a channel space reaching ``port`` at ``axis`` (``span`` on that axis)."""
     fn = RULES.get(node.op)
     if fn is None:
         return Blocked(f"op {node.op} ({node.name}) is not known to be channel-wise")
-    return fn(node, port, axis, repeat)
+    return fn(node, port, axis, repeat, span)
 
 
 def _rank(tensor: gs.Tensor) -> int | None:
@@ -101,7 +129,7 @@ def _rank(tensor: gs.Tensor) -> int | None:
     "ThresholdedRelu", "Exp", "Sqrt", "Reciprocal", "Cast", "Floor", "Ceil", "Round", "Sin", "Cos",
     "Log", "Relu6",
 )
-def _unary(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _unary(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if port != ("in", 0) and port != ("out", 0):
         return Blocked(f"{node.op} {node.name}: channels reach a parameter input")
     return Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat)})
@@ -130,7 +158,7 @@ def _channels_at(tensor: gs.Tensor, axis: int) -> int | None:
 
 
 @rule("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Where")
-def _broadcast(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _broadcast(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     """Elementwise n-ary op: tensors carrying the channel axis join the space, constants are sliced."""
     out = node.outputs[0]
     out_rank = _rank(out)
@@ -164,7 +192,7 @@ def _broadcast(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("BatchNormalization", "InstanceNormalization")
-def _norm(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _norm(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if port not in (("in", 0), ("out", 0)):
         return Blocked(f"{node.op} {node.name}: channels reach a parameter input")
     if axis != 1:
@@ -175,14 +203,14 @@ def _norm(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool")
-def _pool(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _pool(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if axis != 1 or len(node.outputs) > 1 and node.outputs[1].outputs:
         return Blocked(f"{node.op} {node.name}: channels not on axis 1 or pooling indices used")
     return Channelwise({("in", 0): (1, 1), ("out", 0): (1, 1)})
 
 
 @rule("Pad")
-def _pad(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _pad(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if port not in (("in", 0), ("out", 0)):
         return Blocked(f"Pad {node.name}: channels reach a parameter input")
     pads = const_value(node.inputs[1]) if len(node.inputs) > 1 else np.asarray(node.attrs.get("pads", []))
@@ -201,7 +229,7 @@ def _pad(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("Resize", "Upsample")
-def _resize(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _resize(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if port not in (("in", 0), ("out", 0)):
         return Blocked(f"{node.op} {node.name}: channels reach a parameter input")
     i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
@@ -211,7 +239,7 @@ def _resize(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("Transpose")
-def _transpose(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _transpose(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     perm = list(node.attrs.get("perm", []))
     if not perm or repeat != 1:
         return Blocked(f"Transpose {node.name}: no perm attribute or flattened channels")
@@ -220,7 +248,7 @@ def _transpose(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("Squeeze", "Unsqueeze", "Flatten", "Reshape")
-def _reshape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _reshape(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     """Shape ops are channel-wise when the channel axis survives as one axis (possibly merged with
     the trailing spatial axes, which makes each channel own ``repeat`` consecutive entries)."""
     if port not in (("in", 0), ("out", 0)):
@@ -295,7 +323,7 @@ def _indices(node: gs.Node, length: int) -> list[int] | None:
 
 
 @rule("Shape")
-def _shape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _shape(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     """Shape reads sizes, not values: a member of the space when nothing reads the channel count
     (e.g. the batch size of a ``Reshape(x, [Shape(x)[0], -1])``)."""
     rank = _rank(node.inputs[0])
@@ -313,7 +341,7 @@ def _shape(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 @rule("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1", "ReduceProd",
       "ReduceLogSumExp", "ReduceSumSquare")
-def _reduce(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _reduce(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     rank = _rank(node.inputs[0])
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1:
@@ -330,25 +358,127 @@ def _reduce(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("Softmax", "LogSoftmax")
-def _softmax(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _softmax(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     rank = _rank(node.inputs[0])
     if rank is None or int(node.attrs.get("axis", -1)) % rank == axis or repeat != 1:
         return Blocked(f"{node.op} {node.name}: normalises across channels")
     return Channelwise({("in", 0): (axis, 1), ("out", 0): (axis, 1)})
 
 
+def _pieces(sizes: list[int], span: Span) -> tuple[int, list[int]]:
+    """The piece holding ``span`` among consecutive pieces of ``sizes``, and the piece boundaries
+    strictly inside the span (relative to its offset) when it straddles several."""
+    bounds = np.cumsum([0, *sizes])
+    offset, length = span
+    piece = int(np.searchsorted(bounds, offset, side="right")) - 1
+    inside = [int(b) - offset for b in bounds if offset < b < offset + length]
+    return piece, inside
+
+
+def _cut(node: gs.Node, sizes: list[int], span: Span, what: str) -> Cut | None:
+    inside = _pieces(sizes, span)[1]
+    return Cut(inside, f"{node.op} {node.name} {what} inside the channel range") if inside else None
+
+
 @rule("Concat")
-def _concat(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _concat(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """On another axis: channel-wise. On the channel axis: input i's channels are the range of the
+    output that starts at the sizes of inputs 0..i-1."""
     rank = _rank(node.outputs[0])
-    if rank is None or int(node.attrs["axis"]) % rank == axis:
-        return Blocked(f"Concat {node.name}: concatenates along the channel axis")
-    ports = {("in", i): (axis, repeat) for i in range(len(node.inputs))}
-    ports[("out", 0)] = (axis, repeat)
-    return Channelwise(ports)
+    if rank is None:
+        return Blocked(f"Concat {node.name}: unknown rank")
+    if int(node.attrs["axis"]) % rank != axis:
+        ports = {("in", i): (axis, repeat) for i in range(len(node.inputs))}
+        ports[("out", 0)] = (axis, repeat)
+        return Channelwise(ports)
+    sizes = [_channels_at(t, axis) for t in node.inputs]
+    if repeat != 1 or None in sizes:
+        return Blocked(f"Concat {node.name}: concatenates flattened channels or inputs of unknown size")
+    if port[0] == "in":
+        i = port[1]
+    else:
+        cut = _cut(node, sizes, span, "joins two inputs")
+        if cut is not None:
+            return cut
+        i = _pieces(sizes, span)[0]
+    start = int(sum(sizes[:i]))
+    return Channelwise({("in", i): (axis, 1), ("out", 0): (axis, 1)}, frames={("in", i): 0, ("out", 0): start})
+
+
+def split_sizes(node: gs.Node, total: int | None) -> list[int] | None:
+    """The sizes of a Split's pieces (from the ``split`` input or attribute, else equal pieces)."""
+    if len(node.inputs) > 1 and node.inputs[1].name:
+        value = const_value(node.inputs[1])
+        return None if value is None else [int(v) for v in value.reshape(-1)]
+    if "split" in node.attrs:
+        return [int(v) for v in node.attrs["split"]]
+    if total is None:
+        return None
+    n = len(node.outputs)
+    size = -(-total // n)
+    return [size] * (n - 1) + [total - (n - 1) * size]
+
+
+@rule("Split")
+def _split(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """On another axis: channel-wise. On the channel axis: output j is the range of the input that
+    starts at the sizes of pieces 0..j-1; pruning rewrites the sizes."""
+    rank = _rank(node.inputs[0])
+    if rank is None or port[0] == "in" and port[1] != 0:
+        return Blocked(f"Split {node.name}: unknown rank, or channels reach the split sizes")
+    if int(node.attrs.get("axis", 0)) % rank != axis:
+        ports = [("in", 0), *(("out", j) for j in range(len(node.outputs)))]
+        return Channelwise({p: (axis, repeat) for p in ports})
+    sizes = split_sizes(node, _channels_at(node.inputs[0], axis))
+    if repeat != 1 or sizes is None:
+        return Blocked(f"Split {node.name}: splits flattened channels, or its sizes are not constant")
+    if port[0] == "out":
+        j = port[1]
+    else:
+        cut = _cut(node, sizes, span, "splits")
+        if cut is not None:
+            return cut
+        j = _pieces(sizes, span)[0]
+    bounds = tuple(int(b) for b in np.cumsum([0, *sizes]))
+    return Channelwise({("in", 0): (axis, 1), ("out", j): (axis, 1)}, frames={("in", 0): bounds[j], ("out", j): 0},
+                       resizes=[ResizeSite(node.name, node.inputs[0].name, axis, bounds)])
+
+
+@rule("Slice")
+def _slice(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """On other axes: channel-wise. On the channel axis (step 1): the output is the range [start, end)
+    of the input; channels outside it end there. Pruning rewrites start and end."""
+    if port not in (("in", 0), ("out", 0)) or len(node.inputs) < 3:
+        return Blocked(f"Slice {node.name}: channels reach a parameter input, or a Slice before opset 10")
+    rank = _rank(node.inputs[0])
+    params = [const_value(t) for t in node.inputs[1:]]
+    if rank is None or any(p is None for p in params):
+        return Blocked(f"Slice {node.name}: non-constant starts/ends/axes/steps")
+    starts, ends = params[0].reshape(-1), params[1].reshape(-1)
+    axes = [int(a) % rank for a in params[2].reshape(-1)] if len(params) > 2 else list(range(len(starts)))
+    if axis not in axes:
+        return Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat)})
+    k = axes.index(axis)
+    steps = params[3].reshape(-1) if len(params) > 3 else np.ones(len(axes), np.int64)
+    total = _channels_at(node.inputs[0], axis)
+    if repeat != 1 or int(steps[k]) != 1 or total is None:
+        return Blocked(f"Slice {node.name}: steps over the channel axis, or slices flattened channels")
+    start, end = slice(int(starts[k]), int(ends[k])).indices(total)[:2]
+    end = max(start, end)
+    site = [ResizeSite(node.name, node.inputs[0].name, axis, (start, end))]
+    frames = {("in", 0): start, ("out", 0): 0}
+    if port == ("in", 0):
+        offset, length = span
+        if offset + length <= start or offset >= end:  # not read: the channels end here
+            return Channelwise({("in", 0): (axis, 1)}, resizes=site)
+        cut = _cut(node, [start, end - start, total - end], span, "slices")
+        if cut is not None:
+            return cut
+    return Channelwise({("in", 0): (axis, 1), ("out", 0): (axis, 1)}, frames=frames, resizes=site)
 
 
 @rule("Conv")
-def _conv(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _conv(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     weight = const_value(node.inputs[1])
     if weight is None:
         return Blocked(f"Conv {node.name}: weight is not constant")
@@ -371,7 +501,7 @@ def _conv(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("ConvTranspose")
-def _conv_transpose(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _conv_transpose(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     weight = const_value(node.inputs[1])
     if weight is None or int(node.attrs.get("group", 1)) != 1:
         return Blocked(f"ConvTranspose {node.name}: grouped or non-constant weight")
@@ -382,7 +512,7 @@ def _conv_transpose(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("Gemm")
-def _gemm(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _gemm(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     weight = const_value(node.inputs[1])
     trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
     if weight is None or trans_a:
@@ -402,7 +532,7 @@ def _gemm(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
 
 
 @rule("MatMul")
-def _matmul(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+def _matmul(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     weight = const_value(node.inputs[1])
     if weight is None or weight.ndim != 2:
         return Blocked(f"MatMul {node.name}: weight is not a constant matrix")

@@ -16,13 +16,16 @@ def scale_columns(graph: gs.Graph, group: Group, scale: np.ndarray) -> gs.Graph:
     """``scale`` has one factor per channel the group has NOW (after any slicing)."""
     consumers = {c.node for c in group.consumers}
     nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
     for site in group.slices:
         if site.node not in consumers or site.input_index != 1:
             continue
         node = nodes[site.node]
         const = node.inputs[1]
         values = np.asarray(const.values)
-        factor = np.repeat(np.asarray(scale, dtype=np.float64), site.repeat)
+        factor = np.ones(values.shape[site.axis])
+        index = group.entries(tensors, site.tensor, site.offset, site.repeat) if site.tensor else np.arange(factor.size)
+        factor[index] = np.repeat(np.asarray(scale, dtype=np.float64), site.repeat)
         shape = [1] * values.ndim
         shape[site.axis] = factor.size
         scaled = (values * factor.reshape(shape)).astype(values.dtype)

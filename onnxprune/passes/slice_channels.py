@@ -6,9 +6,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.consumers import bias_add
-from onnxprune.analysis.groups import Group
-from onnxprune.analysis.ops import SliceSite
-from onnxprune.imitation.refit import expand_channels
+from onnxprune.analysis.groups import Group, keep_index, kept_entries
+from onnxprune.analysis.ops import ResizeSite, SliceSite
 
 
 def _sites(nodes: dict[str, gs.Node], group: Group) -> list[SliceSite]:
@@ -22,32 +21,67 @@ def _sites(nodes: dict[str, gs.Node], group: Group) -> list[SliceSite]:
     known = {(s.node, s.input_index) for s in sites}
     for name in group.producers:
         node = nodes[name]
+        weight = next((s for s in sites if s.node == name and s.input_index == 1), None)
+        where = {} if weight is None else {"tensor": weight.tensor, "offset": weight.offset}
         if node.op in ("Conv", "ConvTranspose", "Gemm") and len(node.inputs) > 2 and (name, 2) not in known:
             bias = node.inputs[2]
             if isinstance(bias, gs.Constant) and np.asarray(bias.values).size > 1:
-                sites.append(SliceSite(name, 2, np.asarray(bias.values).ndim - 1))
+                sites.append(SliceSite(name, 2, np.asarray(bias.values).ndim - 1, **where))
         add = bias_add(node)
         if add is not None and (add.name, 1) not in known:
-            sites.append(SliceSite(add.name, 1, 0))
+            sites.append(SliceSite(add.name, 1, 0, **where))
     return sites
+
+
+def _resize(node: gs.Node, site: ResizeSite, group: Group, tensors: dict[str, gs.Tensor], opset: int) -> None:
+    """Rewrite a Split's sizes or a Slice's channel bounds for the current channel layout."""
+    bounds = [group.layout.current(tensors, site.tensor, b) for b in site.bounds]
+    if node.op == "Split":
+        sizes = np.diff(bounds).astype(np.int64)
+        if opset >= 13:
+            node.attrs.pop("num_outputs", None)
+            split = gs.Constant(f"{node.name}.split{group.id}", sizes)
+            node.inputs = [node.inputs[0], split]
+        else:
+            node.attrs["split"] = [int(s) for s in sizes]
+        return
+    rank = len(node.inputs[0].shape)
+    params = [np.array(np.asarray(t.values), dtype=np.int64).reshape(-1) for t in node.inputs[1:]]
+    axes = [int(a) % rank for a in params[2]] if len(params) > 2 else list(range(len(params[0])))
+    k = axes.index(site.axis)
+    params[0][k], params[1][k] = bounds
+    for i in (0, 1):
+        node.inputs[1 + i] = gs.Constant(f"{node.inputs[1 + i].name}.keep{group.id}", params[i])
 
 
 def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
     """Slice every constant indexed by the group's channels to ``keep`` (sorted) and fix shapes."""
     keep = np.sort(np.asarray(keep, dtype=np.int64))
     nodes = {n.name: n for n in graph.nodes}
-    for site in _sites(nodes, group):
-        node = nodes[site.node]
-        const = node.inputs[site.input_index]
-        values = np.take(np.asarray(const.values), expand_channels(keep, site.repeat), axis=site.axis)
-        node.inputs[site.input_index] = gs.Constant(f"{const.name}.keep{group.id}", np.ascontiguousarray(values))
-    for site in group.attrs:
-        nodes[site.node].attrs[site.attr] = int(len(keep))
     tensors = graph.tensors()
-    for name, (axis, repeat) in group.tensors.items():
-        tensor = tensors[name]
-        if tensor.shape is not None and axis < len(tensor.shape):
-            shape = list(tensor.shape)
-            shape[axis] = int(len(keep) * repeat)
-            tensor.shape = shape
+    width = group.width(tensors)
+    # Every index is computed on the layout before this slicing, then applied; a constant that holds
+    # the group's channels twice (a consumer of a Concat of them with themselves) is sliced once.
+    starts: dict[tuple[str, int, int, int], list[int]] = {}
+    for site in _sites(nodes, group):
+        start = group.layout.current(tensors, site.tensor, site.offset) if site.tensor else 0
+        starts.setdefault((site.node, site.input_index, site.axis, site.repeat), []).append(start)
+    plans = []
+    for (name, i, axis, repeat), at in starts.items():
+        size = np.asarray(nodes[name].inputs[i].values).shape[axis]
+        plans.append((nodes[name], i, axis, keep_index(size, at, width, repeat, keep)))
+    entries = kept_entries(graph, group, keep)
+    for node, i, axis, index in plans:
+        const = node.inputs[i]
+        values = np.take(np.asarray(const.values), index, axis=axis)
+        node.inputs[i] = gs.Constant(f"{const.name}.keep{group.id}", np.ascontiguousarray(values))
+    for site in group.attrs:
+        nodes[site.node].attrs[site.attr] = int(nodes[site.node].attrs[site.attr]) - (width - len(keep))
+    for name, index in entries.items():
+        axis = group.tensors[name][0]
+        shape = list(tensors[name].shape)
+        shape[axis] = int(len(index))
+        tensors[name].shape = shape
+    for site in group.resizes:
+        _resize(nodes[site.node], site, group, tensors, graph.opset)
     return graph.cleanup().toposort()

@@ -21,7 +21,7 @@ import torch
 from onnxprune.allocation import curve_widths, epsilon_widths, lowest_macs, uniform_widths
 from onnxprune.analysis import Analysis, analyze, consumers
 from onnxprune.analysis.graph import infer_shapes
-from onnxprune.analysis.groups import ConsumerUse, Group
+from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.deploy.cost import CostTable, measure_cost_table, median_latencies
@@ -126,8 +126,9 @@ class CompressReport:
 def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]], list[dict]]:
     """Prunable groups with their cut (position of the first consumer), and those left alone.
 
-    A group can be pruned layer-wise when all of its tensors exist before its first consumer
-    runs; groups tied across several layers (residual streams, SE gates) cannot yet.
+    A group can be pruned layer-wise when all of its producers run before its first consumer;
+    groups tied across several layers (residual streams, SE gates) cannot yet. Consumers that read
+    the channels later (through a Concat) are fed by running ahead from the cut (``peek``).
     """
     order, skipped = [], []
     for g in analysis.groups:
@@ -135,7 +136,7 @@ def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]
             skipped.append({"group": g.name, "channels": g.channels, "reason": g.reason})
             continue
         cut = min(live.position[c.node] for c in g.consumers)
-        if any(live.produced[t] >= cut for t in g.tensors):
+        if any(live.position[p] >= cut for p in g.producers):
             skipped.append({"group": g.name, "channels": g.channels,
                             "reason": "coupled across layers (residual/SE): not pruned by this release"})
             continue
@@ -233,21 +234,33 @@ class Compressor:
             # On the unpruned network both targets are the layer's own output, so the Gram matrix
             # alone defines the loss: no output statistics are needed.
             pairs = []
+            ahead = self.peek(self.original, values, {use.tensor for use in group.consumers})
             for use in group.consumers:
                 node = nodes[use.node]
-                lin = consumers.matrix(node)
+                view = consumers.group_view(self.original, node, group, use)
+                lin = view.linear(consumers.matrix(node))
                 stats = ConsumerStats(lin.weight.shape[1], 0)
-                x = values[use.tensor]
+                x = ahead[use.tensor]
                 for s in range(0, len(x), self.options.batch_size):
-                    cols = consumers.unfold(node, torch.from_numpy(x[s : s + self.options.batch_size]))
+                    cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + self.options.batch_size])))
                     stats.update(cols, cols[:, :0])
-                pairs.append((stats, lin.weight, lin.k * use.repeat))
+                pairs.append((stats, lin.weight, lin.k))
             curves[group.id] = _local_curve(pairs, group.channels)
         return curves
 
+    def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
+        """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
+        new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
+                               batch_size=self.options.batch_size)
+        self.provider = ran or self.provider
+        return {**values, **new}
+
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[_ConsumerData]:
         """Streamed statistics of every consumer: inputs on the ``prefix`` network (the pruned one)
-        vs outputs of the original network (its cached tensors ``reference``)."""
+        vs outputs of the original network (its cached tensors ``reference``).
+
+        A consumer that also reads other groups' channels (a Concat) is seen through the group's
+        columns only; the other columns' contribution, with their current weights, leaves the target."""
         nodes_p = {n.name: n for n in self.graph.nodes}
         nodes_o = {n.name: n for n in self.original.nodes}
         out = []
@@ -257,9 +270,13 @@ class Compressor:
         bs = max(2, min(self.options.batch_size, n // 2) // 2 * 2)
         for use in group.consumers:
             node_p, node_o = nodes_p[use.node], nodes_o[use.node]
-            current, original = consumers.matrix(node_p), consumers.matrix(node_o)
-            w_o = torch.from_numpy(original.weight.astype(np.float32))
-            b_o = torch.from_numpy(original.bias.astype(np.float32))
+            full_p, full_o = consumers.matrix(node_p), consumers.matrix(node_o)
+            view = consumers.group_view(self.graph, node_p, group, use)
+            current = view.linear(full_p)
+            original = consumers.group_view(self.original, node_o, group, use).linear(full_o)
+            w_o = torch.from_numpy(full_o.weight.astype(np.float32))
+            b_o = torch.from_numpy(full_o.bias.astype(np.float32))
+            w_rest = torch.from_numpy(full_p.weight[:, view.rest].astype(np.float32))
             partner = _residual_partner(node_o)
             if partner is not None and partner not in prefix:
                 partner = None
@@ -268,6 +285,9 @@ class Compressor:
             for s in range(0, len(x_p), bs):
                 x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
                 t = torch.matmul(w_o, consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs]))) + b_o[:, None]
+                if view.rest.size:
+                    t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
+                x = view.take(x)
                 if partner is not None:
                     shift = reference[partner][s : s + bs] - prefix[partner][s : s + bs]
                     t += consumers.columns(node_o, torch.from_numpy(shift))
@@ -289,9 +309,11 @@ class Compressor:
         if method == "l1":
             norms = np.zeros(n)
             nodes = {node.name: node for node in self.graph.nodes}
+            tensors = self.graph.tensors()
             for site in group.slices:
                 if site.node in group.producers and site.input_index == 1:
                     w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
+                    w = np.take(w, group.entries(tensors, site.tensor, site.offset, site.repeat), axis=site.axis)
                     norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
             return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
         if method == "omp":
@@ -308,6 +330,9 @@ class Compressor:
     def _choose_global(self, group: Group, width: int) -> tuple[np.ndarray, np.ndarray, None]:
         """The paper's greedy global imitation on the network's final output (KL for classifiers,
         MSE otherwise), with the Taylor shortlist past 25 neurons; slow without a GPU."""
+        if group.partial:
+            raise AnalysisError(f"--method global cannot prune {group.name}: its channels share a tensor with "
+                                "others (Concat/Split); use --method omp")
         if self.reference is None:
             outputs = [t.name for t in self.original.outputs]
             self.reference, _ = run_segment(self.original, dict(self.inputs), outputs,
@@ -335,8 +360,9 @@ class Compressor:
                 cols = expand(keep, _k(d))
                 w, b, ridge = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
                 ridges.append(ridge)
-                self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)))
-            err = sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, d)) for d in data)
+                self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)), group, d.use)
+            err = sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, group, d))
+                      for d in data)
             return fold_err, err / energy, ridges
         if mode == "scale":
             G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)[np.ix_(keep, keep)]
@@ -346,9 +372,11 @@ class Compressor:
         return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy, []
 
     def slice_cache(self, group: Group, keep: np.ndarray) -> None:
-        for name, (axis, repeat) in group.tensors.items():
-            if name in self.values_p:
-                self.values_p[name] = np.ascontiguousarray(np.take(self.values_p[name], expand(keep, repeat), axis=axis))
+        """Slice the group's cached tensors like ``apply`` sliced the graph."""
+        sizes = {name: self.values_p[name].shape[axis] for name, (axis, _) in group.tensors.items() if name in self.values_p}
+        for name, index in kept_entries(self.graph, group, keep, sizes).items():
+            axis = group.tensors[name][0]
+            self.values_p[name] = np.ascontiguousarray(np.take(self.values_p[name], index, axis=axis))
 
     def export(self) -> onnx.ModelProto:
         model = gs.export_onnx(self.graph.cleanup().toposort())
@@ -373,8 +401,8 @@ def _centred(stats) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
 
 
 def _k(d: _ConsumerData) -> int:
-    """Weight columns per channel: kernel taps × entries per channel after a Flatten."""
-    return d.current.k * d.use.repeat
+    """Weight columns per channel: kernel taps × entries per channel after a Flatten × ranges in a Concat."""
+    return d.current.k
 
 
 def _fold_loss(d: _ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:
@@ -384,9 +412,9 @@ def _fold_loss(d: _ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:
     return quadratic_loss_full(d.stats, expand(keep, k), w, d.current.bias)
 
 
-def _refit_of(graph: gs.Graph, d: _ConsumerData) -> tuple[np.ndarray, np.ndarray]:
+def _refit_of(graph: gs.Graph, group: Group, d: _ConsumerData) -> tuple[np.ndarray, np.ndarray]:
     node = next(n for n in graph.nodes if n.name == d.use.node)
-    lin = consumers.matrix(node)
+    lin = consumers.group_view(graph, node, group, d.use).linear(consumers.matrix(node))
     return lin.weight, lin.bias
 
 
@@ -444,7 +472,8 @@ def compress(
         width = widths[group.id]
         if width == group.channels:
             continue
-        data = run.collect(group, run.values_p, run.values_o)
+        need = {c.tensor for c in group.consumers}
+        data = run.collect(group, run.peek(run.graph, run.values_p, need), run.peek(run.original, run.values_o, need))
         keep, fold, rel = run.choose(group, data, width)
         err_fold, err, ridges = run.apply(group, data, keep, fold)
         run.slice_cache(group, keep)

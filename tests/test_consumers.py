@@ -82,3 +82,39 @@ def test_grouped_conv_consumer_is_blocked() -> None:
     node = gs.Node("Conv", "grouped", attrs={"group": 2, "pads": [1, 1, 1, 1]}, inputs=[x, w], outputs=[y])
     role = role_of(node, ("in", 0), 1, 1)
     assert isinstance(role, Blocked) and "grouped" in role.reason
+
+
+CT_CASES = {
+    "2x2-stride2": dict(kernel_shape=[2, 2], strides=[2, 2]),
+    "3x3-stride2-pad-outpad": dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], output_padding=[1, 1]),
+    "3x3-asym-pad": dict(kernel_shape=[3, 3], pads=[0, 1, 2, 0]),
+    "3x2-dilated-stride3": dict(kernel_shape=[3, 2], strides=[3, 2], dilations=[2, 1], pads=[1, 0, 0, 1]),
+}
+
+
+def _conv_transpose_model(attrs: dict, c: int = 5, o: int = 4, hw: int = 6) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    kh, kw = attrs["kernel_shape"]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [c, o, kh, kw], rng.standard_normal(o * c * kh * kw).tolist())
+    b = helper.make_tensor("b", TensorProto.FLOAT, [o], rng.standard_normal(o).tolist())
+    node = helper.make_node("ConvTranspose", ["x", "w", "b"], ["y"], name="up", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, c, hw, hw])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w, b])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("name", list(CT_CASES))
+def test_conv_transpose_as_a_matrix_matches_onnxruntime(name: str) -> None:
+    """ConvTranspose read as the equivalent stride-1 Conv on the zero-inserted input; written back unchanged."""
+    model = _conv_transpose_model(CT_CASES[name])
+    graph = import_graph(model)
+    node = graph.nodes[0]
+    x = np.random.default_rng(1).standard_normal((2, 5, 6, 6)).astype(np.float32)
+    (y,) = run(model, x=x)
+    lin = consumers.matrix(node)
+    cols = consumers.unfold(node, torch.from_numpy(x)).numpy().astype(np.float64)
+    assert cols.shape[1] == lin.weight.shape[1] and lin.k == int(np.prod(CT_CASES[name]["kernel_shape"]))
+    np.testing.assert_allclose((lin.weight @ cols + lin.bias[:, None]).reshape(y.shape), y, rtol=1e-4, atol=1e-4)
+    before = np.asarray(node.inputs[1].values).copy()
+    consumers.write(graph, node, lin)
+    np.testing.assert_allclose(np.asarray(node.inputs[1].values), before, rtol=1e-6)

@@ -70,9 +70,28 @@ def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
     )
 
 
+def conv_transpose_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
+    """A 2-D ConvTranspose is a stride-1 Conv with the flipped kernel on the input with ``stride - 1``
+    zeros between pixels, padded by ``dilation·(k-1) - pads`` (+ output_padding at the end): its patches."""
+    kh, kw = node.inputs[1].shape[2:]
+    sh, sw = node.attrs.get("strides", [1, 1])
+    dh, dw = node.attrs.get("dilations", [1, 1])
+    top, left, bottom, right = node.attrs.get("pads", [0, 0, 0, 0])
+    oph, opw = node.attrs.get("output_padding", [0, 0])
+    b, c, h, w = x.shape
+    up = x.new_zeros(b, c, (h - 1) * sh + 1, (w - 1) * sw + 1)
+    up[:, :, ::sh, ::sw] = x
+    up = F.pad(up, (dw * (kw - 1) - left, dw * (kw - 1) - right + opw, dh * (kh - 1) - top, dh * (kh - 1) - bottom + oph))
+    return F.unfold(up, kernel_size=(kh, kw), dilation=(dh, dw))
+
+
 def matrix(node: gs.Node) -> Linear:
     """The consumer's weights as (O, D) plus bias."""
     w = const_value(node.inputs[1]).astype(np.float64)
+    if node.op == "ConvTranspose":  # (C, O, kh, kw) -> the equivalent Conv's flipped (O, C, kh, kw)
+        bias = const_value(node.inputs[2]) if len(node.inputs) > 2 else np.zeros(w.shape[1])
+        conv = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+        return Linear(conv.reshape(conv.shape[0], -1), bias.astype(np.float64), int(np.prod(w.shape[2:])))
     if node.op == "Conv":
         bias = const_value(node.inputs[2]) if len(node.inputs) > 2 else np.zeros(w.shape[0])
         return Linear(w.reshape(w.shape[0], -1), bias.astype(np.float64), int(np.prod(w.shape[2:])))
@@ -94,13 +113,15 @@ def unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
     """What the consumer multiplies by W, channel-major: (B, D, positions)."""
     if node.op == "Conv":
         return conv_unfold(node, x)
+    if node.op == "ConvTranspose":
+        return conv_transpose_unfold(node, x)
     return columns(node, x)
 
 
 def columns(node: gs.Node, y: torch.Tensor) -> torch.Tensor:
     """A tensor shaped like the consumer's output (or a Gemm/MatMul input) as (B, channels, positions),
     with positions in the order ``unfold`` uses."""
-    if node.op == "Conv":
+    if node.op in ("Conv", "ConvTranspose"):
         return y.flatten(2)
     return y.reshape(-1, y.shape[-1]).T.unsqueeze(0)
 
@@ -121,10 +142,14 @@ def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
     dtype = np.asarray(node.inputs[1].values).dtype
     w, b = linear.weight.astype(dtype), linear.bias.astype(dtype)
     name = node.name
-    if node.op in ("Conv", "Gemm"):
+    if node.op in ("Conv", "ConvTranspose", "Gemm"):
         if node.op == "Conv":
             old = node.inputs[1].shape
             node.inputs[1] = gs.Constant(f"{name}.weight", w.reshape(old[0], -1, *old[2:]))
+        elif node.op == "ConvTranspose":
+            old = node.inputs[1].shape
+            conv = w.reshape(old[1], -1, *old[2:])[:, :, ::-1, ::-1].transpose(1, 0, 2, 3)
+            node.inputs[1] = gs.Constant(f"{name}.weight", np.ascontiguousarray(conv))
         else:
             trans_b = int(node.attrs.get("transB", 0))
             node.inputs[1] = gs.Constant(f"{name}.weight", w if trans_b else np.ascontiguousarray(w.T))
@@ -159,14 +184,21 @@ class ColumnView:
     rest: np.ndarray
     k: int
 
+    def __post_init__(self) -> None:
+        self.whole = not self.rest.size and bool(np.all(self.cols == np.arange(self.cols.size)))
+
     def linear(self, full: Linear) -> Linear:
-        return Linear(full.weight[:, self.cols], full.bias, self.k)
+        return Linear(full.weight if self.whole else full.weight[:, self.cols], full.bias, self.k)
+
+    def take(self, x: torch.Tensor) -> torch.Tensor:
+        """The group's rows of an unfolded input (B, D, positions)."""
+        return x if self.whole else x[:, torch.from_numpy(self.cols)]
 
 
 def group_view(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -> ColumnView:
     """Where ``group``'s channels sit among the consumer's columns in ``graph`` (pruned or original)."""
     full = matrix(node)
-    taps = full.k if node.op == "Conv" else 1
+    taps = full.k if node.op in ("Conv", "ConvTranspose") else 1
     tensors = graph.tensors()
     width = group.width(tensors)
     entries = np.stack([group.entries(tensors, use.tensor, o, use.repeat) for o in group.offsets[use.tensor]])

@@ -49,11 +49,12 @@ class Layout:
 
     segments: dict[str, list[tuple[int, int, Witness | None]]] = field(default_factory=dict)
 
-    def current(self, tensors: dict[str, gs.Tensor], name: str, offset: int) -> int:
-        """Where original channel position ``offset`` of tensor ``name`` is in the graph of ``tensors``."""
+    def current(self, tensors: dict[str, gs.Tensor], name: str, offset: int, unpruned: Witness | None = None) -> int:
+        """Where original channel position ``offset`` of tensor ``name`` is in the graph of ``tensors``
+        (with the group of witness ``unpruned`` counted at its original width)."""
         shift = 0
         for start, length, witness in self.segments.get(name, []):
-            if witness is not None and start + length <= offset:
+            if witness is not None and witness != unpruned and start + length <= offset:
                 shift += length - _width(tensors, witness, length)
         return offset - shift
 
@@ -111,9 +112,11 @@ class Group:
         """The group's channel count in the graph of ``tensors`` (after any pruning of it)."""
         return self.channels if self.witness is None else _width(tensors, self.witness, self.channels)
 
-    def starts(self, tensors: dict[str, gs.Tensor], name: str) -> list[int]:
-        """Current offsets (in channels) of the group's range(s) in tensor ``name``."""
-        return [self.layout.current(tensors, name, o) for o in self.offsets.get(name, [0])]
+    def starts(self, tensors: dict[str, gs.Tensor], name: str, unpruned: bool = False) -> list[int]:
+        """Current offsets (in channels) of the group's range(s) in tensor ``name`` (``unpruned``: as
+        they were before this group was sliced)."""
+        own = self.witness if unpruned else None
+        return [self.layout.current(tensors, name, o, own) for o in self.offsets.get(name, [0])]
 
     def entries(self, tensors: dict[str, gs.Tensor], name: str, offset: int, repeat: int) -> np.ndarray:
         """Current indices of the group's entries (``repeat`` per channel) at one original ``offset``."""
@@ -144,15 +147,22 @@ def keep_index(size: int, starts: list[int], width: int, repeat: int, keep: np.n
     return np.flatnonzero(mask)
 
 
-def kept_entries(graph: gs.Graph, group: Group, keep: np.ndarray) -> dict[str, np.ndarray]:
-    """For every member tensor with a known shape: the indices along its channel axis that survive."""
+def kept_entries(graph: gs.Graph, group: Group, keep: np.ndarray,
+                 sizes: dict[str, int] | None = None) -> dict[str, np.ndarray]:
+    """For every member tensor: the indices along its channel axis that survive slicing ``keep``.
+
+    Without ``sizes``, on ``graph`` before the slicing (tensors of unknown size are left out); with
+    ``sizes`` (each tensor's size before the slicing), on ``graph`` after slicing the group once."""
     tensors = graph.tensors()
-    width = group.width(tensors)
+    width = group.channels if sizes is not None else group.width(tensors)
     out = {}
     for name, (axis, repeat) in group.tensors.items():
         shape = tensors[name].shape if name in tensors else None
-        if shape is not None and axis < len(shape) and isinstance(shape[axis], (int, np.integer)):
-            out[name] = keep_index(int(shape[axis]), group.starts(tensors, name), width, repeat, keep)
+        size = sizes.get(name) if sizes is not None else (
+            shape[axis] if shape is not None and axis < len(shape) else None)
+        if isinstance(size, (int, np.integer)):
+            starts = group.starts(tensors, name, unpruned=sizes is not None)
+            out[name] = keep_index(int(size), starts, width, repeat, keep)
     return out
 
 

@@ -508,7 +508,12 @@ def _conv_transpose(node: gs.Node, port: Port, axis: int, repeat: int, span: Spa
     if port == ("out", 0):
         bias = [SliceSite(node.name, 2, 0)] if len(node.inputs) > 2 else []
         return Producer([SliceSite(node.name, 1, 1), *bias])
-    return Blocked(f"ConvTranspose {node.name}: not supported as a consumer yet")
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if auto not in ("NOTSET", b"NOTSET", "") or "output_shape" in node.attrs or weight.ndim != 4:
+        return Blocked(f"ConvTranspose {node.name}: auto_pad, output_shape or not 2-D: not supported as a consumer")
+    if port == ("in", 0) and axis == 1 and repeat == 1:
+        return Consumer("conv_transpose", [SliceSite(node.name, 1, 0)])
+    return Blocked(f"ConvTranspose {node.name}: channels reach an unsupported input")
 
 
 @rule("Gemm")

@@ -8,6 +8,10 @@ K held-out sets (K=5: every photo evaluated once, by a model that never saw it).
 
     python benchmarks/fidelity.py --data ../shared/data/imagenet-sample-dev
     python benchmarks/fidelity.py --quick          # tiny configuration, used by the test suite
+    python benchmarks/fidelity.py --plot-only benchmarks/results/fidelity.json   # redraw a committed run
+
+Every run (and `--plot-only FILE...`) also draws top-1 and agreement vs MACs, one line per
+variant, next to its JSON (`fidelity.json` -> `fidelity.png`).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import shlex
 import sys
 from pathlib import Path
 
+import matplotlib
 import numpy as np
 
 from common import CLI, DEFAULT_DATA, evaluate, original_model, run
@@ -45,6 +50,48 @@ def pool(results: list[dict]) -> dict:
     return {"images": int(n.sum()), **{k: float(np.dot(n, [r[k] for r in results]) / n.sum()) for k in keys}}
 
 
+def series(rows: list[dict]) -> dict[str, list[dict]]:
+    """Rows grouped by variant, each group sorted by MACs: one plotted line per variant."""
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["variant"], []).append(r)
+    return {name: sorted(group, key=lambda r: r["macs"]) for name, group in out.items()}
+
+
+def plot(lines: dict[str, list[dict]], original: dict, path: Path, title: str,
+         points: dict[str, list[dict]] | None = None) -> None:
+    """Top-1 and agreement vs MACs: one line per entry of ``lines``, single markers for ``points``."""
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharex=True)
+    for ax, key, label in zip(axes, ("top1", "agreement"), ("top-1", "agreement with the original")):
+        ax.axhline(original[key], color="grey", ls=":", lw=1)
+        ax.plot([original["macs"] / 1e6], [original[key]], "k*", ms=9, label="original")
+        for name, rows in lines.items():
+            ax.plot([r["macs"] / 1e6 for r in rows], [r[key] for r in rows], "o-", label=name)
+        for name, rows in (points or {}).items():
+            ax.plot([r["macs"] / 1e6 for r in rows], [r[key] for r in rows], "D", mfc="none", ms=8, mew=1.5,
+                    label=name)
+        ax.set(xlabel="MACs (M)", ylabel=label, ylim=(-0.02, 1.02))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def plot_file(result: Path) -> Path:
+    """Redraw the plot of a fidelity results JSON next to it (``x.json`` -> ``x.png``)."""
+    data = json.loads(result.read_text())
+    png = result.with_suffix(".png")
+    images = data["original"]["images"]
+    plot(series(data["rows"]), data["original"], png,
+         f"Real ImageNet MobileNetV2, no fine-tuning, {images} held-out photos ({result.name})")
+    return png
+
+
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
         "| target | variant | MACs | top-1 | top-5 | agreement | KL | compress s (mean) |",
@@ -67,7 +114,13 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=1, help="cross-validation folds (1-5)")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--flip'")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
+    parser.add_argument("--plot-only", type=Path, nargs="+", metavar="FILE",
+                        help="redraw the plots of these results JSONs and exit (nothing is recomputed)")
     args = parser.parse_args()
+    if args.plot_only:
+        for result in args.plot_only:
+            print(plot_file(result))
+        return
     folds = [(f"!{k}%5", f"{k}%5") for k in range(args.folds)]
     if args.quick:
         folds, args.targets, args.variants = [("0:16", "100:110")], "245M", "default,l1"
@@ -95,6 +148,7 @@ def main() -> None:
                          "compress_seconds": float(np.mean(seconds)), **pool(results)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
     (args.out / "fidelity.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
+    plot_file(args.out / "fidelity.json")
     table = markdown(rows, base)
     (args.out / "fidelity.md").write_text(table)
     print(table)

@@ -2,9 +2,10 @@
 
 For every MAC target: `compress` (defaults) on the calibration photos, then `recover` with each
 variant on the same photos, each model evaluated on held-out photos. Writes `<out>/recovery.json`
-and `<out>/recovery.md`. Calibration: dev photos with index % 5 != 0 (400); evaluation: index % 5 == 0.
+and `<out>/recovery.md` (`--name` changes the stem). Calibration: dev photos with index % 5 != 0
+(400); evaluation: index % 5 == 0.
 
-    python benchmarks/recovery.py --targets 245M,170M --variants default,changed
+    python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
 """
 
@@ -20,6 +21,12 @@ from common import CLI, DEFAULT_DATA, evaluate, original_model, run
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
+    "block only": ["--method", "block"],
+    "distill only": ["--method", "distill"],
+    "cutmix": ["--mix", "cutmix"],
+    "no mixing": ["--mix", "none"],
+    "distill 600 steps": ["--distill-steps", "600"],
+    "distill lr 3e-4": ["--distill-lr", "3e-4"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],
@@ -37,6 +44,8 @@ def markdown(rows: list[dict], original: dict) -> str:
     ]
     for r in rows:
         held = "–" if r["calib_kl"] is None else f"{r['calib_kl'][0]:.3f} → {r['calib_kl'][1]:.3f}"
+        if r.get("improved") is False:
+            held += " (input kept)"
         secs = "–" if r["seconds"] is None else f"{r['seconds']:.0f}"
         lines.append(f"| {r['target']} | {r['variant']} | {r['macs'] / 1e6:.1f}M | {r['top1']:.1%} | {r['top5']:.1%} "
                      f"| {r['agreement']:.1%} | {r['kl']:.3f} | {secs} | {held} |")
@@ -49,12 +58,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
+    parser.add_argument("--name", default="recovery", help="stem of the result files")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
     args = parser.parse_args()
     calib, held = "!0%5", "0%5"
     extra: list[str] = []
     if args.quick:
-        calib, held, args.targets, args.variants, extra = "0:16", "100:110", "245M", "default", ["--steps", "3"]
+        calib, held, args.targets, args.variants, extra = ("0:16", "100:110", "245M", "default",
+                                                            ["--steps", "3", "--distill-steps", "3"])
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -85,9 +96,9 @@ def main() -> None:
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()
         report.unlink()
-    (args.out / "recovery.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
+    (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
     table = markdown(rows, base)
-    (args.out / "recovery.md").write_text(table)
+    (args.out / f"{args.name}.md").write_text(table)
     print(table)
 
 

@@ -29,7 +29,8 @@ from onnxprune.deploy.cost import parse_latency
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write
-from onnxprune.recovery import TRAIN, RecoverOptions, RecoverReport, recover
+from onnxprune.recovery import METHODS as RECOVER_METHODS, TRAIN, RecoverOptions, RecoverReport, recover
+from onnxprune.recovery.augment import MIXES
 from onnxprune.runtime.ort import InputSpec, model_input_specs
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -183,8 +184,10 @@ def compress_cmd(
     round_to: Annotated[int, typer.Option(
         help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd widths; 1 = any width).")] = 8,
     recover_steps: Annotated[int, typer.Option(
-        help="After pruning, run `recover` (block-wise reconstruction towards the input model) with this many "
-             "steps per changed segment; 0 = no recovery.")] = 0,
+        help="After pruning, run `recover` with its defaults (block-wise reconstruction with this many steps per "
+             "changed segment, then distillation) towards the input model; 0 = no recovery. Its held-out samples "
+             "are a split of the calibration set the pruner fitted, so the never-worse check is optimistic: "
+             "run `recover --held-subset` on unseen samples for a strict one.")] = 0,
     best_effort: Annotated[bool, typer.Option(
         "--best-effort", help="If the budget is below the lowest reachable MACs, prune to those instead of failing.")
     ] = False,
@@ -288,7 +291,7 @@ def _print_latency(r: LatencyReport) -> None:
                           "`onnxprune bench`, or lower the target", highlight=False, soft_wrap=True)
 
 
-def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: RecoverOptions
+def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: RecoverOptions, held=None
              ) -> tuple[onnx.ModelProto, RecoverReport]:
     """``recover`` with a progress bar (segment, step, best held-out loss)."""
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
@@ -300,23 +303,28 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: 
             progress.update(task, completed=step, total=total,
                             description=f"{label} (held-out loss {held:.4f})" if held is not None else label)
 
-        return recover(student, teacher, data, options, on_progress)
+        return recover(student, teacher, data, options, on_progress, held)
 
 
 def _print_recovery(r: RecoverReport) -> None:
-    table = Table(title=f"recovery: {len(r.segments)} segments trained")
-    for col in ("segment end", "params", "held-out loss before", "after", "best step", "s"):
+    table = Table(title=f"recovery ({r.options['method']}): {len(r.segments)} segments trained")
+    for col in ("stage", "params", "held-out loss before", "after", "best step", "s"):
         table.add_column(col)
     for seg in r.segments:
-        table.add_row(seg.end[0], f"{seg.parameters:,}", f"{seg.held_before:.4f}", f"{seg.held_after:.4f}",
-                      str(seg.best_step), f"{seg.seconds:.1f}")
+        table.add_row(f"block → {seg.end[0]}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
+                      f"{seg.held_after:.4f}", str(seg.best_step), f"{seg.seconds:.1f}")
+    if r.distill is not None:
+        d = r.distill
+        table.add_row(f"distill: {d.augment}", f"{d.parameters:,}", f"{d.held_before:.4f}", f"{d.held_after:.4f}",
+                      str(d.best_step), f"{d.seconds:.1f}")
     console.print(table)
     agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
              if r.agreement_before is not None and r.agreement_after is not None else "")
     verdict = ("kept the recovered weights" if r.improved else
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
-    console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_held} samples "
-                  f"({r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
+    held = "given apart" if r.held_unseen else "split off the calibration set"
+    console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_held} samples ({held}; "
+                  f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
 
 
 @app.command("recover")
@@ -325,10 +333,23 @@ def recover_cmd(
     teacher: Annotated[Path, typer.Option(help="The original model it was pruned from.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the recovered model.")],
     calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
-    steps: Annotated[int, typer.Option(help="Adam steps per segment whose weights differ from the teacher's.")] = 200,
-    lr: Annotated[float, typer.Option(help="Adam learning rate (cosine decay).")] = 1e-3,
+    method: Annotated[str, typer.Option(
+        help="'block' reconstruction (each changed segment trained to reproduce the teacher's tensor at its end), "
+             "end-to-end 'distill'ation on augmented images (both models see the same crop/flip/mix), or "
+             "'block+distill' (default: both, in this order).")] = "block+distill",
+    steps: Annotated[int, typer.Option(help="Block stage: Adam steps per segment whose weights differ from the "
+                                            "teacher's.")] = 200,
+    lr: Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")] = 1e-3,
+    distill_steps: Annotated[int, typer.Option(help="Distill stage: Adam steps on the whole model.")] = 300,
+    distill_lr: Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")] = 1e-4,
+    mix: Annotated[str, typer.Option(
+        help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")] = "mixup",
     holdout: Annotated[float, typer.Option(
         help="Fraction of the calibration samples held out to pick checkpoints and judge the result.")] = 0.2,
+    held_subset: Annotated[Optional[str], typer.Option(
+        help="Instead of --holdout: these samples of the --calib source (same syntax as --subset) pick checkpoints "
+             "and judge the result, and every --subset sample trains. Give samples the pruner did not see: on "
+             "its own calibration samples a pruned model looks better than it is.")] = None,
     train: Annotated[str, typer.Option(
         help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "
              "weights pruning changed).")] = "segment",
@@ -348,7 +369,7 @@ def recover_cmd(
     input_shape: InputShapeOpt = None,
     report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
 ) -> None:
-    """Few-shot recovery: train each pruned segment to reproduce the teacher's tensor at its end.
+    """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher.
 
     Never worse: the result is kept only if it is closer to the teacher (KL for classifiers) on the
     held-out calibration samples than the input; otherwise the input is written unchanged."""
@@ -357,16 +378,23 @@ def recover_cmd(
             raise OutputError(f"output {output} is an input model: choose another -o path")
         if train not in TRAIN:
             raise OnnxPruneError(f"--train {train!r} is not one of {', '.join(TRAIN)}")
-        if steps < 1:
-            raise OnnxPruneError(f"--steps {steps} must be at least 1")
+        if method not in RECOVER_METHODS:
+            raise OnnxPruneError(f"--method {method!r} is not one of {', '.join(RECOVER_METHODS)}")
+        if mix not in MIXES:
+            raise OnnxPruneError(f"--mix {mix!r} is not one of {', '.join(MIXES)}")
+        if steps < 1 or distill_steps < 1:
+            raise OnnxPruneError(f"--steps {steps} and --distill-steps {distill_steps} must be at least 1")
         student = specialise_inputs(load_model(model), input_shape, str(model))
         teacher_model = specialise_inputs(load_model(teacher), input_shape, str(teacher))
         specs = model_input_specs(teacher_model)
-        data = load_calibration(calib, specs, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
-                                subset=subset, limit=limit, flip=flip)
-        options = RecoverOptions(steps=steps, lr=lr, batch_size=batch_size, holdout=holdout, train=train, pull=pull,
-                                 seed=seed, provider=provider)
-        result_model, result = _recover(student, teacher_model, data, options)
+        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
+        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
+        held = None if held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
+                                                                 subset=held_subset)
+        options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
+                                 mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
+                                 pull=pull, seed=seed, provider=provider)
+        result_model, result = _recover(student, teacher_model, data, options, held)
         atomic_write(output, lambda tmp: onnx.save(result_model, str(tmp)), refuse=[model, teacher])
         if report is not None:
             report.write_text(json.dumps(result.to_dict(), indent=2))

@@ -10,12 +10,12 @@ from onnxprune.analysis.graph import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
 from onnxprune.compress import CompressOptions, compress
 from onnxprune.errors import CalibrationError, ModelError
-from onnxprune.recovery import RecoverOptions, recover, split
+from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, recover, split
 from onnxprune.recovery.segments import find_segments
 from onnxprune.runtime.ort import model_input_specs
 from tests.onnx_builders import run
 
-FAST = {"steps": 100, "batch_size": 16, "provider": "cpu"}
+FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-3, "batch_size": 16, "provider": "cpu"}
 
 
 @pytest.fixture(scope="module")
@@ -44,10 +44,16 @@ def test_segments_chain_from_input_to_output(tiny, student) -> None:
     assert len(nodes) == len(set(nodes)) == len(import_graph(student).nodes)
 
 
-def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student) -> None:
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST))
-    assert report.improved and report.after < 0.9 * report.before
+@pytest.mark.parametrize("method", METHODS)
+def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student, method: str) -> None:
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method=method))
+    assert report.improved and report.after < (0.9 if "block" in method else 1.0) * report.before
     assert all(s.held_after <= s.held_before for s in report.segments)
+    assert bool(report.segments) == ("block" in method)
+    assert (report.distill is not None) == ("distill" in method)
+    if report.distill is not None:
+        assert report.distill.held_after <= report.distill.held_before
+        assert report.distill.augment.startswith("random resized crop")
     assert report.writeback_error <= 1e-5
     assert report.samples_train + report.samples_held == len(tiny.x)
     onnx.checker.check_model(model)
@@ -56,16 +62,31 @@ def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student) ->
     held = tiny.x[split(len(tiny.x), 0.2)[1]]
     t = run(tiny.model, input=held)[0]
     before, after = run(student, input=held)[0], run(model, input=held)[0]
-    assert np.linalg.norm(after - t) < np.linalg.norm(before - t)
+    assert discrepancy([after], [t])[1] < discrepancy([before], [t])[1]  # in onnxruntime, on the written model
 
 
 @pytest.mark.parametrize("lr", [0.0, 50.0])
 def test_never_worse_returns_the_input(tiny, student, lr: float) -> None:
     """No training (lr 0) or destructive training (lr 50): the held-out check hands back the input."""
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**{**FAST, "lr": lr}))
+    options = RecoverOptions(**{**FAST, "lr": lr, "distill_lr": lr})
+    model, report = recover(student, tiny.model, _calib(tiny), options)
     assert not report.improved
     assert model is student
     assert all(s.best_step == 0 for s in report.segments)
+    assert report.distill.best_step == 0
+
+
+def test_held_out_samples_given_apart(tiny, student) -> None:
+    """``held``: every calibration sample trains, the given ones choose checkpoints and judge."""
+    name = tiny.model.graph.input[0].name
+    calib = ArraySet({name: tiny.x}, np.arange(48), {name: np.dtype(np.float32)})
+    held = ArraySet({name: tiny.x}, np.arange(48, 64), {name: np.dtype(np.float32)})
+    options = RecoverOptions(**{**FAST, "method": "block", "steps": 20})
+    _, report = recover(student, tiny.model, calib, options, held=held)
+    assert (report.samples_train, report.samples_held, report.held_unseen) == (48, 16, True)
+    wrong = ArraySet({"other": tiny.x}, np.arange(4), {"other": np.dtype(np.float32)})
+    with pytest.raises(CalibrationError, match="held-out samples feed"):
+        recover(student, tiny.model, calib, options, held=wrong)
 
 
 def test_bad_inputs(tiny, zoo, student) -> None:
@@ -82,3 +103,5 @@ def test_bad_inputs(tiny, zoo, student) -> None:
         recover(student, tiny.model, _calib(tiny, 4), RecoverOptions(**FAST))
     with pytest.raises(CalibrationError, match="empty"):
         recover(student, tiny.model, _calib(tiny, 0), RecoverOptions(**FAST))
+    with pytest.raises(ValueError, match="method"):
+        recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="finetune"))

@@ -1,11 +1,18 @@
 """``recover``: few-shot recovery of a pruned model from its teacher on unlabeled calibration data.
 
-Block-wise reconstruction (the default): the student is cut at the tensors it shares with the
-teacher (see ``segments``); going from the input, each segment whose weights were changed by
-pruning is trained to reproduce the teacher's tensor at its end from the student's own tensor at
-its start, so it also corrects the error of the segments before it. A held-out part of the
-calibration set picks the best checkpoint of every segment, and the recovered model is returned
-only if it agrees better with the teacher (KL on the held-out part) than the input did.
+Two stages, run in this order by the default method ``block+distill``:
+
+- ``block``: block-wise reconstruction. The student is cut at the tensors it shares with the
+  teacher (see ``segments``); going from the input, each segment whose weights were changed by
+  pruning is trained to reproduce the teacher's tensor at its end from the student's own tensor at
+  its start, so it also corrects the error of the segments before it.
+- ``distill``: end-to-end distillation of the whole student towards the teacher's outputs (KL for
+  classifiers, relative MSE otherwise) on consistently augmented inputs: both networks see the
+  same randomly cropped, flipped and mixed images (see ``augment``).
+
+A held-out part of the calibration set picks the best checkpoint of every stage, and the recovered
+model is returned only if it agrees better with the teacher on that part than the input did.
+Samples the pruner fitted on make an optimistic held-out set: pass ``held`` samples it did not see.
 """
 
 from __future__ import annotations
@@ -23,24 +30,38 @@ import torch
 from onnxprune.analysis.graph import import_graph, infer_shapes
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError
+from onnxprune.recovery.augment import MIXES, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
-from onnxprune.recovery.train import evaluate_net, fit, relative_mse
+from onnxprune.recovery.train import FitResult, distill, evaluate_net, fit, kl_loss, relative_mse
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 TRAIN = ("segment", "changed")
+METHODS = ("block+distill", "block", "distill")
+Progress = Callable[[str, int, int, float | None], None]
 
 
 @dataclass
 class RecoverOptions:
-    steps: int = 200  # Adam steps per trainable segment
+    method: str = "block+distill"
+    steps: int = 200  # Adam steps per trainable segment (block stage)
     lr: float = 1e-3
+    distill_steps: int = 300  # Adam steps of the end-to-end stage
+    distill_lr: float = 1e-4
+    mix: str = "mixup"  # mixing of the distillation images (after random resized crop and flip)
+    layout: str = "nchw"  # of an image input, for the augmentation
     batch_size: int = 32
     holdout: float = 0.2  # fraction of the calibration samples kept aside to choose checkpoints
-    train: str = "segment"  # every float weight of a changed segment, or only the changed ones
+    train: str = "segment"  # every float weight (of a changed segment), or only the changed ones
     pull: float = 0.0  # decay towards the starting weights
     seed: int = 0
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
+
+    def check(self) -> None:
+        for name, value, allowed in (("method", self.method, METHODS), ("train", self.train, TRAIN),
+                                     ("mix", self.mix, MIXES), ("layout", self.layout, ("nchw", "nhwc"))):
+            if value not in allowed:
+                raise ValueError(f"{name} {value!r} not in {allowed}")
 
 
 @dataclass
@@ -54,9 +75,20 @@ class SegmentReport:
 
 
 @dataclass
+class DistillReport:
+    parameters: int
+    augment: str  # what the inputs went through
+    held_before: float  # held-out metric (the report's) when the stage started
+    held_after: float
+    best_step: int
+    seconds: float
+
+
+@dataclass
 class RecoverReport:
     samples_train: int
     samples_held: int
+    held_unseen: bool  # the held-out samples were given apart (True) or split off the calibration set
     metric: str  # "kl" (KL(teacher || student) of softmax, 2-D outputs) or "rel_mse" (other outputs)
     before: float  # held-out metric of the input model
     after: float  # ... of the recovered weights (returned only if lower)
@@ -67,6 +99,7 @@ class RecoverReport:
     seconds: float = 0.0
     options: dict = field(default_factory=dict)
     segments: list[SegmentReport] = field(default_factory=list)
+    distill: DistillReport | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -95,45 +128,42 @@ def split(n: int, holdout: float, pair: int = 1) -> tuple[np.ndarray, np.ndarray
     return np.flatnonzero(~held), np.flatnonzero(held)
 
 
+def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: RecoverOptions
+             ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """All samples (calibration, then the given held-out ones) and the train / held-out indices."""
+    values = _arrays(calib, options.batch_size)
+    n = len(next(iter(values.values())))
+    if held is None:
+        return (values, *split(n, options.holdout, pair=getattr(calib, "flip", False) + 1))
+    extra = _arrays(held, options.batch_size)
+    if set(extra) != set(values):
+        raise CalibrationError(f"the held-out samples feed {sorted(extra)} but the calibration set {sorted(values)}")
+    m = len(next(iter(extra.values())))
+    if n < 2 or m < 2:
+        raise CalibrationError(f"{n} calibration and {m} held-out samples: give at least 2 of each")
+    both = {k: np.concatenate([values[k], extra[k]]) for k in values}
+    return both, np.arange(n), np.arange(n, n + m)
+
+
 def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray]) -> tuple[str, float, float | None]:
     """(metric, value, top-1 agreement): mean KL(softmax(teacher) || softmax(student)) for a 2-D first
     output (a classifier), else Σ_k ||s_k - t_k||² / ||t_k - mean t_k||² over the outputs."""
-    if teacher[0].ndim == 2:
-        s, t = torch.from_numpy(student[0]).double(), torch.from_numpy(teacher[0]).double()
-        ls, lt = torch.log_softmax(s, 1), torch.log_softmax(t, 1)
-        kl = float((lt.exp() * (lt - ls)).sum(1).mean())
-        return "kl", kl, float((s.argmax(1) == t.argmax(1)).double().mean())
     ys = [torch.from_numpy(a).double() for a in student]
-    return "rel_mse", float(relative_mse(ys, [torch.from_numpy(a).double() for a in teacher])), None
+    ts = [torch.from_numpy(a).double() for a in teacher]
+    if teacher[0].ndim == 2:
+        return "kl", float(kl_loss(ys, ts)), float((ys[0].argmax(1) == ts[0].argmax(1)).double().mean())
+    return "rel_mse", float(relative_mse(ys, ts)), None
 
 
-def recover(
-    student: onnx.ModelProto,
-    teacher: onnx.ModelProto,
-    calib: CalibrationSet,
-    options: RecoverOptions,
-    on_progress: Callable[[str, int, int, float | None], None] | None = None,
-) -> tuple[onnx.ModelProto, RecoverReport]:
-    """Block-wise reconstruction of ``student`` towards ``teacher``; never returns a worse model."""
-    if options.train not in TRAIN:
-        raise ValueError(f"train {options.train!r} not in {TRAIN}")
-    start_time = time.perf_counter()
-    torch.manual_seed(options.seed)
-    torch.set_num_threads(os.cpu_count() or 1)
-    s_graph, t_graph = import_graph(student), import_graph(teacher)
-    segments = find_segments(s_graph, t_graph)
-    s_model = infer_shapes(gs.export_onnx(s_graph))
-    values = _arrays(calib, options.batch_size)
+def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
+                 values: dict[str, np.ndarray], train_idx: np.ndarray, held_idx: np.ndarray,
+                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None
+                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """Train every changed segment in turn; the written model and the trained nets' outputs."""
     n = len(next(iter(values.values())))
-    train_idx, held_idx = split(n, options.holdout, pair=getattr(calib, "flip", False) + 1)
-    outputs = [t.name for t in s_graph.outputs]
-
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
-    report = RecoverReport(len(train_idx), len(held_idx), "", 0.0, 0.0, None, None, False, options=asdict(options))
-    nets = []
-    trainable = sum(s.trainable for s in segments)
-    done = 0
+    model, trainable, done = s_model, sum(s.trainable for s in segments), 0
     for seg in segments:
         t0 = time.perf_counter()
         net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start)
@@ -144,7 +174,7 @@ def recover(
             names = set(seg.changed) if options.train == "changed" else None
             params = [p for name, p in net.named_initializers()
                       if isinstance(p, torch.nn.Parameter) and (names is None or name in names)]
-            label = f"segment {done + 1}/{trainable} → {seg.end[0]}"
+            label = f"block {done + 1}/{trainable} → {seg.end[0]}"
 
             def step(k: int, loss: float, held: float, label: str = label) -> None:
                 if on_progress is not None:
@@ -155,30 +185,107 @@ def recover(
             done += 1
             report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
                                                  result.held_after, result.best_step, time.perf_counter() - t0))
+            model = write_back(model, net)
         ref = {**{k: v for k, v in ref.items() if k in values}, **new_ref}
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size)
         cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
-        nets.append(net)
+    return model, cur
 
-    recovered = s_model
-    for net in nets:
-        recovered = write_back(recovered, net)
-    held = {name: v[held_idx] for name, v in values.items()}
 
-    def outputs_of(model: onnx.ModelProto) -> list[np.ndarray]:
-        out, _ = run_segment(gs.import_onnx(model), dict(held), outputs, provider=options.provider,
-                             batch_size=options.batch_size)
+def _augmenter(model: onnx.ModelProto, options: RecoverOptions
+               ) -> tuple[str, Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]]:
+    """Crop/flip/mix for a model with one 4-D float input, else no augmentation (and why)."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    image = (len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 4
+             and inputs[0].type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                           onnx.TensorProto.DOUBLE))
+    if not image:
+        return "none (the model does not take one batch of images)", lambda xs, gen: xs
+    what = f"random resized crop, flip, {options.mix} ({options.layout})"
+    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout)]
+
+
+def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, changed: set[str],
+                   values: dict[str, np.ndarray], train_idx: np.ndarray, held_idx: np.ndarray,
+                   teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None
+                   ) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
+    """End-to-end distillation; the written model, the trained net's held-out outputs, the report."""
+    t0 = time.perf_counter()
+    student, t_net = TorchGraph(model), TorchGraph(teacher)
+    t_net.requires_grad_(False)
+    xs = [values[name] for name in student.input_names]
+    params = [p for name, p in student.named_initializers()
+              if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
+    augment, transform = _augmenter(model, options)
+    loss = kl_loss if teacher_held[0].ndim == 2 else relative_mse
+
+    def held_outputs() -> list[np.ndarray]:
+        return evaluate_net(student, xs, held_idx, options.batch_size)
+
+    def held() -> float:
+        return discrepancy(held_outputs(), teacher_held)[1]
+
+    def step(k: int, value: float, best: float) -> None:
+        if on_progress is not None:
+            on_progress("distill", k, options.distill_steps, best)
+
+    result: FitResult = distill(student, t_net, params, xs, train_idx, held, batch_size=options.batch_size,
+                                augment=transform, loss=loss, steps=options.distill_steps, lr=options.distill_lr,
+                                pull=options.pull, seed=options.seed, on_step=step)
+    report = DistillReport(sum(p.numel() for p in params), augment, result.held_before, result.held_after,
+                           result.best_step, time.perf_counter() - t0)
+    return write_back(model, student), held_outputs(), report
+
+
+def recover(
+    student: onnx.ModelProto,
+    teacher: onnx.ModelProto,
+    calib: CalibrationSet,
+    options: RecoverOptions,
+    on_progress: Progress | None = None,
+    held: CalibrationSet | None = None,
+) -> tuple[onnx.ModelProto, RecoverReport]:
+    """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``)."""
+    options.check()
+    start_time = time.perf_counter()
+    torch.manual_seed(options.seed)
+    torch.set_num_threads(os.cpu_count() or 1)
+    s_graph, t_graph = import_graph(student), import_graph(teacher)
+    segments = find_segments(s_graph, t_graph)
+    s_model = infer_shapes(gs.export_onnx(s_graph))
+    values, train_idx, held_idx = _samples(calib, held, options)
+    outputs = [t.name for t in s_graph.outputs]
+    held_values = {name: v[held_idx] for name, v in values.items()}
+
+    def outputs_of(model: onnx.ModelProto, graph: gs.Graph | None = None) -> list[np.ndarray]:
+        out, _ = run_segment(graph or gs.import_onnx(model), dict(held_values), outputs,
+                             provider=options.provider, batch_size=options.batch_size)
         return [out[name] for name in outputs]
 
-    teacher_held = [ref[name][held_idx] for name in outputs]
+    teacher_held = outputs_of(teacher, t_graph)
+    report = RecoverReport(len(train_idx), len(held_idx), held is not None, "", 0.0, 0.0, None, None, False,
+                           options=asdict(options))
     report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student), teacher_held)
+
+    recovered, trained_held = s_model, None
+    if "block" in options.method:
+        recovered, cur = _block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
+                                      on_progress)
+        trained_held = [cur[name][held_idx] for name in outputs]
+    if "distill" in options.method:
+        changed = {name for seg in segments for name in seg.changed}
+        recovered, trained_held, report.distill = _distill_stage(recovered, teacher, changed, values, train_idx,
+                                                                 held_idx, teacher_held, options, on_progress)
+
     recovered_held = outputs_of(recovered)
     _, report.after, report.agreement_after = discrepancy(recovered_held, teacher_held)
-    report.writeback_error = max(float(np.linalg.norm(o - cur[name][held_idx]) / max(np.linalg.norm(o), 1e-30))
-                                 for name, o in zip(outputs, recovered_held))
+    report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
+                                 for o, t in zip(recovered_held, trained_held))
     report.improved = report.after < report.before
     report.seconds = time.perf_counter() - start_time
     return (recovered if report.improved else student), report
 
 
-__all__ = ["TRAIN", "RecoverOptions", "RecoverReport", "Segment", "recover"]
+__all__ = ["METHODS", "TRAIN", "RecoverOptions", "RecoverReport", "Segment", "recover"]

@@ -46,40 +46,39 @@ def held_loss(net: TorchGraph, xs, ts, idx: np.ndarray, batch_size: int, loss: L
     return float(loss([torch.from_numpy(y) for y in ys], [torch.from_numpy(t[idx]) for t in ts]))
 
 
-def fit(
-    net: TorchGraph,
+def kl_loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
+    """Mean KL(softmax(t) || softmax(y)) of the first outputs (classifier logits)."""
+    lt, ly = torch.log_softmax(ts[0], 1), torch.log_softmax(ys[0], 1)
+    return (lt.exp() * (lt - ly)).sum(1).mean()
+
+
+def train_loop(
     params: list[torch.nn.Parameter],
-    xs: Sequence[np.ndarray],
-    ts: Sequence[np.ndarray],
-    train_idx: np.ndarray,
-    held_idx: np.ndarray,
+    batch_loss: Callable[[torch.Generator], torch.Tensor],
+    held: Callable[[], float],
     *,
     steps: int,
     lr: float,
-    batch_size: int,
     pull: float,
     seed: int,
-    loss: Loss = relative_mse,
     evals: int = 5,
     on_step: Callable[[int, float, float], None] | None = None,
 ) -> FitResult:
-    """Adam with cosine decay on ``params`` so that ``net(xs) ≈ ts`` on ``train_idx``; the held-out
-    loss on ``held_idx`` is measured ``evals`` times and the best weights (the starting ones
-    included) are left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the
-    start). ``on_step(step, train_loss, best_held)`` reports progress."""
+    """Adam with cosine decay on ``params`` minimising ``batch_loss(generator)``; the held-out loss
+    ``held()`` is measured ``evals`` times and the best weights (the starting ones included) are
+    left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start).
+    ``on_step(step, train_loss, best_held)`` reports progress."""
     gen = torch.Generator().manual_seed(seed)
     start = [p.detach().clone() for p in params]
     scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
-    best = held_loss(net, xs, ts, held_idx, batch_size, loss)
+    best = held()
     result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps)
     best_state = [p0.clone() for p0 in start]
     opt = torch.optim.Adam(params, lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     checkpoints = {int(round(steps * (k + 1) / evals)) for k in range(evals)}
     for step in range(1, steps + 1):
-        pick = train_idx[torch.randint(len(train_idx), (min(batch_size, len(train_idx)),), generator=gen).numpy()]
-        ys = net(*[torch.from_numpy(x[pick]) for x in xs])
-        value = loss(list(ys), [torch.from_numpy(t[pick]) for t in ts])
+        value = batch_loss(gen)
         if pull > 0:
             value = value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
         opt.zero_grad(set_to_none=True)
@@ -87,9 +86,9 @@ def fit(
         opt.step()
         sched.step()
         if step in checkpoints:
-            held = held_loss(net, xs, ts, held_idx, batch_size, loss)
-            if held < best:
-                best, result.best_step = held, step
+            current = held()
+            if current < best:
+                best, result.best_step = current, step
                 best_state = [p.detach().clone() for p in params]
         if on_step is not None:
             on_step(step, value.item(), best)
@@ -98,3 +97,54 @@ def fit(
             p.copy_(v)
     result.held_after = best
     return result
+
+
+def _draw(idx: np.ndarray, batch_size: int, gen: torch.Generator) -> np.ndarray:
+    return idx[torch.randint(len(idx), (min(batch_size, len(idx)),), generator=gen).numpy()]
+
+
+def fit(
+    net: TorchGraph,
+    params: list[torch.nn.Parameter],
+    xs: Sequence[np.ndarray],
+    ts: Sequence[np.ndarray],
+    train_idx: np.ndarray,
+    held_idx: np.ndarray,
+    *,
+    batch_size: int,
+    loss: Loss = relative_mse,
+    **loop,
+) -> FitResult:
+    """``train_loop`` on cached tensors: ``net(xs) ≈ ts`` on ``train_idx``, checkpoints chosen on
+    ``held_idx``."""
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
+        pick = _draw(train_idx, batch_size, gen)
+        return loss(list(net(*[torch.from_numpy(x[pick]) for x in xs])), [torch.from_numpy(t[pick]) for t in ts])
+
+    return train_loop(params, batch_loss, lambda: held_loss(net, xs, ts, held_idx, batch_size, loss), **loop)
+
+
+def distill(
+    student: TorchGraph,
+    teacher: TorchGraph,
+    params: list[torch.nn.Parameter],
+    xs: Sequence[np.ndarray],
+    train_idx: np.ndarray,
+    held: Callable[[], float],
+    *,
+    batch_size: int,
+    augment: Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]],
+    loss: Loss,
+    **loop,
+) -> FitResult:
+    """``train_loop`` matching the teacher's outputs on augmented batches of ``xs[train_idx]``: the
+    teacher runs on the same augmented inputs as the student, so nothing is cached."""
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
+        inputs = augment([torch.from_numpy(x[_draw(train_idx, batch_size, gen)]) for x in xs], gen)
+        with torch.no_grad():
+            ts = list(teacher(*inputs))
+        return loss(list(student(*inputs)), ts)
+
+    return train_loop(params, batch_loss, held, **loop)

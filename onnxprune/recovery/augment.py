@@ -1,0 +1,59 @@
+"""Consistent augmentation for distillation: the teacher and the student see the same new image.
+
+Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), then
+mixup or cutmix mixes each image with another of the batch. They create inputs that neither the
+pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few
+hundred images from overfitting them ("function matching", Beyer et al. 2022).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+MIXES = ("mixup", "cutmix", "none")
+
+
+def resized_crop_flip(x: torch.Tensor, gen: torch.Generator, min_area: float = 0.25) -> torch.Tensor:
+    """Each NCHW image resampled from a random box (area ≥ ``min_area``, aspect 3/4–4/3), mirrored
+    with probability 1/2, back to the same size."""
+    n, c, h, w = x.shape
+    side = torch.empty(n).uniform_(min_area, 1.0, generator=gen).sqrt()
+    aspect = torch.exp(torch.empty(n).uniform_(math.log(3 / 4), math.log(4 / 3), generator=gen)).sqrt()
+    sx, sy = (side * aspect).clamp(max=1.0), (side / aspect).clamp(max=1.0)
+    tx = (torch.rand(n, generator=gen) * 2 - 1) * (1 - sx)
+    ty = (torch.rand(n, generator=gen) * 2 - 1) * (1 - sy)
+    flip = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    theta = torch.zeros(n, 2, 3)
+    theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = sx * flip, tx, sy, ty
+    grid = F.affine_grid(theta.to(x.dtype), [n, c, h, w], align_corners=False)
+    return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+
+
+def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
+    """Mixup (a convex blend) or cutmix (a pasted box) of each image with a random other one of the
+    batch, with a mixing weight drawn uniformly (Beta(1, 1)); 'none' returns ``x``."""
+    if kind not in MIXES:
+        raise ValueError(f"mix {kind!r} not in {MIXES}")
+    if kind == "none" or len(x) < 2:
+        return x
+    perm = torch.randperm(len(x), generator=gen)
+    lam = float(torch.rand((), generator=gen))
+    if kind == "mixup":
+        return lam * x + (1 - lam) * x[perm]
+    h, w = x.shape[-2:]
+    bh, bw = int(h * math.sqrt(1 - lam)), int(w * math.sqrt(1 - lam))
+    cy, cx = int(torch.randint(h, (), generator=gen)), int(torch.randint(w, (), generator=gen))
+    y0, y1, x0, x1 = max(cy - bh // 2, 0), min(cy + bh // 2, h), max(cx - bw // 2, 0), min(cx + bw // 2, w)
+    out = x.clone()
+    out[..., y0:y1, x0:x1] = x[perm][..., y0:y1, x0:x1]
+    return out
+
+
+def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw") -> torch.Tensor:
+    """Crop, flip and mix a batch of images in ``layout`` ('nchw' or 'nhwc')."""
+    if layout == "nhwc":
+        return augment_images(x.permute(0, 3, 1, 2), gen, kind).permute(0, 2, 3, 1).contiguous()
+    return mix(resized_crop_flip(x, gen), gen, kind)

@@ -56,6 +56,11 @@ class RecoverOptions:
     pull: float = 0.0  # decay towards the starting weights
     seed: int = 0
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
+    device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
+
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
+                            "cpu" if self.device == "auto" else self.device)
 
     def check(self) -> None:
         for name, value, allowed in (("method", self.method, METHODS), ("train", self.train, TRAIN),
@@ -97,6 +102,7 @@ class RecoverReport:
     improved: bool  # False: the input model was returned unchanged
     writeback_error: float = 0.0  # relative difference, onnxruntime on the written model vs the trained torch
     seconds: float = 0.0
+    device: str = "cpu"  # where torch trained
     options: dict = field(default_factory=dict)
     segments: list[SegmentReport] = field(default_factory=list)
     distill: DistillReport | None = None
@@ -166,7 +172,7 @@ def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Seg
     model, trainable, done = s_model, sum(s.trainable for s in segments), 0
     for seg in segments:
         t0 = time.perf_counter()
-        net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start)
+        net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start).to(options.torch_device())
         xs = [cur[name] for name in net.input_names]
         new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size)
         if seg.trainable:
@@ -212,7 +218,7 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, changed: se
                    ) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
     """End-to-end distillation; the written model, the trained net's held-out outputs, the report."""
     t0 = time.perf_counter()
-    student, t_net = TorchGraph(model), TorchGraph(teacher)
+    student, t_net = TorchGraph(model).to(options.torch_device()), TorchGraph(teacher).to(options.torch_device())
     t_net.requires_grad_(False)
     xs = [values[name] for name in student.input_names]
     params = [p for name, p in student.named_initializers()
@@ -266,7 +272,7 @@ def recover(
 
     teacher_held = outputs_of(teacher, t_graph)
     report = RecoverReport(len(train_idx), len(held_idx), held is not None, "", 0.0, 0.0, None, None, False,
-                           options=asdict(options))
+                           device=str(options.torch_device()), options=asdict(options))
     report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student), teacher_held)
 
     recovered, trained_held = s_model, None

@@ -28,7 +28,7 @@ def resized_crop_flip(x: torch.Tensor, gen: torch.Generator, min_area: float = 0
     flip = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
     theta = torch.zeros(n, 2, 3)
     theta[:, 0, 0], theta[:, 0, 2], theta[:, 1, 1], theta[:, 1, 2] = sx * flip, tx, sy, ty
-    grid = F.affine_grid(theta.to(x.dtype), [n, c, h, w], align_corners=False)
+    grid = F.affine_grid(theta.to(x), [n, c, h, w], align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
@@ -39,7 +39,7 @@ def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
         raise ValueError(f"mix {kind!r} not in {MIXES}")
     if kind == "none" or len(x) < 2:
         return x
-    perm = torch.randperm(len(x), generator=gen)
+    perm = torch.randperm(len(x), generator=gen).to(x.device)
     lam = float(torch.rand((), generator=gen))
     if kind == "mixup":
         return lam * x + (1 - lam) * x[perm]

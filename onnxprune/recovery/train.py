@@ -29,14 +29,23 @@ def relative_mse(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor
     return total
 
 
+def device_of(net: torch.nn.Module) -> torch.device:
+    """Where the net's weights live (CPU for a net without any)."""
+    return next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
+
+
+def _feed(xs: Sequence[np.ndarray], idx: np.ndarray, device: torch.device) -> list[torch.Tensor]:
+    return [torch.from_numpy(x[idx]).to(device) for x in xs]
+
+
 def evaluate_net(net: TorchGraph, xs: Sequence[np.ndarray], idx: np.ndarray, batch_size: int) -> list[np.ndarray]:
     """The net's outputs on samples ``idx`` of the cached inputs ``xs`` (no gradients)."""
     outs: list[list[np.ndarray]] = []
+    device = device_of(net)
     with torch.no_grad():
         for s in range(0, len(idx), batch_size):
-            b = idx[s : s + batch_size]
-            ys = net(*[torch.from_numpy(x[b]) for x in xs])
-            outs.append([y.numpy() for y in ys])
+            ys = net(*_feed(xs, idx[s : s + batch_size], device))
+            outs.append([y.cpu().numpy() for y in ys])
     return [np.concatenate(parts) for parts in zip(*outs)]
 
 
@@ -118,9 +127,11 @@ def fit(
     """``train_loop`` on cached tensors: ``net(xs) ≈ ts`` on ``train_idx``, checkpoints chosen on
     ``held_idx``."""
 
+    device = device_of(net)
+
     def batch_loss(gen: torch.Generator) -> torch.Tensor:
         pick = _draw(train_idx, batch_size, gen)
-        return loss(list(net(*[torch.from_numpy(x[pick]) for x in xs])), [torch.from_numpy(t[pick]) for t in ts])
+        return loss(list(net(*_feed(xs, pick, device))), _feed(ts, pick, device))
 
     return train_loop(params, batch_loss, lambda: held_loss(net, xs, ts, held_idx, batch_size, loss), **loop)
 
@@ -141,8 +152,10 @@ def distill(
     """``train_loop`` matching the teacher's outputs on augmented batches of ``xs[train_idx]``: the
     teacher runs on the same augmented inputs as the student, so nothing is cached."""
 
+    device = device_of(student)
+
     def batch_loss(gen: torch.Generator) -> torch.Tensor:
-        inputs = augment([torch.from_numpy(x[_draw(train_idx, batch_size, gen)]) for x in xs], gen)
+        inputs = augment(_feed(xs, _draw(train_idx, batch_size, gen), device), gen)
         with torch.no_grad():
             ts = list(teacher(*inputs))
         return loss(list(student(*inputs)), ts)

@@ -8,26 +8,46 @@ import sys
 import uuid
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from models.dgcnn import POINTS, dgcnn
 from models.mobilenet_v2 import mobilenet_v2
 from models.mobilenet_v3 import mobilenet_v3_small
 from models.resnet import resnet34, resnet50
+from models.unet import unet
 from models.vgg import vgg11
+from models.yolo import yolo_detector
 from onnxprune.errors import ModelError, OnnxPruneError
 
-_RANDOM: dict[str, Callable[[], nn.Module]] = {
-    "resnet34": resnet34,
-    "resnet50": resnet50,
-    "mobilenet_v3_small": mobilenet_v3_small,
-    "vgg11": vgg11,
-}
-MODEL_NAMES: tuple[str, ...] = ("mobilenet_v2", *_RANDOM)
-WEIGHTS = ("imagenet", "random")
 INPUT_SHAPE = (1, 3, 224, 224)
+
+
+@dataclass(frozen=True)
+class Spec:
+    """How a zoo model is exported: its input's shape (batch 1, dynamic in the file) and the names."""
+
+    factory: Callable[[], nn.Module]
+    input_shape: tuple[int, ...] = INPUT_SHAPE
+    input_name: str = "input"
+    output_name: str = "logits"
+
+
+_RANDOM: dict[str, Spec] = {
+    "resnet34": Spec(resnet34),
+    "resnet50": Spec(resnet50),
+    "mobilenet_v3_small": Spec(mobilenet_v3_small),
+    "vgg11": Spec(vgg11),
+    "yolo_detector": Spec(yolo_detector, (1, 3, 256, 256), "images", "output0"),
+    "unet": Spec(unet, (1, 3, 128, 128), "input", "mask"),
+    "dgcnn": Spec(dgcnn, (1, 3, POINTS), "points", "logits"),
+}
+SPECS: dict[str, Spec] = {"mobilenet_v2": Spec(mobilenet_v2), **_RANDOM}
+MODEL_NAMES: tuple[str, ...] = tuple(SPECS)
+WEIGHTS = ("imagenet", "random")
 SEED = 0
 
 
@@ -37,7 +57,8 @@ def default_weights(name: str) -> str:
 
 
 @torch.no_grad()
-def randomise(model: nn.Module, seed: int = SEED, calib_batch: int = 4) -> nn.Module:
+def randomise(model: nn.Module, seed: int = SEED, calib_batch: int = 4,
+              input_shape: tuple[int, ...] = INPUT_SHAPE) -> nn.Module:
     """Seeded, numerically sane random weights.
 
     Conv/Linear get Kaiming (fan-in) weights and small biases, BN gets affine ~U(0.5, 1.5) / U(-0.1, 0.1);
@@ -45,9 +66,9 @@ def randomise(model: nn.Module, seed: int = SEED, calib_batch: int = 4) -> nn.Mo
     roughly normalised activations in eval mode (non-trivial mean/var, nothing explodes or vanishes).
     """
     torch.manual_seed(seed)
-    bns = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
     for m in model.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.ConvTranspose2d, nn.Linear)):
             nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
             if m.bias is not None:
                 nn.init.uniform_(m.bias, -0.1, 0.1)
@@ -59,7 +80,7 @@ def randomise(model: nn.Module, seed: int = SEED, calib_batch: int = 4) -> nn.Mo
         for bn in bns:
             bn.reset_running_stats()
             bn.momentum = None  # cumulative average: after one batch, running stats == batch stats
-        model.train()(torch.randn(calib_batch, *INPUT_SHAPE[1:]))
+        model.train()(torch.randn(calib_batch, *input_shape[1:]))
         for bn, momentum in zip(bns, momenta):
             bn.momentum = momentum
     return model.eval()
@@ -76,12 +97,13 @@ def build(name: str, weights: str | None = None) -> nn.Module:
         if name != "mobilenet_v2":
             raise ModelError(f"no ImageNet weights ship for {name}; use --weights random")
         return mobilenet_v2(pretrained=True).eval()
-    model = mobilenet_v2() if name == "mobilenet_v2" else _RANDOM[name]()
-    return randomise(model)
+    spec = SPECS[name]
+    return randomise(spec.factory(), input_shape=spec.input_shape)
 
 
-def export_model(model: nn.Module, path: str | os.PathLike[str], opset: int = 17) -> Path:
-    """Export ``model`` to ``path`` atomically (input ``input`` NCHW 224x224, output ``logits``, dynamic batch)."""
+def export_model(model: nn.Module, path: str | os.PathLike[str], opset: int = 17, spec: Spec = SPECS["mobilenet_v2"]) -> Path:
+    """Export ``model`` to ``path`` atomically (input and output names and the input shape from ``spec``:
+    ``input`` NCHW 224x224 and ``logits`` by default; dynamic batch)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
@@ -90,13 +112,13 @@ def export_model(model: nn.Module, path: str | os.PathLike[str], opset: int = 17
             warnings.simplefilter("ignore", DeprecationWarning)  # the TorchScript exporter is chosen on purpose
             torch.onnx.export(
                 model.eval(),
-                (torch.zeros(INPUT_SHAPE),),
+                (torch.zeros(spec.input_shape),),
                 tmp,
                 dynamo=False,
                 opset_version=opset,
-                input_names=["input"],
-                output_names=["logits"],
-                dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}},
+                input_names=[spec.input_name],
+                output_names=[spec.output_name],
+                dynamic_axes={spec.input_name: {0: "batch"}, spec.output_name: {0: "batch"}},
                 do_constant_folding=True,
             )
         os.replace(tmp, path)
@@ -107,7 +129,7 @@ def export_model(model: nn.Module, path: str | os.PathLike[str], opset: int = 17
 
 def export_onnx(name: str, path: str | os.PathLike[str], weights: str | None = None, opset: int = 17) -> Path:
     """Build model ``name`` with ``weights`` (default per ``default_weights``) and export it to ``path``."""
-    return export_model(build(name, weights), path, opset)
+    return export_model(build(name, weights), path, opset, SPECS[name])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -242,3 +242,16 @@ def test_flattened_concat_is_blocked() -> None:
     out = b.gemm(b.op("Concat", [fa, fb], "cat", axis=1), "fc", 128, 3)
     groups = groups_of(b, [out])
     assert "concatenates flattened channels" in groups["a"][0].reason
+
+
+def test_range_without_a_tensor_of_its_own_is_blocked() -> None:
+    """A conv's channels [8:16) read only as part of the whole output (the Slice reads [0:8)): no tensor
+    holds exactly them, so their width after pruning could not be read back — refused, with the reason."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.conv("x", "a", 3, 16)
+    s = b.op("Slice", [y, b.const("st", np.array([0]), np.int64), b.const("en", np.array([8]), np.int64),
+                       b.const("ax", np.array([1]), np.int64)], "slice")
+    h1, h2 = b.conv(s, "h1", 8, 2), b.conv(y, "h2", 16, 2)
+    first, second = groups_of(b, [h1, h2])["a"]
+    assert first.prunable
+    assert second.reason == "no tensor holds exactly the 8 channels of a[8:16]"

@@ -118,3 +118,20 @@ def test_conv_transpose_as_a_matrix_matches_onnxruntime(name: str) -> None:
     before = np.asarray(node.inputs[1].values).copy()
     consumers.write(graph, node, lin)
     np.testing.assert_allclose(np.asarray(node.inputs[1].values), before, rtol=1e-6)
+
+
+@pytest.mark.parametrize("attrs", [dict(kernel_shape=[1]), dict(kernel_shape=[3], pads=[1, 2], strides=[2], dilations=[2])])
+def test_conv1d_unfold_matches_onnxruntime(attrs: dict) -> None:
+    rng = np.random.default_rng(0)
+    k = attrs["kernel_shape"][0]
+    w = helper.make_tensor("w", TensorProto.FLOAT, [4, 5, k], rng.standard_normal(20 * k).tolist())
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="conv", **attrs)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 11])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    conv = import_graph(model).nodes[0]
+    x = rng.standard_normal((2, 5, 11)).astype(np.float32)
+    (y,) = run(model, x=x)
+    lin = consumers.matrix(conv)
+    cols = consumers.unfold(conv, torch.from_numpy(x)).numpy().astype(np.float64)
+    np.testing.assert_allclose((lin.weight @ cols).reshape(y.shape), y, rtol=1e-4, atol=1e-4)

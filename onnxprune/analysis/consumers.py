@@ -55,8 +55,12 @@ def _conv_pads(node: gs.Node) -> list[int]:
 def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
     """im2col patches (B, C·kh·kw, L) of a 2-D Conv's input (a free view for an unpadded 1×1)."""
     w_shape = node.inputs[1].shape
+    if len(w_shape) == 3:  # 1-D: a 2-D conv over a height of 1
+        (begin, end), k = _conv_pads(node), w_shape[2]
+        return F.unfold(F.pad(x, (begin, end)).unsqueeze(2), kernel_size=(1, k),
+                        dilation=(1, node.attrs.get("dilations", [1])[0]), stride=(1, node.attrs.get("strides", [1])[0]))
     if len(w_shape) != 4:
-        raise UnsupportedOpError(f"Conv {node.name}: only 2-D convolutions can be re-fitted")
+        raise UnsupportedOpError(f"Conv {node.name}: only 1-D and 2-D convolutions can be re-fitted")
     pads = _conv_pads(node)
     strides = tuple(node.attrs.get("strides", [1, 1]))
     if tuple(w_shape[2:]) == (1, 1) and not any(pads):

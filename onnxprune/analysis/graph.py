@@ -88,8 +88,8 @@ def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
-    """``(t, i)`` when the 1-element vector ``piece`` is ``Shape(t)[i]`` (Gather, Unsqueeze of a scalar
-    Gather, or a Slice of one entry), else None."""
+    """``(t, i)`` when the vector ``piece`` is ``Shape(t)[i:i + len(piece)]`` (Gather of one entry,
+    Unsqueeze of a scalar Gather, or a Slice with step 1), else None."""
     node = piece.inputs[0] if len(piece.inputs) == 1 else None
     if node is not None and node.op == "Unsqueeze":
         node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
@@ -103,14 +103,27 @@ def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
         return None
     if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
         return shape_node.inputs[0], int(params[0].reshape(-1)[0])
-    if node.op == "Slice" and len(params) == 2 and int(params[1].reshape(-1)[0]) == int(params[0].reshape(-1)[0]) + 1:
+    if node.op == "Slice" and (len(params) == 2 or len(params) == 3 and int(params[2].reshape(-1)[0]) == 0):
         return shape_node.inputs[0], int(params[0].reshape(-1)[0])
     return None
 
 
+def _copied(x: gs.Tensor, pos: int, t: gs.Tensor, i: int) -> int | None:
+    """The constant for entry ``pos`` of a Reshape target of ``x`` that reads ``Shape(t)[i]``: 0 ("copy the
+    input's dim") when it is x's own dim ``pos`` or the same symbolic dim (the batch), t's size when that
+    is static, else None."""
+    x_shape, t_shape = x.shape, t.shape
+    if t_shape is None or i >= len(t_shape):
+        return None
+    if t is x and i == pos or pos < len(x_shape) and isinstance(x_shape[pos], str) and t_shape[i] == x_shape[pos]:
+        return 0
+    return int(t_shape[i]) if isinstance(t_shape[i], (int, np.integer)) and t_shape[i] >= 0 else None
+
+
 def _copy_batch_dims(graph: gs.Graph) -> bool:
-    """In Reshape targets built as ``Concat(..., Shape(t)[i], ...)``, write 0 ("copy the input's dim")
-    for an entry that is the same symbolic dim (the batch) as the Reshape input's dim at that position.
+    """In Reshape targets built as ``Concat(..., Shape(t)[i:j], ...)`` (torch's ``flatten(start_dim)``
+    and batch-size arithmetic), write 0 ("copy the input's dim") for an entry that is the Reshape input's
+    own dim at that position or the same symbolic dim (the batch), and static sizes as constants.
 
     The target then folds to a constant, so no batch-size tensor (which has no batch axis) has to be
     computed ahead and cached across the cuts of ``compress``. Returns whether a target changed."""
@@ -126,11 +139,10 @@ def _copy_batch_dims(graph: gs.Graph) -> bool:
             shape = static_shape(piece)
             if shape is None or len(shape) != 1 or shape[0] is None:
                 break
-            src = _shape_source(piece) if shape[0] == 1 else None
-            t_shape = src[0].shape if src is not None else None
-            if (src is not None and pos < len(x_shape) and isinstance(x_shape[pos], str) and t_shape is not None
-                    and src[1] < len(t_shape) and t_shape[src[1]] == x_shape[pos]):
-                piece = gs.Constant(f"{target.name}.copy{changed}.{pos}", np.zeros(1, np.int64))
+            src = _shape_source(piece)
+            entries = None if src is None else [_copied(node.inputs[0], pos + k, src[0], src[1] + k) for k in range(shape[0])]
+            if entries is not None and None not in entries:
+                piece = gs.Constant(f"{target.name}.copy{changed}.{pos}", np.array(entries, np.int64))
             pieces.append(piece)
             pos += shape[0]
         else:

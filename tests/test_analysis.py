@@ -390,11 +390,12 @@ def test_mac_counts_by_hand() -> None:
         "mm": 3 * 10 * 4,
     }
     assert analysis.macs.total == sum(macs.values())
-    # ConvTranspose produces channels (weight sliced on axis 1); it cannot be a consumer yet.
+    # ConvTranspose produces channels (weight sliced on axis 1) and consumes them (axis 0).
     ct_group = next(g for g in analysis.groups if g.name == "ct")
     assert SliceSite("ct", 1, 1) in ct_group.slices
     c3_group = next(g for g in analysis.groups if g.name == "c3")
-    assert not c3_group.prunable and "ConvTranspose" in c3_group.reason
+    assert c3_group.prunable and [(c.node, c.kind) for c in c3_group.consumers] == [("ct", "conv_transpose")]
+    assert SliceSite("ct", 1, 0) in c3_group.slices
 
 
 def _prune_randomly(analysis, rng: np.random.Generator) -> tuple[dict[int, int], onnx.ModelProto]:

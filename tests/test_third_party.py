@@ -138,8 +138,9 @@ def test_batch_size_arithmetic_folds_and_per_sample_dims_are_inferred() -> None:
     assert reshape.outputs[0].shape == ["batch", 4, 64]
 
 
-def test_shape_reading_the_channel_count_blocks_the_group() -> None:
-    """Shape(x)[0:2] reads the channel count: pruning would break the Reshape target built from it."""
+def test_reshape_copying_its_own_dims_through_shape_is_channelwise() -> None:
+    """torch's ``flatten(2)`` / ``view(*x.shape[:2], -1)``: Shape(x)[0:2] at positions 0..1 of x's own
+    Reshape target is rewritten to 0 ("copy"), so the target no longer fixes the channel count."""
     b = GraphBuilder({"input": ["batch", 3, 8, 8]})
     h = b.op("GlobalAveragePool", [b.conv("input", "conv", 3, 4)], "gap")
     head = b.op("Slice", [b.op("Shape", [h], "shape"), b.const("s", np.array([0]), np.int64),
@@ -148,7 +149,18 @@ def test_shape_reading_the_channel_count_blocks_the_group() -> None:
     y = b.gemm(b.op("Reshape", [b.op("Reshape", [h, target], "view"), b.const("t", np.array([0, -1]), np.int64)],
                     "flat"), "fc", 4, 2)
     group = analyze(b.model([y])).groups[0]
-    assert not group.prunable and "the channel count is read by Slice" in group.reason
+    assert group.prunable and "view_out" in group.tensors
+
+
+def test_shape_reading_the_channel_count_blocks_the_group() -> None:
+    """A Shape whose full vector (dynamic batch included) shapes another tensor reads the channel count."""
+    b = GraphBuilder({"input": ["batch", 3, 8, 8]})
+    h = b.op("GlobalAveragePool", [b.conv("input", "conv", 3, 4)], "gap")
+    zeros = b.op("ConstantOfShape", [b.op("Shape", [h], "shape")], "zeros",
+                 value=onnx.helper.make_tensor("v", onnx.TensorProto.FLOAT, [1], [0.0]))
+    y = b.gemm(b.op("Flatten", [b.op("Add", [h, zeros], "add")], "flat"), "fc", 4, 2)
+    group = analyze(b.model([y])).groups[0]
+    assert not group.prunable and "the channel count is read by ConstantOfShape" in group.reason
 
 
 def test_reshape_to_a_constant_channel_count_blocks_the_group() -> None:

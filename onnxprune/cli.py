@@ -25,7 +25,7 @@ from onnxprune.compress import (
 )
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
-from onnxprune.deploy.cost import parse_latency
+from onnxprune.deploy.cost import format_ms, parse_latency
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write
@@ -274,19 +274,19 @@ def compress_cmd(
 def _print_latency(r: LatencyReport) -> None:
     """Predicted vs measured latency; a missed target is said on stderr, never passed over."""
     if r.requested_ms is not None:
-        console.print(f"--best-effort: the latency budget of {r.requested_ms:.3g} ms is below the lowest reachable "
-                      f"{r.target_ms:.3g} ms (predicted): pruned to the lowest reachable latency instead")
+        console.print(f"--best-effort: the latency budget of {format_ms(r.requested_ms)} is below the lowest reachable "
+                      f"{format_ms(r.target_ms)} (predicted): pruned to the lowest reachable latency instead")
     where = f"{r.provider.removesuffix('ExecutionProvider')}, batch {r.batch}" + (
         f", {r.threads} threads" if r.threads else "")
-    console.print(f"latency ({where}): target {r.target_ms:.3g} ms, predicted {r.predicted_ms:.3g} ms, measured "
-                  f"{r.measured_ms:.3g} ms vs the original's {r.original_ms:.3g} ms "
+    console.print(f"latency ({where}): target {format_ms(r.target_ms)}, predicted {format_ms(r.predicted_ms)}, measured "
+                  f"{format_ms(r.measured_ms)} vs the original's {format_ms(r.original_ms)} "
                   f"({r.original_ms / r.measured_ms:.2f}x); cost table "
                   + (f"measured in {r.table_seconds:.0f}s" if r.table_seconds else "read from file"))
     if not r.met:
         missed = (f"{r.measured_ms / r.original_ms:.2f}x of the original's latency misses the {r.target_ratio:g}x target"
                   if r.target_ratio is not None and r.requested_ms is None
-                  else f"{r.measured_ms:.3g} ms misses the target {r.target_ms:.3g} ms")
-        err_console.print(f"[bold yellow]warning:[/] the measured latency {missed} (predicted {r.predicted_ms:.3g} ms): "
+                  else f"{format_ms(r.measured_ms)} misses the target {format_ms(r.target_ms)}")
+        err_console.print(f"[bold yellow]warning:[/] the measured latency {missed} (predicted {format_ms(r.predicted_ms)}): "
                           "timings on a shared machine drift and the cost table's additive model errs; check with "
                           "`onnxprune bench`, or lower the target", highlight=False, soft_wrap=True)
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import importlib.util
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,7 @@ import onnxprune.deploy.bench as bench_module
 from onnxprune.deploy.bench import BenchResult, bench, bench_many, format_bench_table, parse_input_shapes
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, prepare_for_tensorrt, trtexec_command
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
+from tests.test_benchmarks import DATA, ROOT, needs_real_model
 
 HAVE_TENSORRT = importlib.util.find_spec("tensorrt") is not None
 
@@ -304,3 +308,20 @@ def test_build_engine_without_tensorrt(tiny: Path, tmp_path: Path) -> None:
 def test_build_engine_missing_onnx(tmp_path: Path) -> None:
     with pytest.raises(ModelError, match="nope.onnx"):
         build_engine(tmp_path / "nope.onnx", tmp_path / "e.engine")
+
+
+# ---------------------------------------------------------------- benchmarks/latency.py --quick
+
+
+@needs_real_model
+def test_latency_benchmark_quick(tmp_path: Path) -> None:
+    """The script's quick mode (one 245M model from 16 photos, batch 1): rows and table, no timing threshold."""
+    subprocess.run([sys.executable, "benchmarks/latency.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "latency.json").read_text())
+    (row,) = result["rows"]
+    assert row["model"] == "latency_245M.onnx" and row["batch"] == 1 and row["repeats"] == 2
+    assert row["macs"] <= 245e6 and row["mac_ratio"] == pytest.approx(300.8e6 / row["macs"], rel=1e-3)
+    assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"] and row["original_ms"] > 0
+    assert "| latency_245M.onnx | 24" in (tmp_path / "latency.md").read_text()
+    assert not (tmp_path / "latency_245M.onnx").exists()

@@ -37,6 +37,11 @@ TABLE_VERSION = 1
 FRACTIONS = (0.25, 0.5, 0.75)  # widths timed besides the floor and all channels
 
 
+def format_ms(value: float) -> str:
+    """Milliseconds to 3 significant digits, without an exponent ('0.182 ms', '1039 ms')."""
+    return f"{value:.3g} ms" if value < 100 else f"{value:.0f} ms"
+
+
 def isotonic(values: Sequence[float]) -> np.ndarray:
     """The non-decreasing sequence closest to ``values`` in least squares (pool adjacent violators)."""
     blocks: list[list[float]] = []  # [mean, count]
@@ -89,7 +94,7 @@ class CostTable:
         return self.model_ms - sum(g.saving(widths[g.id]) for g in self.groups if g.id in widths)
 
     def show(self, value: float) -> str:
-        return f"{value:.3g} ms"
+        return format_ms(value)
 
     def to_dict(self) -> dict:
         return asdict(self)

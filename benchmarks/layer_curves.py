@@ -89,9 +89,10 @@ def selections(run: Compressor, group, G: np.ndarray, widths: np.ndarray) -> dic
     return out
 
 
-def global_curves(run: Compressor, group, values: dict[str, np.ndarray], picks: dict[str, list[np.ndarray]],
-                  widths: np.ndarray, args: argparse.Namespace) -> dict:
-    """Final-output KL vs width: global imitation's greedy path, and the other methods' choices."""
+def global_curves(run: Compressor, group, values: dict[str, np.ndarray], G: np.ndarray,
+                  args: argparse.Namespace) -> dict:
+    """Final-output KL vs width up to ``--global-width``: global imitation's greedy path, and the
+    other methods' choices."""
     photos = {k: v[: args.global_photos] for k, v in values.items()}
     inputs = {k: v[: args.global_photos] for k, v in run.inputs.items()}
     outputs = [t.name for t in run.original.outputs]
@@ -101,14 +102,15 @@ def global_curves(run: Compressor, group, values: dict[str, np.ndarray], picks: 
         reference, batch_size=None, n_channels=group.channels, device="cpu",
     )
     top = min(group.channels, args.global_width)
+    widths = widths_grid(top, args.points)
     t0 = time.perf_counter()
     path = greedy_global(objective.losses, objective.grad, group.channels, top, exact_until=args.exact_until)
     seconds = time.perf_counter() - t0
-    sel = widths <= top
-    kl = {"global": [float(path.curve[w]) for w in widths[sel]]}
+    kl = {"global": [float(path.curve[w]) for w in widths]}
+    picks = selections(run, group, G, widths)
     for method in METHODS:
-        kl[method] = [objective.full_loss(a) for a, keep in zip(picks[method], sel) if keep]
-    return {"widths": widths[sel].tolist(), "kl": kl, "seconds": seconds, "evaluations": path.evaluations,
+        kl[method] = [objective.full_loss(a) for a in picks[method]]
+    return {"widths": widths.tolist(), "kl": kl, "seconds": seconds, "evaluations": path.evaluations,
             "exact_steps": int(path.exact.sum()), "steps": len(path.exact)}
 
 
@@ -196,11 +198,11 @@ def main() -> None:
     parser.add_argument("--subset", default="::4", help="photos used (onnxprune --subset syntax)")
     parser.add_argument("--samples", type=int, default=128, help="at most this many photos")
     parser.add_argument("--points", type=int, default=24, help="evenly spaced widths per layer (plus 1..8)")
-    parser.add_argument("--global-layers", default="-1",
+    parser.add_argument("--global-layers", default="-2,-1",
                         help="indices (in graph order, negative from the end) of the layers global imitation runs on; '' for "
                              "none")
     parser.add_argument("--global-photos", type=int, default=8, help="photos of global imitation's objective")
-    parser.add_argument("--global-width", type=int, default=32, help="global imitation runs up to this width")
+    parser.add_argument("--global-width", type=int, default=96, help="global imitation runs up to this width")
     parser.add_argument("--exact-until", type=int, default=25, help="exact global steps before the Taylor shortlist")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--seed", type=int, default=0)
@@ -236,7 +238,7 @@ def main() -> None:
         row = {"index": i, "name": group.name, "short": short_name(group.name), "channels": n,
                "widths": widths.tolist(), "loss": rel, "fit": fit(widths, rel["local"])}
         if i in global_layers:
-            row["global"] = global_curves(run, group, values, picks, widths, args)
+            row["global"] = global_curves(run, group, values, G, args)
         row["seconds"] = time.perf_counter() - t0
         layers.append(row)
         print(f"[{i + 1}/{len(order)}] {row['short']} N={n}: λ={row['fit']['exp_rate']} "

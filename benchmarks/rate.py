@@ -226,7 +226,7 @@ def plot(result: dict, path: Path) -> None:
         lo, hi = f["n_range"]
         t = np.linspace(lo, hi, 50)
         x, y = (n, np.array(result[name])) if name == "local" else (sn, mean)
-        sel = (x >= lo) & (x <= hi)
+        sel = (x >= lo) & (x <= hi) & np.isfinite(y) & (y > 0)
         if name == "local":
             c = np.polyfit(x[sel], np.log(y[sel]), 1)
             ax.semilogy(t, np.exp(np.polyval(c, t)), style, lw=1, label=f"fit e^(-{f['exp_rate']:.2f} n)")

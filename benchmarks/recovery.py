@@ -1,9 +1,11 @@
 """Few-shot recovery on the real ImageNet MobileNetV2: fidelity without and with each recovery variant.
 
-For every MAC target: `compress` (defaults) on the calibration photos, then `recover` with each
-variant on the same photos, each model evaluated on held-out photos. Writes `<out>/recovery.json`
-and `<out>/recovery.md` (`--name` changes the stem). Calibration: dev photos with index % 5 != 0
-(400); evaluation: index % 5 == 0.
+For every MAC target: `compress` (defaults) on the 300 dev photos with index % 5 not in {0, 1},
+then `recover` with each variant, trained on the same 300 photos, with the 100 photos index % 5 == 1
+(which the pruner did not see) as its held-out set (`--held-subset`), which picks checkpoints and
+judges "never worse". Every model is evaluated on the 100 photos index % 5 == 0, which nothing else
+saw. For reference, `compress` on all 400 photos (index % 5 != 0) without recovery is also scored.
+Writes `<out>/recovery.json` and `<out>/recovery.md` (`--name` changes the stem).
 
     python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
@@ -17,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import CLI, DEFAULT_DATA, evaluate, original_model, run
+from common import CLI, DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, evaluate, original_model, run
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -25,8 +27,11 @@ VARIANTS: dict[str, list[str]] = {
     "distill only": ["--method", "distill"],
     "cutmix": ["--mix", "cutmix"],
     "no mixing": ["--mix", "none"],
-    "distill 600 steps": ["--distill-steps", "600"],
+    "distill 1200 steps": ["--distill-steps", "1200"],
     "distill lr 3e-4": ["--distill-lr", "3e-4"],
+    "distill 4 segments": ["--distill-segments", "4"],
+    "distill 1 view": ["--distill-views", "1"],
+    "distill whole model": ["--distill-segments", "0", "--distill-steps", "300"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],
@@ -37,13 +42,13 @@ VARIANTS: dict[str, list[str]] = {
 
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
-        "| target | recovery | MACs | top-1 | top-5 | agreement | KL | recover s | held-out KL (calib) |",
+        "| target | recovery | MACs | top-1 | top-5 | agreement | KL | recover s | held-out KL (photos 1%5) |",
         "|---|---|---|---|---|---|---|---|---|",
         f"| – | original | {original['macs'] / 1e6:.1f}M | {original['top1']:.1%} | {original['top5']:.1%} | 100% | 0 "
         "| – | – |",
     ]
     for r in rows:
-        held = "–" if r["calib_kl"] is None else f"{r['calib_kl'][0]:.3f} → {r['calib_kl'][1]:.3f}"
+        held = "–" if r.get("held_kl") is None else f"{r['held_kl'][0]:.3f} → {r['held_kl'][1]:.3f}"
         if r.get("improved") is False:
             held += " (input kept)"
         secs = "–" if r["seconds"] is None else f"{r['seconds']:.0f}"
@@ -59,39 +64,41 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--name", default="recovery", help="stem of the result files")
-    parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
+    parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
-    calib, held = "!0%5", "0%5"
+    calib, held, test, everything = RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST, "!0%5"
     extra: list[str] = []
     if args.quick:
-        calib, held, args.targets, args.variants, extra = ("0:16", "100:110", "245M", "default",
-                                                            ["--steps", "3", "--distill-steps", "3"])
+        calib, held, test, everything, args.targets, args.variants, extra = (
+            "0:16", "16:24", "100:110", "0:24", "245M", "default", ["--steps", "3", "--distill-steps", "3"])
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
     args.out.mkdir(parents=True, exist_ok=True)
     original = original_model(args.out)
 
-    base = evaluate(original, original, args.data, held)
+    base = evaluate(original, original, args.data, test)
     base["macs"] = json.loads(run([*CLI, "analyze", str(original), "--json"]))["macs"]
     rows = []
     for target in args.targets.split(","):
         pruned, report = args.out / f"recovery_{target}.onnx", args.out / "recovery_report.json"
-        run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
-             "--target-flops", target, "--report", str(report)])
-        macs = json.loads(report.read_text())["macs_after"]
-        rows.append({"target": target, "variant": "none", "macs": macs, "seconds": None, "calib_kl": None,
-                     **evaluate(pruned, original, args.data, held)})
-        print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
+        for photos, variant in ((everything, "none, pruned on 400 photos"), (calib, "none")):
+            run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", photos,
+                 "--target-flops", target, "--report", str(report)])
+            macs = json.loads(report.read_text())["macs_after"]
+            rows.append({"target": target, "variant": variant, "macs": macs, "seconds": None,
+                         **evaluate(pruned, original, args.data, test)})
+            print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         for variant in args.variants.split(","):
             recovered = args.out / "recovered.onnx"
             start = time.perf_counter()
             run([*CLI, "recover", str(pruned), "--teacher", str(original), "-o", str(recovered), "--calib",
-                 str(args.data), "--subset", calib, "--report", str(report), *VARIANTS[variant], *extra])
+                 str(args.data), "--subset", calib, "--held-subset", held, "--report", str(report),
+                 *VARIANTS[variant], *extra])
             wall = time.perf_counter() - start
             rep = json.loads(report.read_text())
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
-                         "seconds": wall, "calib_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
-                         **evaluate(recovered, original, args.data, held)})
+                         "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
+                         **evaluate(recovered, original, args.data, test)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()

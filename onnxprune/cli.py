@@ -315,7 +315,8 @@ def _print_recovery(r: RecoverReport) -> None:
                       f"{seg.held_after:.4f}", str(seg.best_step), f"{seg.seconds:.1f}")
     if r.distill is not None:
         d = r.distill
-        table.add_row(f"distill: {d.augment}", f"{d.parameters:,}", f"{d.held_before:.4f}", f"{d.held_after:.4f}",
+        part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
+        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment})", f"{d.parameters:,}", f"{d.held_before:.4f}", f"{d.held_after:.4f}",
                       str(d.best_step), f"{d.seconds:.1f}")
     console.print(table)
     agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
@@ -335,13 +336,19 @@ def recover_cmd(
     calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
     method: Annotated[str, typer.Option(
         help="'block' reconstruction (each changed segment trained to reproduce the teacher's tensor at its end), "
-             "end-to-end 'distill'ation on augmented images (both models see the same crop/flip/mix), or "
+             "'distill'ation of the outputs on augmented images (both models see the same crop/flip/mix), or "
              "'block+distill' (default: both, in this order).")] = "block+distill",
     steps: Annotated[int, typer.Option(help="Block stage: Adam steps per segment whose weights differ from the "
                                             "teacher's.")] = 200,
     lr: Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")] = 1e-3,
-    distill_steps: Annotated[int, typer.Option(help="Distill stage: Adam steps on the whole model.")] = 300,
+    distill_steps: Annotated[int, typer.Option(help="Distill stage: Adam steps.")] = 600,
     distill_lr: Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")] = 1e-4,
+    distill_segments: Annotated[int, typer.Option(
+        help="Distill stage: train only the last N segments (the head), on their inputs cached for "
+             "--distill-views augmented views of every training sample; 0 = the whole model, augmented on the fly "
+             "(slow on CPU).")] = 2,
+    distill_views: Annotated[int, typer.Option(
+        help="Distill stage: augmented views per training sample cached for the head.")] = 8,
     mix: Annotated[str, typer.Option(
         help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")] = "mixup",
     holdout: Annotated[float, typer.Option(
@@ -382,8 +389,9 @@ def recover_cmd(
             raise OnnxPruneError(f"--method {method!r} is not one of {', '.join(RECOVER_METHODS)}")
         if mix not in MIXES:
             raise OnnxPruneError(f"--mix {mix!r} is not one of {', '.join(MIXES)}")
-        if steps < 1 or distill_steps < 1:
-            raise OnnxPruneError(f"--steps {steps} and --distill-steps {distill_steps} must be at least 1")
+        if min(steps, distill_steps, distill_views) < 1 or distill_segments < 0:
+            raise OnnxPruneError(f"--steps {steps}, --distill-steps {distill_steps} and --distill-views "
+                                 f"{distill_views} must be at least 1, --distill-segments {distill_segments} at least 0")
         student = specialise_inputs(load_model(model), input_shape, str(model))
         teacher_model = specialise_inputs(load_model(teacher), input_shape, str(teacher))
         specs = model_input_specs(teacher_model)
@@ -392,6 +400,7 @@ def recover_cmd(
         held = None if held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
                                                                  subset=held_subset)
         options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
+                                 distill_segments=distill_segments, distill_views=distill_views,
                                  mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
                                  pull=pull, seed=seed, provider=provider)
         result_model, result = _recover(student, teacher_model, data, options, held)

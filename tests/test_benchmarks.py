@@ -35,9 +35,9 @@ def test_recovery_quick(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "benchmarks/recovery.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True)
     result = json.loads((tmp_path / "recovery.json").read_text())
-    assert [r["variant"] for r in result["rows"]] == ["none", "default"]
+    assert [r["variant"] for r in result["rows"]] == ["none, pruned on 400 photos", "none", "default"]
     assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
-    assert result["rows"][1]["seconds"] > 0 and len(result["rows"][1]["calib_kl"]) == 2
+    assert result["rows"][2]["seconds"] > 0 and len(result["rows"][2]["held_kl"]) == 2
     assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()
 
 

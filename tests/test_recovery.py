@@ -15,7 +15,7 @@ from onnxprune.recovery.segments import find_segments
 from onnxprune.runtime.ort import model_input_specs
 from tests.onnx_builders import run
 
-FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-3, "batch_size": 16, "provider": "cpu"}
+FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16, "provider": "cpu"}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,27 @@ def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student, me
     t = run(tiny.model, input=held)[0]
     before, after = run(student, input=held)[0], run(model, input=held)[0]
     assert discrepancy([after], [t])[1] < discrepancy([before], [t])[1]  # in onnxruntime, on the written model
+
+
+@pytest.mark.parametrize("segments", [1, 0])
+def test_distill_trains_the_head_on_cached_views_or_the_whole_model(tiny, student, segments: int) -> None:
+    """distill_segments=k trains the last k segments on distill_views cached views of every training
+    sample; 0 trains every weight on batches augmented on the fly."""
+    options = RecoverOptions(**FAST, method="distill", distill_segments=segments, distill_views=3)
+    model, report = recover(student, tiny.model, _calib(tiny), options)
+    last = find_segments(import_graph(student), import_graph(tiny.model))[-1]
+    d = report.distill
+    assert report.improved and d.held_after < d.held_before
+    assert d.whole_model == (segments == 0)
+    if segments:
+        assert d.trained_from == last.start
+        assert d.samples == 3 * report.samples_train
+        total = sum(int(np.prod(t.dims)) for t in student.graph.initializer if t.data_type == onnx.TensorProto.FLOAT)
+        assert 0 < d.parameters < total / 2
+    else:
+        assert d.trained_from == [i.name for i in student.graph.input]
+        assert d.samples == FAST["distill_steps"] * FAST["batch_size"]
+    assert report.writeback_error <= 1e-5
 
 
 @pytest.mark.parametrize("lr", [0.0, 50.0])

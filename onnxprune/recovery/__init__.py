@@ -6,9 +6,13 @@ Two stages, run in this order by the default method ``block+distill``:
   teacher (see ``segments``); going from the input, each segment whose weights were changed by
   pruning is trained to reproduce the teacher's tensor at its end from the student's own tensor at
   its start, so it also corrects the error of the segments before it.
-- ``distill``: end-to-end distillation of the whole student towards the teacher's outputs (KL for
-  classifiers, relative MSE otherwise) on consistently augmented inputs: both networks see the
-  same randomly cropped, flipped and mixed images (see ``augment``).
+- ``distill``: distillation towards the teacher's outputs (KL for classifiers, relative MSE
+  otherwise) on consistently augmented inputs: both networks see the same randomly cropped,
+  flipped and mixed images (see ``augment``). By default only the last ``distill_segments``
+  segments (the head) are trained, on their inputs cached for ``distill_views`` augmented views of
+  every training sample: on a few hundred photos this generalised far better, and ran ~20× faster
+  per step on CPU, than training the whole model (``distill_segments=0``), whose earlier layers the
+  block stage already matched.
 
 A held-out part of the calibration set picks the best checkpoint of every stage, and the recovered
 model is returned only if it agrees better with the teacher on that part than the input did.
@@ -32,13 +36,14 @@ from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError
 from onnxprune.recovery.augment import MIXES, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
-from onnxprune.recovery.train import FitResult, distill, evaluate_net, fit, kl_loss, relative_mse
+from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 TRAIN = ("segment", "changed")
 METHODS = ("block+distill", "block", "distill")
 Progress = Callable[[str, int, int, float | None], None]
+Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
 
 
 @dataclass
@@ -46,8 +51,10 @@ class RecoverOptions:
     method: str = "block+distill"
     steps: int = 200  # Adam steps per trainable segment (block stage)
     lr: float = 1e-3
-    distill_steps: int = 300  # Adam steps of the end-to-end stage
+    distill_steps: int = 600  # Adam steps of the distillation stage
     distill_lr: float = 1e-4
+    distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
+    distill_views: int = 8  # augmented views of every training sample cached for a head distillation
     mix: str = "mixup"  # mixing of the distillation images (after random resized crop and flip)
     layout: str = "nchw"  # of an image input, for the augmentation
     batch_size: int = 32
@@ -67,6 +74,9 @@ class RecoverOptions:
                                      ("mix", self.mix, MIXES), ("layout", self.layout, ("nchw", "nhwc"))):
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} not in {allowed}")
+        if self.distill_segments < 0 or self.distill_views < 1:
+            raise ValueError(f"distill_segments {self.distill_segments} must be >= 0 and distill_views "
+                             f"{self.distill_views} >= 1")
 
 
 @dataclass
@@ -82,6 +92,9 @@ class SegmentReport:
 @dataclass
 class DistillReport:
     parameters: int
+    whole_model: bool  # every weight trained on batches augmented on the fly (else the head on cached views)
+    trained_from: list[str]  # the tensors the trained part starts at
+    samples: int  # training samples seen: cached views of a head, or on-the-fly augmented batches
     augment: str  # what the inputs went through
     held_before: float  # held-out metric (the report's) when the stage started
     held_after: float
@@ -198,50 +211,89 @@ def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Seg
     return model, cur
 
 
-def _augmenter(model: onnx.ModelProto, options: RecoverOptions
-               ) -> tuple[str, Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]]:
-    """Crop/flip/mix for a model with one 4-D float input, else no augmentation (and why)."""
+def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Augment | None]:
+    """Crop/flip/mix for a model with one 4-D float input, else None (and why)."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
     image = (len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 4
              and inputs[0].type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                                                            onnx.TensorProto.DOUBLE))
     if not image:
-        return "none (the model does not take one batch of images)", lambda xs, gen: xs
+        return "none (the model does not take one batch of images)", None
     what = f"random resized crop, flip, {options.mix} ({options.layout})"
     return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout)]
 
 
-def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, changed: set[str],
+def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
                    values: dict[str, np.ndarray], train_idx: np.ndarray, held_idx: np.ndarray,
                    teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None
                    ) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
-    """End-to-end distillation; the written model, the trained net's held-out outputs, the report."""
+    """Distillation of the head (last ``distill_segments`` segments, on cached augmented views) or of
+    the whole model (augmented on the fly); the written model, its held-out outputs, the report."""
     t0 = time.perf_counter()
-    student, t_net = TorchGraph(model).to(options.torch_device()), TorchGraph(teacher).to(options.torch_device())
-    t_net.requires_grad_(False)
-    xs = [values[name] for name in student.input_names]
-    params = [p for name, p in student.named_initializers()
-              if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
+    head = 0 < options.distill_segments < len(segments)
+    changed = {name for seg in segments for name in seg.changed}
     augment, transform = _augmenter(model, options)
     loss = kl_loss if teacher_held[0].ndim == 2 else relative_mse
-
-    def held_outputs() -> list[np.ndarray]:
-        return evaluate_net(student, xs, held_idx, options.batch_size)
-
-    def held() -> float:
-        return discrepancy(held_outputs(), teacher_held)[1]
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
             on_progress("distill", k, options.distill_steps, best)
 
-    result: FitResult = distill(student, t_net, params, xs, train_idx, held, batch_size=options.batch_size,
-                                augment=transform, loss=loss, steps=options.distill_steps, lr=options.distill_lr,
-                                pull=options.pull, seed=options.seed, on_step=step)
-    report = DistillReport(sum(p.numel() for p in params), augment, result.held_before, result.held_after,
-                           result.best_step, time.perf_counter() - t0)
-    return write_back(model, student), held_outputs(), report
+    def trainable(net: TorchGraph) -> list[torch.nn.Parameter]:
+        return [p for name, p in net.named_initializers()
+                if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
+
+    loop = {"steps": options.distill_steps, "lr": options.distill_lr, "pull": options.pull, "seed": options.seed,
+            "on_step": step}
+    if head:
+        start = segments[-options.distill_segments].start
+        net = TorchGraph(model, outputs=[o.name for o in model.graph.output], inputs_at=start)
+        xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
+                                      options)
+        params = trainable(net.to(options.torch_device()))
+        held_part = np.arange(n_views, len(xs[0]))
+        result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
+                     **loop)
+        held_out = evaluate_net(net, xs, held_part, options.batch_size)
+    else:
+        start, n_views = [i.name for i in model.graph.input], options.distill_steps * options.batch_size
+        net, t_net = TorchGraph(model).to(options.torch_device()), TorchGraph(teacher).to(options.torch_device())
+        t_net.requires_grad_(False)
+        xs = [values[name] for name in net.input_names]
+        params = trainable(net)
+        result = distill(net, t_net, params, xs, train_idx,
+                         lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held)[1],
+                         batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
+                         **loop)
+        held_out = evaluate_net(net, xs, held_idx, options.batch_size)
+    report = DistillReport(sum(p.numel() for p in params), not head, list(start), n_views, augment, result.held_before,
+                           result.held_after, result.best_step, time.perf_counter() - t0)
+    return write_back(model, net), held_out, report
+
+
+def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, np.ndarray],
+                train_idx: np.ndarray, held_idx: np.ndarray, teacher_held: list[np.ndarray],
+                transform: Augment | None, options: RecoverOptions) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+    """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
+    views of the training samples, followed by the held-out samples (not augmented); the view count."""
+    names = [i.name for i in model.graph.input if i.name in values]
+    outputs = [o.name for o in model.graph.output]
+    s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
+    parts: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
+    for _ in range(options.distill_views if transform else 1):
+        for s in range(0, len(train_idx), options.batch_size):
+            pick = train_idx[s : s + options.batch_size]
+            batch = [torch.from_numpy(values[n][pick]) for n in names]
+            feed = {n: b.numpy() for n, b in zip(names, transform(batch, gen) if transform else batch)}
+            student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=options.batch_size)
+            teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=options.batch_size)
+            parts.append((student, teacher))
+    held_in, _ = run_segment(s_graph, {n: values[n][held_idx] for n in names}, start, provider=options.provider,
+                             batch_size=options.batch_size)
+    xs = [np.concatenate([p[0][n] for p in parts] + [held_in[n]]) for n in start]
+    ts = [np.concatenate([p[1][n] for p in parts] + [t]) for n, t in zip(outputs, teacher_held)]
+    return xs, ts, sum(len(p[1][outputs[0]]) for p in parts)
 
 
 def recover(
@@ -281,9 +333,9 @@ def recover(
                                       on_progress)
         trained_held = [cur[name][held_idx] for name in outputs]
     if "distill" in options.method:
-        changed = {name for seg in segments for name in seg.changed}
-        recovered, trained_held, report.distill = _distill_stage(recovered, teacher, changed, values, train_idx,
-                                                                 held_idx, teacher_held, options, on_progress)
+        recovered, trained_held, report.distill = _distill_stage(recovered, teacher, t_graph, segments, values,
+                                                                 train_idx, held_idx, teacher_held, options,
+                                                                 on_progress)
 
     recovered_held = outputs_of(recovered)
     _, report.after, report.agreement_after = discrepancy(recovered_held, teacher_held)

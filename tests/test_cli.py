@@ -149,6 +149,11 @@ BAD = {
                                    "--target-ratio", "0.5", "--target-flops", "1M"], ["exactly one"]),
     "bad-method": (lambda f, o: ["compress", str(f["tiny"]), "-o", o, "--calib", str(f["calib"]),
                                  "--target-ratio", "0.5", "--method", "magic"], ["--method", "magic"]),
+    "recover-no-views": (lambda f, o: ["recover", str(f["tiny"]), "--teacher", str(f["tiny"]), "-o", o, "--calib",
+                                       str(f["calib"]), "--distill-views", "0"], ["--distill-views 0"]),
+    "recover-negative-segments": (lambda f, o: ["recover", str(f["tiny"]), "--teacher", str(f["tiny"]), "-o", o,
+                                                "--calib", str(f["calib"]), "--distill-segments", "-1"],
+                                  ["--distill-segments -1"]),
     "analyze-text-file": (lambda f, o: ["analyze", str(f["text"])], ["notes.onnx", "not a readable ONNX model"]),
     "analyze-missing": (lambda f, o: ["analyze", str(Path(o).parent / "nope.onnx")], ["nope.onnx", "no such file"]),
 }

@@ -159,9 +159,10 @@ def prune_global(net: Net, x: torch.Tensor, target: torch.Tensor) -> np.ndarray:
 
 def fit(widths: np.ndarray, d: np.ndarray) -> dict:
     """Least-squares fits of log D: exponential (vs n; rate λ in D ~ e^{-λn}) and power law (vs log n;
-    exponent p in D ~ n^{-p}), with R², over the finite points above FIT_FLOOR · D at the smallest width."""
+    exponent p in D ~ n^{-p}), with R², over the finite points above FIT_FLOOR · D at the smallest width
+    and below the full width N (where pruning keeps every neuron: D is rounding, not the curve)."""
     widths, d = np.asarray(widths, dtype=float), np.asarray(d, dtype=float)
-    ok = np.isfinite(d) & (d > 0)
+    ok = np.isfinite(d) & (d > 0) & (widths < DIM_HIDDEN)
     if ok.any():
         ok &= d > FIT_FLOOR * d[ok][0]
     if ok.sum() < 3:
@@ -196,7 +197,8 @@ def markdown(result: dict) -> str:
                          f"| {result['global'][i]:.3g} | {s} |")
     lines += ["", "| curve | paper's claim | exp. rate λ (D ~ e^-λn) | R² | power p (D ~ n^-p) | R² | fitted n |",
               "|---|---|---|---|---|---|---|"]
-    claims = {"local": "O(e^-λn)", "global": "O(n^-2)", "scratch": "O(n^-1)"}
+    claims = {"local": "O(e^-λn)", "local_layer": "O(e^-λn) (the greedy's own loss)", "global": "O(n^-2)",
+              "scratch": "O(n^-1)"}
     for name, claim in claims.items():
         f = result["fits"][name]
         if f["exp_rate"] is None:
@@ -208,36 +210,44 @@ def markdown(result: dict) -> str:
 
 
 def plot(result: dict, path: Path) -> None:
+    """Left: D of the whole network vs n; right: local imitation's own (layer-output) loss. Dashed: fits."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     n = np.array(result["n"])
-    fig, ax = plt.subplots(figsize=(6, 4.2))
+    sn, mean = np.array(result["scratch"]["n"]), np.array(result["scratch"]["mean"])
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(11, 4.2))
     ax.semilogy(n, result["local"], "o-", ms=3, label="local imitation")
     ax.semilogy(n, result["global"], "s-", ms=3, label="global imitation")
-    sn, mean = np.array(result["scratch"]["n"]), np.array(result["scratch"]["mean"])
     ax.semilogy(sn, mean, "^-", ms=4, label="trained from scratch (mean)")
-    for name, style in (("local", "C0--"), ("scratch", "C2--")):
+    ax2.semilogy(n, result["local_layer"], "o-", ms=3, label="local imitation: layer-output loss D̄")
+
+    def fit_line(axis, name: str, x: np.ndarray, y: np.ndarray, style: str, exponential: bool) -> None:
         f = result["fits"][name]
         if f["exp_rate"] is None:
-            continue
+            return
         lo, hi = f["n_range"]
-        t = np.linspace(lo, hi, 50)
-        x, y = (n, np.array(result[name])) if name == "local" else (sn, mean)
         sel = (x >= lo) & (x <= hi) & np.isfinite(y) & (y > 0)
-        if name == "local":
-            c = np.polyfit(x[sel], np.log(y[sel]), 1)
-            ax.semilogy(t, np.exp(np.polyval(c, t)), style, lw=1, label=f"fit e^(-{f['exp_rate']:.2f} n)")
-        else:
-            c = np.polyfit(np.log(x[sel]), np.log(y[sel]), 1)
-            ax.semilogy(t, np.exp(np.polyval(c, np.log(t))), style, lw=1, label=f"fit n^(-{f['power']:.2f})")
-    ax.set_xlabel("neurons n in the first hidden layer")
-    ax.set_ylabel("discrepancy D to the full network")
+        t = np.linspace(lo, hi, 50)
+        u, ut = (x[sel], t) if exponential else (np.log(x[sel]), np.log(t))
+        c = np.polyfit(u, np.log(y[sel]), 1)
+        label = f"fit e^(-{f['exp_rate']:.2f} n), R² {f['exp_r2']:.2f}" if exponential else \
+            f"fit n^(-{f['power']:.2f}), R² {f['power_r2']:.2f}"
+        axis.semilogy(t, np.exp(np.polyval(c, ut)), style, lw=1, label=label)
+
+    fit_line(ax, "local", n, np.array(result["local"]), "C0--", True)
+    fit_line(ax, "scratch", sn, mean, "C2--", False)
+    fit_line(ax2, "local_layer", n, np.array(result["local_layer"]), "C0--", True)
+    ax.set_ylabel("discrepancy D of the network to the full one")
     ax.set_title(f"Rate: pruning N = {result['config']['N']} neurons vs training n")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
+    ax2.set_ylabel("layer-output loss of the pruned first layer")
+    ax2.set_title("What local imitation minimises")
+    for axis in (ax, ax2):
+        axis.set_xlabel("neurons n in the first hidden layer")
+        axis.legend(fontsize=8)
+        axis.grid(alpha=0.3, which="both")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -254,7 +264,12 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=2, help="scratch networks per width (D averaged)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--quick", action="store_true", help="tiny run: 300 steps, 3 scratch widths, 1 seed")
+    parser.add_argument("--from-json", type=Path, metavar="FILE",
+                        help="refit and redraw rate.md/rate.png in --out from a rate.json, nothing retrained")
     args = parser.parse_args()
+    if args.from_json:
+        write(json.loads(args.from_json.read_text()), args.out)
+        return
     if args.quick:
         args.steps, args.scratch_n, args.seeds = 300, "1,4,16", 1
     torch.set_num_threads(1)  # small products: one thread is faster on a busy 2-core machine
@@ -295,14 +310,21 @@ def main() -> None:
         "global": [float(v) for v in global_],
         "scratch": {"n": scratch_n, "runs": runs, "mean": mean,
                     "diverged": [int((~np.isfinite(d)).sum()) for d in runs]},
-        "fits": {"local": fit(widths, local), "global": fit(widths, global_), "scratch": fit(scratch_n, mean)},
         "seconds": time.perf_counter() - start,
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "rate.json").write_text(json.dumps(result, indent=2))
+    write(result, args.out)
+
+
+def write(result: dict, out: Path) -> None:
+    """Fit the curves of ``result`` and write rate.json, rate.md and rate.png to ``out``."""
+    widths = np.array(result["n"])
+    result["fits"] = {name: fit(widths, result[name]) for name in ("local", "local_layer", "global")}
+    result["fits"]["scratch"] = fit(result["scratch"]["n"], result["scratch"]["mean"])
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "rate.json").write_text(json.dumps(result, indent=2))
     table = markdown(result)
-    (args.out / "rate.md").write_text(table)
-    plot(result, args.out / "rate.png")
+    (out / "rate.md").write_text(table)
+    plot(result, out / "rate.png")
     print(table)
 
 

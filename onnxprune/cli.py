@@ -186,8 +186,12 @@ def compress_cmd(
     recover_steps: Annotated[int, typer.Option(
         help="After pruning, run `recover` with its defaults (block-wise reconstruction with this many steps per "
              "changed segment, then distillation) towards the input model; 0 = no recovery. Its held-out samples "
-             "are a split of the calibration set the pruner fitted, so the never-worse check is optimistic: "
-             "run `recover --held-subset` on unseen samples for a strict one.")] = 0,
+             "are a split of the calibration set the pruner fitted, so the never-worse check is optimistic, unless "
+             "--recover-held-subset gives samples the pruner does not see.")] = 0,
+    recover_held_subset: Annotated[Optional[str], typer.Option(
+        help="With --recover-steps: these samples of the --calib source (same syntax as --subset; keep them out of "
+             "--subset) pick the recovery's checkpoints and judge it, instead of a split of the calibration set.")
+    ] = None,
     best_effort: Annotated[bool, typer.Option(
         "--best-effort", help="If the budget is below the lowest reachable MACs, prune to those instead of failing.")
     ] = False,
@@ -216,10 +220,14 @@ def compress_cmd(
                                      ("allocation", allocation, ALLOCATIONS)):
             if value not in allowed:
                 raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
+        if recover_held_subset is not None and recover_steps < 1:
+            raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
         onnx_model = specialise_inputs(load_model(model), input_shape, str(model))
         specs = model_input_specs(onnx_model)
-        data = load_calibration(calib, specs, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
-                                subset=subset, limit=limit, flip=flip)
+        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
+        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
+        held = None if recover_held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
+                                                                         subset=recover_held_subset)
         options = CompressOptions(
             target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
             method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
@@ -240,7 +248,7 @@ def compress_cmd(
         if recover_steps > 0:
             pruned, recovery = _recover(pruned, onnx_model, data,
                                         RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider,
-                                                       seed=seed))
+                                                       seed=seed), held)
         atomic_write(output, lambda tmp: onnx.save(pruned, str(tmp)), refuse=[model])
         if report is not None:
             report.write_text(json.dumps({**result.to_dict(), "recovery": recovery and recovery.to_dict()}, indent=2))

@@ -77,6 +77,18 @@ def test_compress_writes_model_and_report(files, tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pruned.onnx", "report.json"]  # no temp files left
 
 
+def test_compress_recover_steps_with_unseen_held_out_samples(files, tmp_path: Path) -> None:
+    out, report = tmp_path / "pruned.onnx", tmp_path / "report.json"
+    result = runner.invoke(app, ["compress", str(files["tiny"]), "-o", str(out), "--calib", str(files["calib"]),
+                                 "--subset", "0:48", "--target-ratio", "0.6", "--recover-steps", "5",
+                                 "--recover-held-subset", "48:64", "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    recovery = json.loads(report.read_text())["recovery"]
+    assert (recovery["samples_train"], recovery["samples_held"], recovery["held_unseen"]) == (48, 16, True)
+    assert recovery["options"]["steps"] == 5 and recovery["segments"] and recovery["distill"]
+    assert "on 16 samples (given apart; 48 trained on)" in " ".join(result.stdout.split())
+
+
 def test_target_flops_with_suffix(files, tmp_path: Path) -> None:
     total = analyze(onnx.load(str(files["tiny"]))).macs.total
     out = tmp_path / "pruned.onnx"
@@ -154,6 +166,9 @@ BAD = {
     "recover-negative-segments": (lambda f, o: ["recover", str(f["tiny"]), "--teacher", str(f["tiny"]), "-o", o,
                                                 "--calib", str(f["calib"]), "--distill-segments", "-1"],
                                   ["--distill-segments -1"]),
+    "held-without-recovery": (lambda f, o: ["compress", str(f["tiny"]), "-o", o, "--calib", str(f["calib"]),
+                                            "--target-ratio", "0.5", "--recover-held-subset", "0:8"],
+                              ["--recover-held-subset", "--recover-steps"]),
     "analyze-text-file": (lambda f, o: ["analyze", str(f["text"])], ["notes.onnx", "not a readable ONNX model"]),
     "analyze-missing": (lambda f, o: ["analyze", str(Path(o).parent / "nope.onnx")], ["nope.onnx", "no such file"]),
 }

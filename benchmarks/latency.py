@@ -102,7 +102,8 @@ def main() -> None:
         {"load_average_before": load, "load_average_after": load_after, "cpus": os.cpu_count(), "rows": rows},
         indent=2))
     table = markdown(rows) + (f"\n{os.cpu_count()} CPUs; 1-minute load average {load[0]:.1f} before, "
-                              f"{load_after[0]:.1f} after (other jobs share the machine).\n")
+                              f"{load_after[0]:.1f} after (a load above the CPU count means other jobs "
+                              "shared the machine).\n")
     (args.out / "latency.md").write_text(table)
     print(table)
 

@@ -14,7 +14,7 @@ Each pruned model is exported to ONNX (input `input`, output `logits`, dynamic b
 artifacts/mobilenet_v2.onnx) and scored by the same `onnxprune eval --ref original` on the same
 folds as benchmarks/fidelity.py (fold k calibrates on photos with index % 5 != k and evaluates
 on index % 5 == k). With `--recover-targets`, the best tp variant at each of those targets (top-1,
-then agreement, pooled over the folds) also gets `onnxprune recover` with default options, on the photos of
+then agreement, pooled over the folds) also gets `onnxprune recover` (default options, plus `--recover-args`), on the photos of
 benchmarks/recovery.py (trained on 300, checkpoints on 100 others, scored on fold 0).
 onnxprune's own rows are read, not recomputed, from the committed results (`--ours`,
 `--ours-recovered`). Writes `<out>/peer.json`, `peer.md` and `peer.png`.
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import shlex
 import sys
 import tempfile
 import time
@@ -170,7 +171,8 @@ def markdown(rows: list[dict], original: dict) -> str:
         f"| {original['top5']:.1%} | 100% | 0 | – |",
     ]
     for r in rows:
-        lines.append(f"| {r['target']} | {r['variant']} | {r['recovery']} | {r['macs'] / 1e6:.1f}M | {r['images']} "
+        recovery = r["recovery"] + (f" `{' '.join(r['recover_args'])}`" if r.get("recover_args") else "")
+        lines.append(f"| {r['target']} | {r['variant']} | {recovery} | {r['macs'] / 1e6:.1f}M | {r['images']} "
                      f"| {r['top1']:.1%} | {r['top5']:.1%} | {r['agreement']:.1%} | {r['kl']:.3f} | {r['source']} |")
     return "\n".join(lines) + "\n"
 
@@ -209,6 +211,9 @@ def main() -> None:
                         help="calibration photos (evenly spaced) whose gradients feed the Taylor importance")
     parser.add_argument("--recover-targets", default="245M,170M",
                         help="targets whose best tp variant also gets `onnxprune recover` on fold 0 ('' for none)")
+    parser.add_argument("--recover-args", default="",
+                        help="flags added to that `onnxprune recover`, e.g. '--steps 40 --distill-steps 100' to give a "
+                             "tp model (one segment: its residual streams are pruned) onnxprune's wall-time budget")
     parser.add_argument("--ours", type=Path, default=Path("benchmarks/results/fidelity_omp.json"),
                         help="committed fidelity.py results holding onnxprune's default rows (same folds)")
     parser.add_argument("--ours-recovered", type=Path, default=Path("benchmarks/results/recovery.json"),
@@ -278,7 +283,8 @@ def main() -> None:
                 print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
                 save(args.out, base, folds, rows, complete=False)
             if target in args.recover_targets.split(","):
-                rows += recover_best(rows, target, kept, original_onnx, args.data, folds[0], Path(tmp))
+                rows += recover_best(rows, target, kept, original_onnx, args.data, folds[0], Path(tmp),
+                                     shlex.split(args.recover_args))
                 print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
                 save(args.out, base, folds, rows, complete=False)
 
@@ -297,22 +303,22 @@ def finish(out: Path, base: dict, folds: list, rows: list[dict], complete: bool)
 
 
 def recover_best(rows: list[dict], target: str, kept: dict[tuple[str, str], Path], original: Path, data: Path,
-                 fold: tuple[str, str], tmp: Path) -> list[dict]:
-    """`onnxprune recover` (defaults) of the best tp variant at ``target``, with recovery.py's photos
+                 fold: tuple[str, str], tmp: Path, extra: list[str]) -> list[dict]:
+    """`onnxprune recover` (defaults + ``extra``) of the best tp variant at ``target``, with recovery.py's photos
     (trained on RECOVER_TRAIN, checkpoints on RECOVER_HELD, scored on fold 0): its rows before and after."""
     assert fold[1] == RECOVER_TEST, f"recovery is scored on fold 0 ({RECOVER_TEST}), not {fold[1]}"
     name = best_variant(rows, target)
     pruned, recovered, report = kept[(target, name)], tmp / "recovered.onnx", tmp / "report.json"
     start = time.perf_counter()
     run([*CLI, "recover", str(pruned), "--teacher", str(original), "--calib", str(data), "--subset", RECOVER_TRAIN,
-         "--held-subset", RECOVER_HELD, "-o", str(recovered), "--report", str(report)])
+         "--held-subset", RECOVER_HELD, "-o", str(recovered), "--report", str(report), *extra])
     wall = time.perf_counter() - start
     rep = json.loads(report.read_text())
     fold0 = next(r for r in rows if r["target"] == target and r["variant"] == name)["folds"][0]
     return [{"target": target, "variant": name, "recovery": "none", "source": "this run (fold 0)",
              "macs": onnx_macs(pruned), **fold0},
             {"target": target, "variant": name, "recovery": "recover", "source": "this run (fold 0)",
-             "macs": onnx_macs(recovered), "recover_seconds": wall, "held_kl": [rep["before"], rep["after"]],
+             "macs": onnx_macs(recovered), "recover_seconds": wall, "recover_args": extra, "held_kl": [rep["before"], rep["after"]],
              "improved": rep["improved"], **evaluate(recovered, original, data, RECOVER_TEST)}]
 
 

@@ -177,16 +177,17 @@ def markdown(rows: list[dict], original: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def our_rows(fidelity: Path, recovery: Path, targets: list[str]) -> list[dict]:
+def our_rows(fidelity: Path, recoveries: list[Path], targets: list[str]) -> list[dict]:
     """onnxprune's default rows from committed results: no fine-tuning (all folds) and recovered (fold 0)."""
     rows = []
     for r in json.loads(fidelity.read_text())["rows"]:
         if r["target"] in targets and r["variant"] in ("omp", "default"):
             rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none", "source": fidelity.name})
-    for r in json.loads(recovery.read_text())["rows"]:
-        if r["target"] in targets and (r["variant"].startswith("none") or r["variant"] == "default"):
-            rows.append({**r, "variant": "onnxprune default (omp)", "source": f"{recovery.name} (fold 0, {r['variant']})",
-                         "recovery": "none" if r["variant"].startswith("none") else "recover"})
+    for recovery in recoveries:
+        for r in json.loads(recovery.read_text())["rows"]:
+            if r["target"] in targets and (r["variant"].startswith("none") or r["variant"] == "default"):
+                rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none" if r["variant"].startswith(
+                    "none") else "recover", "source": f"{recovery.name} (fold 0, {r['variant']})"})
     return rows
 
 
@@ -216,7 +217,9 @@ def main() -> None:
                              "tp model (one segment: its residual streams are pruned) onnxprune's wall-time budget")
     parser.add_argument("--ours", type=Path, default=Path("benchmarks/results/fidelity_omp.json"),
                         help="committed fidelity.py results holding onnxprune's default rows (same folds)")
-    parser.add_argument("--ours-recovered", type=Path, default=Path("benchmarks/results/recovery.json"),
+    parser.add_argument("--ours-recovered", type=Path, nargs="+", metavar="FILE",
+                        default=[Path("benchmarks/results/recovery.json"),
+                                 Path("benchmarks/results/recovery_270M_220M.json")],
                         help="committed recovery.py results (fold 0)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny run: 245M, magnitude, uniform, 16 calibration and 10 held-out photos, no recovery")

@@ -215,7 +215,7 @@ def main() -> None:
     parser.add_argument("--recover-args", default="",
                         help="flags added to that `onnxprune recover`, e.g. '--steps 40 --distill-steps 100' to give a "
                              "tp model (one segment: its residual streams are pruned) onnxprune's wall-time budget")
-    parser.add_argument("--ours", type=Path, default=Path("benchmarks/results/fidelity_omp.json"),
+    parser.add_argument("--ours", type=Path, default=Path("benchmarks/results/fidelity.json"),
                         help="committed fidelity.py results holding onnxprune's default rows (same folds)")
     parser.add_argument("--ours-recovered", type=Path, nargs="+", metavar="FILE",
                         default=[Path("benchmarks/results/recovery.json"),

@@ -172,6 +172,8 @@ def markdown(rows: list[dict], original: dict) -> str:
     ]
     for r in rows:
         recovery = r["recovery"] + (f" `{' '.join(r['recover_args'])}`" if r.get("recover_args") else "")
+        if r.get("improved") is False:
+            recovery += ", input kept (no held-out gain)"
         lines.append(f"| {r['target']} | {r['variant']} | {recovery} | {r['macs'] / 1e6:.1f}M | {r['images']} "
                      f"| {r['top1']:.1%} | {r['top5']:.1%} | {r['agreement']:.1%} | {r['kl']:.3f} | {r['source']} |")
     return "\n".join(lines) + "\n"

@@ -228,6 +228,7 @@ def main() -> None:
     parser.add_argument("--from-json", type=Path, metavar="FILE",
                         help="redraw peer.md/peer.png in --out from a peer.json (also one cut short), nothing rerun")
     args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
     if args.from_json:
         data = json.loads(args.from_json.read_text())
         rows = [r for r in data["rows"] if r["source"].startswith("this run")]
@@ -241,7 +242,6 @@ def main() -> None:
             [("0:16", "100:110")], "245M", "magnitude", "uniform", "")
     if not args.data.is_dir():
         sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
-    args.out.mkdir(parents=True, exist_ok=True)
     targets = args.targets.split(",")
     variants = [Variant(i, s) for i in args.importances.split(",") for s in args.scopes.split(",")]
     original_onnx = original_model(args.out)

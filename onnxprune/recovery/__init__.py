@@ -281,14 +281,15 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
     outputs = [o.name for o in model.graph.output]
     s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
     parts: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
-    for _ in range(options.distill_views if transform else 1):
-        for s in range(0, len(train_idx), options.batch_size):
-            pick = train_idx[s : s + options.batch_size]
-            batch = [torch.from_numpy(values[n][pick]) for n in names]
-            feed = {n: b.numpy() for n, b in zip(names, transform(batch, gen) if transform else batch)}
-            student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=options.batch_size)
-            teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=options.batch_size)
-            parts.append((student, teacher))
+    for _ in range(options.distill_views if transform else 1):  # one view of every training sample at a time
+        batches = []
+        for s in range(0, len(train_idx), options.batch_size):  # mixing stays within a batch
+            batch = [torch.from_numpy(values[n][train_idx[s : s + options.batch_size]]) for n in names]
+            batches.append(transform(batch, gen) if transform else batch)
+        feed = {n: np.concatenate([b[i].numpy() for b in batches]) for i, n in enumerate(names)}
+        student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=options.batch_size)
+        teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=options.batch_size)
+        parts.append((student, teacher))
     held_in, _ = run_segment(s_graph, {n: values[n][held_idx] for n in names}, start, provider=options.provider,
                              batch_size=options.batch_size)
     xs = [np.concatenate([p[0][n] for p in parts] + [held_in[n]]) for n in start]

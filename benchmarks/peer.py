@@ -14,8 +14,9 @@ Each pruned model is exported to ONNX (input `input`, output `logits`, dynamic b
 artifacts/mobilenet_v2.onnx) and scored by the same `onnxprune eval --ref original` on the same
 folds as benchmarks/fidelity.py (fold k calibrates on photos with index % 5 != k and evaluates
 on index % 5 == k). With `--recover-targets`, the best tp variant at each of those targets (top-1,
-then agreement, pooled over the folds) also gets `onnxprune recover` (default options, plus `--recover-args`), on the photos of
-benchmarks/recovery.py (trained on 300, checkpoints on 100 others, scored on fold 0).
+then agreement, pooled over the folds) also gets `onnxprune recover` (default options, plus
+`--recover-args`), on the photos of benchmarks/recovery.py (trained on 300, checkpoints on 100
+others, scored on fold 0).
 onnxprune's own rows are read, not recomputed, from the committed results (`--ours`,
 `--ours-recovered`). Writes `<out>/peer.json`, `peer.md` and `peer.png`.
 
@@ -187,9 +188,10 @@ def our_rows(fidelity: Path, recoveries: list[Path], targets: list[str]) -> list
             rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none", "source": fidelity.name})
     for recovery in recoveries:
         for r in json.loads(recovery.read_text())["rows"]:
-            if r["target"] in targets and (r["variant"].startswith("none") or r["variant"] == "default"):
-                rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none" if r["variant"].startswith(
-                    "none") else "recover", "source": f"{recovery.name} (fold 0, {r['variant']})"})
+            unrecovered = r["variant"].startswith("none")
+            if r["target"] in targets and (unrecovered or r["variant"] == "default"):
+                rows.append({**r, "variant": "onnxprune default (omp)", "recovery": "none" if unrecovered else "recover",
+                             "source": f"{recovery.name} (fold 0, {r['variant']})"})
     return rows
 
 
@@ -323,8 +325,8 @@ def recover_best(rows: list[dict], target: str, kept: dict[tuple[str, str], Path
     return [{"target": target, "variant": name, "recovery": "none", "source": "this run (fold 0)",
              "macs": onnx_macs(pruned), **fold0},
             {"target": target, "variant": name, "recovery": "recover", "source": "this run (fold 0)",
-             "macs": onnx_macs(recovered), "recover_seconds": wall, "recover_args": extra, "held_kl": [rep["before"], rep["after"]],
-             "improved": rep["improved"], **evaluate(recovered, original, data, RECOVER_TEST)}]
+             "macs": onnx_macs(recovered), "recover_seconds": wall, "recover_args": extra,
+             "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"], **evaluate(recovered, original, data, RECOVER_TEST)}]
 
 
 def save(out: Path, base: dict, folds: list[tuple[str, str]], rows: list[dict], complete: bool) -> None:

@@ -64,7 +64,8 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--name", default="recovery", help="stem of the result files")
-    parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
     calib, held, test, everything = RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST, "!0%5"
     extra: list[str] = []

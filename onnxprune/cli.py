@@ -324,8 +324,8 @@ def _print_recovery(r: RecoverReport) -> None:
     if r.distill is not None:
         d = r.distill
         part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
-        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment})", f"{d.parameters:,}", f"{d.held_before:.4f}", f"{d.held_after:.4f}",
-                      str(d.best_step), f"{d.seconds:.1f}")
+        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment})", f"{d.parameters:,}",
+                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", str(d.best_step), f"{d.seconds:.1f}")
     console.print(table)
     agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
              if r.agreement_before is not None and r.agreement_after is not None else "")

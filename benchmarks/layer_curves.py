@@ -62,6 +62,7 @@ def gram(run: Compressor, group, values: dict[str, np.ndarray]) -> np.ndarray:
     nodes = {node.name: node for node in run.original.nodes}
     G = np.zeros((group.channels, group.channels))
     bs = run.options.batch_size
+    values = run.peek(run.original, values, {use.tensor for use in group.consumers})  # SE gates: read after the cut
     for use in group.consumers:
         node = nodes[use.node]
         lin = consumers.matrix(node)

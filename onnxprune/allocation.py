@@ -53,15 +53,32 @@ def as_cost(cost: MacModel | Cost) -> Cost:
     return MacCost(cost) if isinstance(cost, MacModel) else cost
 
 
+def group_step(channels: int, round_to: int) -> int:
+    """The width step of a group of ``channels``: ``round_to``, or, for a group narrower than four steps,
+    the largest power of two up to a quarter of its channels (and ``round_to``), so that rounding never
+    forbids a group to give up a quarter of its channels (a 16-channel group with ``--round-to 8``
+    could only halve)."""
+    if channels >= 4 * round_to:
+        return round_to
+    step = 1
+    while 2 * step <= min(channels // 4, round_to):
+        step *= 2
+    return step
+
+
+def _floor(g: Group, min_channels: int, round_to: int) -> int:
+    """The narrowest width of ``g``: ``min_channels``, at least one step, at most all channels."""
+    return min(g.channels, max(min_channels, group_step(g.channels, round_to)))
+
+
 def lowest_macs(cost: MacModel | Cost, groups: list[Group], min_channels: int = 1, round_to: int = 1,
                 allocation: str = "epsilon") -> float:
     """The lowest cost (MACs, or what ``cost`` counts) ``allocation``'s widths can reach (what
     ``--best-effort`` prunes to)."""
     cost = as_cost(cost)
-    min_channels = max(min_channels, round_to)
     if allocation == "curve":
         return cost(_curve_lowest(groups, min_channels, round_to, CURVE_FLOOR))
-    return cost({g.id: min(min_channels, g.channels) for g in groups})
+    return cost({g.id: _floor(g, min_channels, round_to) for g in groups})
 
 
 def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_channels: int,
@@ -71,17 +88,19 @@ def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_
     if target >= cost.total:
         raise TargetError(f"target {cost.show(target)} is not below the model's {cost.show(cost.total)}: "
                           "nothing to prune (lower the target)")
-    floor = lowest_macs(cost, groups, min_channels)
+    floor = lowest_macs(cost, groups, min_channels, round_to)
     if target < floor:
-        hint = f"; --round-to {round_to} keeps at least {round_to} channels per group" if round_to > 1 else ""
+        hint = (f"; --round-to {round_to} keeps at least {round_to} channels per group of {4 * round_to} or more"
+                if round_to > 1 else "")
         raise TargetError(f"target {cost.show(target)} is unreachable: the prunable groups allow at "
                           f"least {cost.show(floor)} ({floor / cost.total:.1%} of the original){hint}; "
                           "--best-effort prunes to that instead")
 
 
 def _step(width: int, channels: int, round_to: int) -> int:
-    """The next allowed width: the next multiple of ``round_to``, or all channels."""
-    return min(channels, (width // round_to + 1) * round_to)
+    """The next allowed width: the next multiple of the group's step, or all channels."""
+    step = group_step(channels, round_to)
+    return min(channels, (width // step + 1) * step)
 
 
 def fill(cost: MacModel | Cost, groups: list[Group], widths: dict[int, int], target: float,
@@ -106,15 +125,15 @@ def uniform_widths(
 ) -> dict[int, int]:
     """The same keep ratio in every group (largest ratio within the budget), then ``fill``.
 
-    With ``round_to`` > 1 every width is a multiple of it (or the full width)."""
+    Every width is a multiple of the group's step (``group_step``) or the full width."""
     cost = as_cost(cost)
-    min_channels = max(min_channels, round_to)
     check_target(cost, groups, target, min_channels, round_to)
 
     def at(ratio: float) -> dict[int, int]:
         def width(g: Group) -> int:
-            w = min(g.channels, max(min_channels, round_to * int(ratio * g.channels / round_to)))
-            return w if w == g.channels or w % round_to == 0 else g.channels
+            step = group_step(g.channels, round_to)
+            w = min(g.channels, max(_floor(g, min_channels, round_to), step * int(ratio * g.channels / step)))
+            return w if w == g.channels or w % step == 0 else g.channels
         return {g.id: width(g) for g in groups}
 
     lo, hi = 0.0, 1.0
@@ -128,7 +147,8 @@ def uniform_widths(
 
 
 def _round_up(n: int, channels: int, round_to: int) -> int:
-    return min(channels, -(-n // round_to) * round_to)
+    step = group_step(channels, round_to)
+    return min(channels, -(-n // step) * step)
 
 
 def epsilon_widths(
@@ -140,7 +160,6 @@ def epsilon_widths(
 
     ``curves[g][n]`` is the group's relative loss at width n (non-increasing in n)."""
     cost = as_cost(cost)
-    min_channels = max(min_channels, round_to)
     check_target(cost, groups, target, min_channels, round_to)
 
     def at(eps: float) -> dict[int, int]:
@@ -148,7 +167,7 @@ def epsilon_widths(
         for g in groups:
             ok = np.flatnonzero(curves[g.id][1:] <= eps)
             n = int(ok[0]) + 1 if ok.size else g.channels
-            out[g.id] = _round_up(max(n, min(min_channels, g.channels)), g.channels, round_to)
+            out[g.id] = _round_up(max(n, _floor(g, min_channels, round_to)), g.channels, round_to)
         return out
 
     lo, hi = -12.0, 1.0  # log10 ε: at hi every group sits at its floor
@@ -171,11 +190,11 @@ def curve_widths(
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
     relative loss per unit of cost saved, never below ``floor`` of its channels."""
     cost = as_cost(cost)
-    min_channels = max(min_channels, round_to)
     check_target(cost, groups, target, min_channels, round_to)
     widths = {g.id: g.channels for g in groups}
     lowest = _curve_lowest(groups, min_channels, round_to, floor)
-    step = {g.id: max(round_to, round_to * int(np.ceil(0.01 * g.channels / round_to))) for g in groups}
+    unit = {g.id: group_step(g.channels, round_to) for g in groups}
+    step = {g.id: max(unit[g.id], unit[g.id] * int(np.ceil(0.01 * g.channels / unit[g.id]))) for g in groups}
     current = cost(widths)
     while current > target:
         best, best_price, best_cost = None, np.inf, current
@@ -198,5 +217,5 @@ def curve_widths(
 
 def _curve_lowest(groups: list[Group], min_channels: int, round_to: int, floor: float) -> dict[int, int]:
     """The narrowest widths ``curve_widths`` allows: ``floor`` of each group, at least ``min_channels``."""
-    return {g.id: _round_up(max(min_channels, int(np.ceil(floor * g.channels))), g.channels, round_to)
-            for g in groups}
+    return {g.id: _round_up(max(_floor(g, min_channels, round_to), int(np.ceil(floor * g.channels))), g.channels,
+                            round_to) for g in groups}

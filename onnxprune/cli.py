@@ -182,7 +182,9 @@ def compress_cmd(
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     seed: Annotated[int, typer.Option(help="Seed for the random baseline.")] = 0,
     round_to: Annotated[int, typer.Option(
-        help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd widths; 1 = any width).")] = 8,
+        help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd "
+             "widths; 1 = any width). A group narrower than 4× this uses the largest power of two up to a quarter "
+             "of its channels instead, so that it can still be pruned (the output lists such groups).")] = 8,
     recover_steps: Annotated[int, typer.Option(
         help="After pruning, run `recover` with its defaults (block-wise reconstruction with this many steps per "
              "changed segment, then distillation) towards the input model; 0 = no recovery. Its held-out samples "
@@ -264,6 +266,14 @@ def compress_cmd(
     console.print(table)
     for s in result.skipped:
         console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
+    finer = [layer for layer in result.layers if layer.step < round_to]
+    if finer:
+        console.print(f"{len(finer)} groups narrower than {4 * round_to} channels were cut in finer steps than "
+                      f"--round-to {round_to}: " + ", ".join(f"{x.group} ({x.kept}/{x.channels}, step {x.step})"
+                                                              for x in finer))
+    if result.fixed_batch is not None:
+        console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
+                      f"{result.fixed_batch['size']} sample(s) at a time")
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {_mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {_mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")

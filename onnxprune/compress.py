@@ -18,9 +18,9 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.allocation import curve_widths, epsilon_widths, lowest_macs, uniform_widths
+from onnxprune.allocation import curve_widths, epsilon_widths, group_step, lowest_macs, uniform_widths
 from onnxprune.analysis import Analysis, analyze, consumers
-from onnxprune.analysis.graph import infer_shapes
+from onnxprune.analysis.graph import infer_shapes, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
@@ -34,6 +34,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
+from onnxprune.runtime.probe import FixedBatch, fixed_batch
 from onnxprune.runtime.segments import Liveness, run_segment
 
 METHODS = ("local", "omp", "global", "l1", "random")
@@ -83,6 +84,7 @@ class LayerReport:
     error: float  # relative output error of the consumers as written
     ridges: list[float]  # refit ridge per consumer, chosen by cross-validation (full reconstruction)
     seconds: float
+    step: int  # widths were multiples of this: --round-to, or finer for a group narrower than 4 steps
 
 
 @dataclass
@@ -118,6 +120,7 @@ class CompressReport:
     skipped: list[dict] = field(default_factory=list)
     requested_macs: float | None = None  # the budget asked for, when best_effort raised it to the lowest reachable
     latency: LatencyReport | None = None  # with a latency target (target_macs: the MACs its widths come to)
+    fixed_batch: dict | None = None  # {"size", "reason"}: the graph fixes its batch, calibration ran at that batch
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,25 +129,44 @@ class CompressReport:
 def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]], list[dict]]:
     """Prunable groups with their cut (position of the first consumer), and those left alone.
 
-    A group can be pruned layer-wise when all of its producers run before its first consumer;
-    groups tied across several layers (residual streams, SE gates) cannot yet. Consumers that read
-    the channels later (through a Concat) are fed by running ahead from the cut (``peek``).
+    A group can be pruned layer-wise when all of its producers run before its first consumer, or when
+    those that run later are gates (squeeze-excite: one value per channel and sample, computed from the
+    group's pooled channels by its first consumer); residual streams, tied across several layers, cannot
+    yet. Consumers that read the channels later (through a Concat or the gate) are fed by running ahead
+    from the cut (``peek``).
     """
     order, skipped = [], []
+    nodes = {n.name: n for n in analysis.graph.nodes}
     for g in analysis.groups:
         if not g.prunable:
             skipped.append({"group": g.name, "channels": g.channels, "reason": g.reason})
             continue
         cut = min(live.position[c.node] for c in g.consumers)
-        if any(live.position[p] >= cut for p in g.producers):
+        if any(live.position[p] >= cut and not _is_gate(nodes[p]) for p in g.producers):
             skipped.append({"group": g.name, "channels": g.channels,
                             "reason": "coupled across layers (residual/SE): not pruned by this release"})
             continue
         order.append((cut, g))
+    # An SE reducer's own group is cut at the gate producer, after the gated group sliced that producer's
+    # rows: its statistics would no longer match the original's outputs.
+    gates = {p: g for cut, g in order for p in g.producers if live.position[p] >= cut}
+    for cut, g in list(order):
+        gated = next((gates[c.node] for c in g.consumers if c.node in gates and gates[c.node] is not g), None)
+        if gated is not None:
+            order.remove((cut, g))
+            skipped.append({"group": g.name, "channels": g.channels,
+                            "reason": f"reduces the pooled channels of the gated group {gated.name}, pruned before it: "
+                                      "not pruned"})
     order.sort(key=lambda item: item[0])
     if not order:
         raise AnalysisError("no prunable channel group in this graph (run `onnxprune analyze` for the reasons)")
     return order, skipped
+
+
+def _is_gate(node: gs.Node) -> bool:
+    """A producer with one value per channel and sample (an SE excitation conv on a pooled map, or a Gemm)."""
+    shape = static_shape(node.outputs[0])
+    return shape is not None and len(shape) >= 2 and all(d == 1 for d in shape[2:])
 
 
 def _residual_partner(node: gs.Node) -> str | None:
@@ -184,6 +206,9 @@ class Compressor:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
         self.values_p = dict(self.inputs)
         self.values_o = dict(self.inputs)
+        self.fixed_batch = fixed_batch(gs.export_onnx(self.original.copy()), self.inputs)
+        # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
+        self.run_batch = options.batch_size if self.fixed_batch is None else self.fixed_batch.size
         self.provider = options.provider
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
 
@@ -200,7 +225,7 @@ class Compressor:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
         live = self.live.live(cut)
         new, ran = run_segment(graph, values, live - set(values), provider=self.options.provider,
-                               batch_size=self.options.batch_size)
+                               batch_size=self.run_batch, exact=self.fixed_batch is not None)
         self.provider = ran or self.provider
         values.update(new)
         for name in set(values) - live:
@@ -251,11 +276,12 @@ class Compressor:
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
         new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
-                               batch_size=self.options.batch_size)
+                               batch_size=self.run_batch, exact=self.fixed_batch is not None)
         self.provider = ran or self.provider
         return {**values, **new}
 
-    def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray]) -> list[_ConsumerData]:
+    def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+                uses: list[ConsumerUse] | None = None) -> list[_ConsumerData]:
         """Streamed statistics of every consumer: inputs on the ``prefix`` network (the pruned one)
         vs outputs of the original network (its cached tensors ``reference``).
 
@@ -268,7 +294,7 @@ class Compressor:
         # Chunks alternate between the two folds of the refit's cross-validation; an even size keeps
         # an image and its mirror (adjacent with --flip) in the same fold.
         bs = max(2, min(self.options.batch_size, n // 2) // 2 * 2)
-        for use in group.consumers:
+        for use in group.consumers if uses is None else uses:
             node_p, node_o = nodes_p[use.node], nodes_o[use.node]
             full_p, full_o = consumers.matrix(node_p), consumers.matrix(node_o)
             view = consumers.group_view(self.graph, node_p, group, use)
@@ -355,14 +381,7 @@ class Compressor:
         fold_err = sum(_fold_loss(d, keep, fold) for d in data) / energy
         mode = self.options.reconstruct
         if mode == "full":
-            ridges = []
-            for d in data:
-                cols = expand(keep, _k(d))
-                w, b, ridge = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
-                ridges.append(ridge)
-                self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)), group, d.use)
-            err = sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, group, d))
-                      for d in data)
+            ridges, err = self.refit(group, data, keep, [d.current.weight[:, expand(keep, _k(d))] for d in data])
             return fold_err, err / energy, ridges
         if mode == "scale":
             G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)[np.ix_(keep, keep)]
@@ -370,6 +389,34 @@ class Compressor:
             fold = refit_scale(G, c, ridge=self.options.ridge)
         self.graph = scale_columns(self.graph, group, fold)
         return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy, []
+
+    def refit(self, group: Group, data: list[_ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
+              ) -> tuple[list[float], float]:
+        """Least-squares refit of each consumer from its statistics' channels ``cols`` towards ``priors``
+        (ridge by cross-validation), written into the graph. Returns the ridges and the summed output error."""
+        ridges = []
+        for d, prior in zip(data, priors):
+            w, b, ridge = refit_cv(d.folds, expand(cols, _k(d)), prior=prior)
+            ridges.append(ridge)
+            self.graph = refit_consumer(self.graph, d.use.node, consumers.Linear(w, b, _k(d)), group, d.use)
+        err = sum(quadratic_loss_full(d.stats, expand(cols, _k(d)), *_refit_of(self.graph, group, d)) for d in data)
+        return ridges, err
+
+    def refit_after_gate(self, group: Group, data: list[_ConsumerData], keep: np.ndarray, gate: int
+                         ) -> tuple[float, list[float]] | None:
+        """Refit once more the consumers that run after a gate producer (position ``gate``), on their inputs
+        as pruned: refitting the gate's own consumer changed the gate they read. Returns (error, ridges)."""
+        stale = [d for d in data if self.live.position[d.use.node] > gate]
+        if not stale:
+            return None
+        need = {d.use.tensor for d in stale}
+        fresh = self.collect(group, self.peek(self.graph, self.values_p, need),
+                             self.peek(self.original, self.values_o, need), [d.use for d in stale])
+        ridges, err = self.refit(group, fresh, np.arange(len(keep)),
+                                 [d.current.weight[:, expand(keep, _k(d))] for d in stale])
+        rest = [d for d in data if d not in stale]
+        err += sum(quadratic_loss_full(d.stats, expand(keep, _k(d)), *_refit_of(self.graph, group, d)) for d in rest)
+        return err / (sum(centred_energy(d.stats) for d in [*fresh, *rest]) or 1.0), ridges
 
     def slice_cache(self, group: Group, keep: np.ndarray) -> None:
         """Slice the group's cached tensors like ``apply`` sliced the graph."""
@@ -431,6 +478,7 @@ def compress(
     torch.manual_seed(options.seed)
     run = Compressor(model, calib, options)
     analysis = run.analysis
+    _check_batch(run.fixed_batch, options)
     order, skipped = schedule(analysis, run.live)
     groups = [g for _, g in order]
     latency = options.target_latency_ms is not None or options.target_latency_ratio is not None
@@ -461,7 +509,7 @@ def compress(
     report = CompressReport(
         macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
         target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
-        skipped=skipped, requested_macs=requested,
+        skipped=skipped, requested_macs=requested, fixed_batch=run.fixed_batch and asdict(run.fixed_batch),
     )
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
@@ -477,8 +525,13 @@ def compress(
         keep, fold, rel = run.choose(group, data, width)
         err_fold, err, ridges = run.apply(group, data, keep, fold)
         run.slice_cache(group, keep)
+        gates = [run.live.position[p] for p in group.producers if run.live.position[p] >= cut]
+        again = run.refit_after_gate(group, data, keep, min(gates)) if gates and options.reconstruct == "full" else None
+        if again is not None:
+            err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
         report.layers.append(LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers],
-                                         rel, err_fold, err, ridges, time.perf_counter() - t0))
+                                         rel, err_fold, err, ridges, time.perf_counter() - t0,
+                                         group_step(group.channels, options.round_to)))
     if on_layer is not None:
         on_layer(len(order), len(order), "")
     pruned = run.export()
@@ -497,6 +550,20 @@ def compress(
                                        cost.batch, cost.threads, requested_ms, cost.to_dict(), table_seconds)
     report.seconds = time.perf_counter() - start
     return pruned, report
+
+
+def _check_batch(fixed: FixedBatch | None, options: CompressOptions) -> None:
+    """What a graph that fixes its batch cannot do: global imitation (it stacks candidates along the
+    batch) and a latency budget at another batch."""
+    if fixed is None:
+        return
+    if options.method == "global":
+        raise AnalysisError(f"--method global evaluates many candidates in one batch, but this graph fixes its batch "
+                            f"({fixed.reason}): use --method omp, or re-export the model with a dynamic batch")
+    latency = options.target_latency_ms is not None or options.target_latency_ratio is not None
+    if latency and options.latency_batch != fixed.size:
+        raise TargetError(f"--latency-batch {options.latency_batch}: this graph runs only at batch {fixed.size} "
+                          f"({fixed.reason}): use --latency-batch {fixed.size}")
 
 
 def _cost_table(run: Compressor, groups: list[Group], options: CompressOptions,

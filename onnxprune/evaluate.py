@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from rich.table import Table
 
@@ -14,6 +15,7 @@ from onnxprune.calib.images import Preprocess, label_from_name
 from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.runtime.ort import make_session, model_input_specs, run_session
+from onnxprune.runtime.probe import fixed_batch
 
 EPS = 1e-12
 SAME_ORIGIN = "compare against the model this one was pruned from"
@@ -59,6 +61,8 @@ def evaluate(
         ref_session, _ = make_session(ref, provider)
         _check_compatible(session, ref_session, model, ref)
     data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset)
+    sample = next(data.batches(2))
+    batch, ref_batch = (_batch_of(m, sample) for m in (model, ref))
     labels = [label_from_name(p) for p in data.paths]
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
@@ -68,14 +72,14 @@ def evaluate(
     classifier = False
     offset = 0
     for feed in data.batches(batch_size):
-        ys = run_session(session, feed)
+        ys = run_session(session, feed, batch)
         n = len(ys[0])
         classifier = ys[0].ndim == 2
         if classifier and None not in labels:
             top1, top5 = _hits(ys[0], np.asarray(labels[offset : offset + n]))
             hits1, hits5 = hits1 + top1, hits5 + top5
         if ref_session is not None:
-            refs = run_session(ref_session, feed)
+            refs = run_session(ref_session, feed, ref_batch)
             for name, y, r in zip(names, ys, refs):
                 if y.shape != r.shape:
                     raise _mismatch(name, y.shape, r.shape, model, ref)
@@ -96,6 +100,14 @@ def evaluate(
         if classifier:
             result.agreement, result.kl = agree / offset, kl / offset
     return result
+
+
+def _batch_of(model: str | Path | None, sample: dict[str, np.ndarray]) -> int | None:
+    """The batch ``model`` must run at (see ``fixed_batch``), None when it batches freely."""
+    if model is None:
+        return None
+    fixed = fixed_batch(onnx.load(str(model)), sample)
+    return None if fixed is None else fixed.size
 
 
 def _hits(logits: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
@@ -128,7 +140,8 @@ def _mismatch(name: str, ours: object, theirs: object, model: str | Path, ref: s
 def _check_compatible(
     session: ort.InferenceSession, ref_session: ort.InferenceSession, model: str | Path, ref: str | Path
 ) -> None:
-    """OnnxPruneError unless ``ref`` has the same input names and output names/static shapes as ``model``."""
+    """OnnxPruneError unless ``ref`` has the same input and output names as ``model`` (output shapes are compared
+    as they come out: exporters declare wrong ones, e.g. ddddocr's [1, seqlen] for a [seq, 1, classes] output)."""
     for kind, ours, theirs in (
         ("inputs", session.get_inputs(), ref_session.get_inputs()),
         ("outputs", session.get_outputs(), ref_session.get_outputs()),
@@ -137,11 +150,6 @@ def _check_compatible(
         if a != b:
             raise OnnxPruneError(f"{kind} of {model} ({', '.join(a)}) differ from those of {ref} ({', '.join(b)}): "
                                  f"{SAME_ORIGIN}")
-    for o, r in zip(session.get_outputs(), ref_session.get_outputs()):
-        if len(o.shape) != len(r.shape) or any(
-            isinstance(d, int) and isinstance(e, int) and d != e for d, e in zip(o.shape, r.shape)
-        ):
-            raise _mismatch(o.name, o.shape, r.shape, model, ref)
 
 
 def format_table(results: dict[str, EvalResult]) -> Table:

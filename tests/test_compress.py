@@ -9,6 +9,7 @@ import onnx
 import pytest
 
 from onnxprune.analysis import analyze
+from onnxprune.allocation import group_step
 from onnxprune.calib.sources import load_calibration
 from onnxprune.compress import METHODS, RECONSTRUCTIONS, Compressor, CompressOptions, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
@@ -202,8 +203,10 @@ def test_allocations_meet_the_budget(tiny, allocation: str) -> None:
 def test_round_to_keeps_widths_multiples(tiny) -> None:
     _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_ratio=0.7, provider="cpu", round_to=8))
     assert report.layers and report.macs_after <= 0.7 * report.macs_before
-    for layer in report.layers:
-        assert layer.kept % 8 == 0 or layer.kept == layer.channels, (layer.group, layer.kept)
+    for layer in report.layers:  # a group narrower than 32 channels steps by a quarter of it (a power of two)
+        assert layer.step == (8 if layer.channels >= 32 else group_step(layer.channels, 8)), layer
+        assert layer.kept % layer.step == 0 or layer.kept == layer.channels, (layer.group, layer.kept)
+    assert any(layer.step == 8 for layer in report.layers)
 
 
 def test_global_method_prunes_a_small_chain(tmp_path) -> None:

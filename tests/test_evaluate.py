@@ -130,7 +130,7 @@ def test_evaluate_errors(tmp_path: Path, labelled: Path) -> None:
     with pytest.raises(ModelError, match="garbage.onnx"):
         evaluate(garbage, labelled)
     with pytest.raises(OnnxPruneError, match="output 'logits'.*ten.onnx"):
-        evaluate(model, labelled, ref=classifier(tmp_path / "ten.onnx", np.ones((10, 3), np.float32)))
+        evaluate(model, labelled, ref=classifier(tmp_path / "ten.onnx", np.ones((10, 3), np.float32)), preprocess=PRE)
     with pytest.raises(OnnxPruneError, match="outputs of .*differ"):
         evaluate(model, labelled, ref=classifier(tmp_path / "one.onnx", outputs=("logits",)))
     with pytest.raises(CalibrationError, match="--crop"):

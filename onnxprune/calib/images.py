@@ -30,7 +30,8 @@ class Preprocess:
     ``mean``/``std`` are in RGB order and are applied to ``pixel * scale`` before the optional
     RGB->BGR swap, so the ImageNet defaults stay right with ``bgr=True``. ``crop`` is a side or an
     ``(height, width)``; ``None`` keeps the resized image (callers fill it in from a model input).
-    The short side is never resized below the crop, so the crop always fits.
+    The short side is never resized below the crop, so the crop always fits. ``gray`` gives one channel
+    (luminance, normalised by the means of ``mean`` and ``std``), for models that read grayscale.
     """
 
     resize: int | None = 256
@@ -40,6 +41,7 @@ class Preprocess:
     scale: float = 1 / 255
     layout: Literal["nchw", "nhwc"] = "nchw"
     bgr: bool = False
+    gray: bool = False
 
     def __post_init__(self) -> None:
         if self.layout not in ("nchw", "nhwc"):
@@ -57,7 +59,7 @@ class Preprocess:
     def __call__(self, path: str | Path, *, flip: bool = False) -> np.ndarray:
         """Load ``path`` as a float32 ``(C,H,W)`` (nchw) or ``(H,W,C)`` (nhwc) array; ``flip`` mirrors it."""
         with open_image(path) as im:
-            img = im.convert("RGB")
+            img = im.convert("L" if self.gray else "RGB")
         if flip:
             img = img.transpose(Image.Transpose.FLIP_LEFT_RIGHT)
         img = self._resize(img)
@@ -66,8 +68,11 @@ class Preprocess:
             left, top = (img.width - w) // 2, (img.height - h) // 2
             img = img.crop((left, top, left + w, top + h))
         x = np.asarray(img, dtype=np.float32) * np.float32(self.scale)
-        x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        if self.bgr:
+        if self.gray:
+            x = ((x - np.float32(np.mean(self.mean))) / np.float32(np.mean(self.std)))[..., None]
+        else:
+            x = (x - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        if self.bgr and not self.gray:
             x = x[..., ::-1]
         if self.layout == "nchw":
             x = x.transpose(2, 0, 1)

@@ -167,7 +167,8 @@ def load_image_folder(
 ) -> ImageFolderSet:
     """An image-folder set, checked up front: every file's header is readable and the first image fits the input.
 
-    With ``preprocess.crop`` None the crop is the input's static H,W (if it has them).
+    With ``preprocess.crop`` None the crop is the input's static H,W (if it has them); an input of one
+    channel gets grayscale images.
     """
     _check_limit(limit)
     preprocess = preprocess or Preprocess()
@@ -178,6 +179,8 @@ def load_image_folder(
         hw = shape[2:4] if preprocess.layout == "nchw" else shape[1:3]
         if all(isinstance(d, int) and d > 0 for d in hw):
             preprocess = replace(preprocess, crop=(hw[0], hw[1]))
+    if (shape[1] if preprocess.layout == "nchw" else shape[3]) == 1:
+        preprocess = replace(preprocess, gray=True)
     paths = select(list_images(folder), subset)[:limit]
     for path in paths:  # headers only: cheap, and a bad file fails now rather than mid-run
         with open_image(path):

@@ -25,6 +25,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxprune.allocation import group_step
 from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.analysis.groups import Group
 from onnxprune.deploy.bench import random_inputs, time_rounds
@@ -202,7 +203,8 @@ def measure_cost_table(
         if on_group is not None:
             on_group(i, len(groups), f"timing {group.name}")
         sub = _subgraph(graph, group)
-        widths = widths_to_time(group.channels, min(max(floor, round_to), group.channels), round_to)
+        step = group_step(group.channels, round_to)
+        widths = widths_to_time(group.channels, min(max(floor, step), group.channels), step)
         narrowed = [_timing_model(sub if w == group.channels else slice_channels(sub.copy(), group, np.arange(w)),
                                   model) for w in widths]
         ms, _ = median_latencies(narrowed, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs)

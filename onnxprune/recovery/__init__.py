@@ -33,10 +33,11 @@ import torch
 
 from onnxprune.analysis.graph import import_graph, infer_shapes
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.errors import CalibrationError
+from onnxprune.errors import CalibrationError, OnnxPruneError
 from onnxprune.recovery.augment import MIXES, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
+from onnxprune.runtime.probe import fixed_batch
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
@@ -315,6 +316,10 @@ def recover(
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))
     values, train_idx, held_idx = _samples(calib, held, options)
+    fixed = fixed_batch(gs.export_onnx(t_graph.copy()), values)
+    if fixed is not None:  # training batches samples (and the torch evaluator would mix them)
+        raise OnnxPruneError(f"recover trains on batches of samples, but the teacher graph fixes its batch "
+                             f"({fixed.reason}): re-export it with a dynamic batch to recover the pruned model")
     outputs = [t.name for t in s_graph.outputs]
     held_values = {name: v[held_idx] for name, v in values.items()}
 

@@ -119,11 +119,14 @@ def model_output_names(model: onnx.ModelProto | str | Path) -> list[str]:
     return [v.name for v in _load_graph(model).output]
 
 
-def run_session(session: ort.InferenceSession, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    """All outputs of ``session`` on ``feed``, splitting/padding the batch if the model has a static batch size."""
+def run_session(session: ort.InferenceSession, feed: dict[str, np.ndarray], batch: int | None = None
+                ) -> list[np.ndarray]:
+    """All outputs of ``session`` on ``feed``, splitting/padding the batch if the model has a static batch
+    size, or runs only at ``batch`` (a graph that writes its batch into its shapes)."""
     n = len(next(iter(feed.values())))
     size = session.get_inputs()[0].shape[0]
-    if not isinstance(size, int) or size <= 0 or size == n:
+    size = size if isinstance(size, int) and size > 0 else batch
+    if size is None or size == n:
         return session.run(None, feed)
     parts = []
     for start in range(0, n, size):

@@ -44,9 +44,12 @@ def run_segment(
     *,
     provider: str,
     batch_size: int,
+    exact: bool = False,
 ) -> tuple[dict[str, np.ndarray], str | None]:
     """Compute ``outputs`` from the cached ``values`` (all samples) with the nodes in between.
 
+    With ``exact`` every run has exactly ``batch_size`` samples (a graph that fixes its batch): a short
+    last chunk is padded with copies of its last sample, dropped from the results.
     Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
     outputs = sorted(set(outputs))
@@ -72,7 +75,10 @@ def run_segment(
     for start in range(0, n, batch_size):
         feed = {name: values[name][start : start + batch_size] for name in feed_names}
         m = min(batch_size, n - start)
+        if exact and m < batch_size:
+            feed = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - m, axis=0)]) for k, v in feed.items()}
         for name, array in zip(outputs, session.run(outputs, feed)):
+            array = array[:m] if exact and m < batch_size and array.ndim else array
             if array.ndim == 0 or len(array) != m:
                 raise AnalysisError(
                     f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "

@@ -1,0 +1,250 @@
+"""Graphs as real third-party exports write them, built in code: the batch fixed inside the graph, shapes
+the exporter computes, narrow groups against ``--round-to``, and squeeze-excite gates.
+
+The oracle is exactness: the channels a test removes are dead (zero weights and bias), so the pruned model
+must reproduce the original's outputs in onnxruntime; a wrong slice, a mixed batch or a stale gate shows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+
+from onnxprune.allocation import group_step
+from onnxprune.analysis import analyze
+from onnxprune.analysis.graph import specialise_inputs
+from onnxprune.calib.sources import load_calibration
+from onnxprune.compress import CompressOptions, compress
+from onnxprune.runtime.ort import model_input_specs
+from onnxprune.runtime.probe import fixed_batch
+from tests.onnx_builders import GraphBuilder, run, session
+
+
+def _kill(model: onnx.ModelProto, dead: dict[str, list[int]]) -> onnx.ModelProto:
+    """Zero the weight rows and biases of output channels ``dead[node]`` (conv/gemm names of the builder)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node, channels in dead.items():
+        for suffix in (".w", ".b"):
+            if f"{node}{suffix}" in inits:
+                t = inits[f"{node}{suffix}"]
+                a = numpy_helper.to_array(t).copy()
+                a[channels] = 0
+                t.CopyFrom(numpy_helper.from_array(a, t.name))
+    return model
+
+
+def _compress_dead(model: onnx.ModelProto, tmp_path: Path, live: dict[str, int], shape: tuple[int, ...],
+                   samples: int = 12, **options) -> tuple[onnx.ModelProto, object]:
+    """Compress ``model`` to exactly the MACs of its groups (named by first producer) at the ``live`` widths."""
+    analysis = analyze(model)
+    widths = {g.id: live.get(g.name, g.channels) for g in analysis.prunable}
+    target = analysis.macs.macs(widths)
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((samples, *shape[1:])).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    opts = CompressOptions(target_macs=target, allocation="uniform", round_to=1, provider="cpu", **options)
+    pruned, report = compress(model, calib, opts)
+    kept = {layer.group: layer.kept for layer in report.layers}
+    assert kept == {name: w for name, w in live.items()}, kept
+    return pruned, report
+
+
+def _same_outputs(pruned: onnx.ModelProto, original: onnx.ModelProto, shape: tuple[int, ...], runs: int = 3) -> None:
+    """The pruned model reproduces the original, sample by sample (at the graph's own batch)."""
+    name = model_input_specs(original)[0][0]
+    rng = np.random.default_rng(7)
+    for _ in range(runs):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for a, b in zip(run(pruned, **{name: x}), run(original, **{name: x})):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+
+
+# ----------------------------------------------------------------------------- batch fixed in the graph
+
+
+def _detector(batch: int | str, head_target: list[int]) -> onnx.ModelProto:
+    """A stem whose 8 channels feed a head (conv → Reshape to ``head_target``, a graph output computed
+    early and cached across later cuts) and a body (conv 16 → conv 4 → pool)."""
+    b = GraphBuilder({"input": [batch, 3, 8, 8]})
+    stem = b.op("Relu", [b.conv("input", "stem", 3, 8)], "stem_act")
+    head = b.op("Reshape", [b.conv(stem, "head", 8, 6), b.const("t", np.array(head_target), np.int64)], "boxes")
+    body = b.op("Relu", [b.conv(stem, "body", 8, 16)], "body_act")
+    logits = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(body, "cls", 16, 4)], "gap")], "logits")
+    return _kill(b.model([head, logits]), {"stem": [1, 6], "body": [0, 5, 9, 14]})
+
+
+@pytest.mark.parametrize("batch, target", [(1, [1, 6, -1]), ("N", [1, 6, -1])],
+                         ids=["static batch 1", "dynamic batch, Reshape to [1, 6, -1]"])
+def test_graph_that_fixes_its_batch_is_pruned_one_sample_at_a_time(tmp_path: Path, batch, target) -> None:
+    model = _detector(batch, target)
+    fixed = fixed_batch(model)
+    assert fixed is not None and fixed.size == 1
+    assert ("static batch" in fixed.reason) if batch == 1 else ("Reshape boxes gives boxes_out shape [1, 6, 128] at batch 2" in fixed.reason)
+    pruned, report = _compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
+    assert report.fixed_batch == {"size": 1, "reason": fixed.reason}
+    _same_outputs(pruned, model, (1, 3, 8, 8))
+
+
+def test_batch_free_graph_keeps_batching() -> None:
+    model = _detector("N", [0, 6, -1])
+    assert fixed_batch(model) is None
+    x = np.random.default_rng(0).standard_normal((3, 3, 8, 8)).astype(np.float32)
+    assert run(model, input=x)[0].shape == (3, 6, 64)
+
+
+def test_global_imitation_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
+    model = _detector(1, [1, 6, -1])
+    np.save(tmp_path / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
+    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
+    with pytest.raises(Exception, match="--method global .* fixes its batch .*static batch of 1"):
+        compress(model, calib, CompressOptions(target_ratio=0.8, method="global", provider="cpu", round_to=1))
+
+
+# ----------------------------------------------------------------------------- shapes the exporter computes
+
+
+def _computed_flatten() -> onnx.ModelProto:
+    """``Reshape(y, [Where(Shape(y) > 0, Shape(y), 1)[0], -1])``: ONNX shape inference cannot evaluate
+    ``Where`` on shapes, so the Gemm's input shape (and its MACs) are unknown until the model runs."""
+    b = GraphBuilder({"input": ["N", 3, 8, 8]})
+    y = b.conv(b.op("Relu", [b.conv("input", "conv1", 3, 8)], "relu"), "conv2", 8, 6)
+    shape = b.op("Shape", [y], "shape")
+    same = b.op("Where", [b.op("Greater", [shape, b.const("z", np.zeros(4), np.int64)], "pos"), shape,
+                          b.const("o", np.ones(4), np.int64)], "same")
+    n = b.op("Slice", [same, b.const("s0", np.array([0]), np.int64), b.const("s1", np.array([1]), np.int64)], "n")
+    target = b.op("Concat", [n, b.const("m1", np.array([-1]), np.int64)], "target", axis=0)
+    out = b.gemm(b.op("Reshape", [y, target], "flat"), "fc", 6 * 64, 5)
+    return _kill(b.model([out]), {"conv1": [2, 3, 7]})
+
+
+def test_shapes_the_exporter_computes_are_taken_from_a_run(tmp_path: Path) -> None:
+    model = _computed_flatten()
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    flat = next(v for v in inferred.graph.value_info if v.name == "flat_out")
+    assert not flat.type.tensor_type.shape.dim[1].HasField("dim_value")  # what stopped the analysis before
+    analysis = analyze(model)
+    assert analysis.macs.total == 64 * (8 * 27 + 6 * 72) + 384 * 5
+    assert [g.name for g in analysis.prunable] == ["conv1"]
+    pruned, _ = _compress_dead(model, tmp_path, {"conv1": 5}, (1, 3, 8, 8))
+    assert fixed_batch(model) is None
+    _same_outputs(pruned, model, (3, 3, 8, 8))  # the batch stays dynamic
+
+
+# ----------------------------------------------------------------------------- narrow groups vs --round-to
+
+
+@pytest.mark.parametrize("channels, round_to, step", [
+    (8, 8, 2), (16, 8, 4), (24, 8, 4), (31, 8, 4), (32, 8, 8), (960, 8, 8), (2, 8, 1), (3, 8, 1), (12, 4, 2),
+    (64, 1, 1), (10, 16, 2),
+])
+def test_group_step_lets_every_group_lose_a_quarter(channels: int, round_to: int, step: int) -> None:
+    assert group_step(channels, round_to) == step
+    assert step <= round_to and (channels < 4 or step <= channels // 4)
+
+
+def _narrow_net() -> onnx.ModelProto:
+    """Two 8-channel groups and a 12-channel one, as in a small direction classifier: with a step of 8
+    for every group none of them could be narrowed at all."""
+    b = GraphBuilder({"input": ["N", 3, 16, 16]})
+    h = b.op("Relu", [b.conv("input", "a8", 3, 8, stride=2)], "ra")
+    h = b.op("Relu", [b.conv(h, "b8", 8, 8)], "rb")
+    h = b.op("Relu", [b.conv(h, "c12", 8, 12)], "rc")
+    return b.model([b.conv(h, "head", 12, 16)])
+
+
+def test_narrow_groups_are_pruned_in_finer_steps(tmp_path: Path) -> None:
+    model = _narrow_net()
+    analysis = analyze(model)
+    assert all(group_step(g.channels, 8) < 8 for g in analysis.prunable)
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
+    _, report = compress(model, calib, CompressOptions(target_ratio=0.85, provider="cpu"))
+    assert report.macs_after <= 0.85 * report.macs_before
+    assert report.layers and all(layer.step == {"a8": 2, "b8": 2, "c12": 2}[layer.group] for layer in report.layers)
+    assert all(layer.kept % layer.step == 0 and layer.kept < layer.channels for layer in report.layers)
+
+
+# ----------------------------------------------------------------------------- squeeze-excite gates
+
+
+def _se_block() -> onnx.ModelProto:
+    """expand 16 → depthwise → SE (pool → reduce 4 → excite 16 → sigmoid) × → project 8 (the output)."""
+    b = GraphBuilder({"input": ["N", 8, 8, 8]})
+    x = b.op("Relu", [b.conv("input", "expand", 8, 16, k=1)], "expand_act")
+    x = b.op("Relu", [b.conv(x, "dw", 16, 16, group=16, bias=False)], "dw_act")
+    s = b.op("Relu", [b.conv(b.op("GlobalAveragePool", [x], "se_pool"), "se_reduce", 16, 4, k=1)], "se_act")
+    gate = b.op("Sigmoid", [b.conv(s, "se_excite", 4, 16, k=1)], "gate")
+    return b.model([b.conv(b.op("Mul", [x, gate], "excited"), "project", 16, 8, k=1)])
+
+
+def test_squeeze_excite_group_is_pruned_with_its_gate(tmp_path: Path) -> None:
+    model = _kill(_se_block(), {"expand": [0, 3, 4, 10, 15]})
+    group = next(g for g in analyze(model).prunable if g.name == "expand")
+    assert sorted(group.producers) == ["expand", "se_excite"]
+    pruned, report = _compress_dead(model, tmp_path, {"expand": 11}, (1, 8, 8, 8))
+    assert [s["reason"] for s in report.skipped if s["group"] == "se_reduce"] == [
+        "reduces the pooled channels of the gated group expand, pruned before it: not pruned"]
+    inits = {t.name: numpy_helper.to_array(t) for t in pruned.graph.initializer}
+    weight = {n.name: inits[n.input[1]] for n in pruned.graph.node if n.op_type == "Conv"}
+    assert weight["se_excite"].shape[0] == weight["se_reduce"].shape[1] == weight["project"].shape[1] == 11
+    _same_outputs(pruned, model, (2, 8, 8, 8))
+
+
+def test_squeeze_excite_refit_sees_the_gate_as_pruned(tmp_path: Path) -> None:
+    """Live channels removed: the project conv is refitted on the gate that its refitted reducer gives, so
+    the reported error of the group's consumers is what onnxruntime measures at their outputs."""
+    model = _se_block()
+    np.save(tmp_path / "c.npy", np.random.default_rng(3).standard_normal((24, 8, 8, 8)).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
+    pruned, report = compress(model, calib, CompressOptions(target_ratio=0.7, allocation="uniform", round_to=1,
+                                                            min_channels=4, provider="cpu"))
+    assert [x.group for x in report.layers] == ["expand"]  # se_reduce (4 channels) stays whole
+    names = ["se_reduce_out", "project_out"]
+    outs = []
+    for m in (pruned, model):
+        m = onnx.ModelProto.FromString(m.SerializeToString())
+        m.graph.output.extend(onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, None) for n in names)
+        outs.append(session(m).run(names, {"input": np.load(tmp_path / "c.npy")}))
+    err = sum(float(((p - o) ** 2).sum()) for p, o in zip(*outs))
+    energy = sum(float(((o - o.mean(axis=(0, 2, 3), keepdims=True)) ** 2).sum()) for o in outs[1])
+    assert report.layers[0].error == pytest.approx(err / energy, rel=1e-3)
+    assert report.layers[0].error < report.layers[0].error_fold
+
+
+def test_paddle_batch_of_minus_one_stays_dynamic() -> None:
+    b = GraphBuilder({"input": [-1, 3, "?", "?"]})
+    model = b.model([b.conv("input", "c", 3, 4)])
+    fixed = specialise_inputs(model, ["1x3x8x8"], "m")
+    dims = fixed.graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "N" and [d.dim_value for d in dims[1:]] == [3, 8, 8]
+    assert fixed_batch(fixed) is None
+
+
+def test_one_channel_input_gets_grayscale_images(tmp_path: Path) -> None:
+    """ddddocr's recogniser reads 1×64×W: images are converted to luminance, not refused."""
+    from PIL import Image
+
+    from onnxprune.calib.images import Preprocess
+    from onnxprune.calib.sources import load_image_folder
+
+    (tmp_path / "img").mkdir()
+    Image.fromarray(np.full((8, 16, 3), [200, 100, 50], np.uint8)).save(tmp_path / "img" / "0_a.png")
+    data = load_image_folder(tmp_path / "img", [("x", ["N", 1, 4, 8], np.dtype(np.float32))],
+                             preprocess=Preprocess(resize=None, crop=None, mean=(0.5,) * 3, std=(0.25,) * 3))
+    (x,) = next(data.batches(4)).values()
+    luminance = (200 * 299 + 100 * 587 + 50 * 114) / 1000 / 255  # PIL's ITU-R 601 conversion
+    assert x.shape == (1, 1, 4, 8)
+    np.testing.assert_allclose(x, (luminance - 0.5) / 0.25, atol=0.02)
+
+
+def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
+    from onnxprune.errors import OnnxPruneError
+    from onnxprune.recovery import RecoverOptions, recover
+
+    model = _detector(1, [1, 6, -1])
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
+    with pytest.raises(OnnxPruneError, match="recover trains on batches .* static batch of 1"):
+        recover(_kill(_detector(1, [1, 6, -1]), {"stem": [0]}), model, calib, RecoverOptions(steps=1, provider="cpu"))

@@ -54,7 +54,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="photo folder")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"), help="where results go")
     parser.add_argument("--ratio", type=float, default=0.85, help="--target-ratio of every compress")
-    parser.add_argument("--calib-subset", default="0:32", help="photos to calibrate on")
+    parser.add_argument("--calib-subset", default="0:64", help="photos to calibrate on")
     parser.add_argument("--eval-subset", default="100:150", help="photos to evaluate on")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
     parser.add_argument("--quick", action="store_true", help="PP-LCNet only, 4 + 4 photos (for the tests)")

@@ -41,6 +41,13 @@ METHODS = ("local", "omp", "global", "l1", "random")
 TARGETS = ("original", "paper")
 RECONSTRUCTIONS = ("none", "scale", "full")
 ALLOCATIONS = ("uniform", "epsilon", "curve")
+# A consumer's Gram matrix costs D² multiply-adds per position (D = input channels x kernel taps); past
+# these budgets its statistics take every k-th position (counted across samples, so all contribute). The error
+# curves of the allocation need the shape of each layer's loss, the refit more: MobileNetV2's largest
+# consumer costs 8.3e9 on the curves' 128 samples and 3.3e10 on 500 photos, so neither budget touches it;
+# a 3x3 conv of YOLOv8n at 320 costs 1.4e11 on 64 photos.
+CURVE_GRAM_MACS = 10**10
+STATS_GRAM_MACS = 5 * 10**10
 OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
 
 
@@ -246,7 +253,8 @@ class Compressor:
     ) -> dict[int, np.ndarray]:
         """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
         measured on the original network in one pass over ``curve_samples`` evenly spaced
-        calibration samples (the allocation needs the curves' shape, not the refit's precision)."""
+        calibration samples, positions thinned past ``CURVE_GRAM_MACS`` (the allocation needs the
+        curves' shape, not the refit's precision)."""
         n_samples = len(next(iter(self.inputs.values())))
         step = max(1, -(-n_samples // self.options.curve_samples))
         values = {name: np.ascontiguousarray(v[::step]) for name, v in self.inputs.items()}
@@ -266,8 +274,12 @@ class Compressor:
                 lin = view.linear(consumers.matrix(node))
                 stats = ConsumerStats(lin.weight.shape[1], 0)
                 x = ahead[use.tensor]
+                stride = 1
                 for s in range(0, len(x), self.options.batch_size):
                     cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + self.options.batch_size])))
+                    if s == 0:
+                        stride = _stride(cols.shape[1], cols.shape[2] * len(x), CURVE_GRAM_MACS)
+                    cols = _thin(cols, stride, -s * cols.shape[2] % stride)
                     stats.update(cols, cols[:, :0])
                 pairs.append((stats, lin.weight, lin.k))
             curves[group.id] = _local_curve(pairs, group.channels)
@@ -308,15 +320,21 @@ class Compressor:
                 partner = None
             folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
             x_p, x_o = prefix[use.tensor], reference[use.tensor]
+            stride = 1
             for s in range(0, len(x_p), bs):
                 x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
-                t = torch.matmul(w_o, consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs]))) + b_o[:, None]
+                if s == 0:
+                    stride = _stride(current.weight.shape[1], x.shape[2] * len(x_p), STATS_GRAM_MACS)
+                first = -s * x.shape[2] % stride
+                x = _thin(x, stride, first)
+                t = torch.matmul(w_o, _thin(consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs])), stride, first))
+                t += b_o[:, None]
                 if view.rest.size:
                     t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
                 x = view.take(x)
                 if partner is not None:
                     shift = reference[partner][s : s + bs] - prefix[partner][s : s + bs]
-                    t += consumers.columns(node_o, torch.from_numpy(shift))
+                    t += _thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
                 folds[(s // bs) % 2].update(x, t)
             stats = ConsumerStats(*current.weight.shape[::-1])
             for fold in folds:
@@ -430,6 +448,19 @@ class Compressor:
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
         return infer_shapes(model)
+
+
+def _stride(d: int, positions: int, budget: int) -> int:
+    """Every how many positions a Gram matrix of ``d`` columns keeps to cost at most ``budget`` multiply-adds."""
+    return max(1, -(-d * d * positions // budget))
+
+
+def _thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
+    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
+    if stride == 1:
+        return a
+    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
 
 
 def _local_curve(pairs: list[tuple[ConsumerStats, np.ndarray, int]], n: int) -> np.ndarray:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
+import torch
 from onnx import numpy_helper
 
 from onnxprune.allocation import group_step
@@ -248,3 +249,20 @@ def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
     with pytest.raises(OnnxPruneError, match="recover trains on batches .* static batch of 1"):
         recover(_kill(_detector(1, [1, 6, -1]), {"stem": [0]}), model, calib, RecoverOptions(steps=1, provider="cpu"))
+
+
+def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past the Gram budgets the statistics take every k-th position, counted across samples: inputs and
+    targets must be thinned alike (a mismatch would leave the dead-channel model inexact or crash)."""
+    import onnxprune.compress as compress_module
+
+    monkeypatch.setattr(compress_module, "STATS_GRAM_MACS", 1_000_000)
+    monkeypatch.setattr(compress_module, "CURVE_GRAM_MACS", 500_000)
+    assert compress_module._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
+    a = torch.arange(2 * 3 * 5).reshape(2, 3, 5)
+    # per channel the positions are sample 0's five, then sample 1's: from 1 on, every 4th is 1, 5 and 9
+    assert compress_module._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
+    assert compress_module._thin(a, 1, 0) is a
+    model = _detector("N", [0, 6, -1])
+    pruned, _ = _compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
+    _same_outputs(pruned, model, (2, 3, 8, 8))

@@ -66,6 +66,8 @@ class ConsumerStats:
         tf = tf.to(xf.device)
         self._to(xf.device)
         b, _, length = xf.shape
+        if b * length == 0:  # a chunk that thinning left empty
+            return
         with torch.no_grad():
             if length >= CHUNK_ROWS // 16:
                 # Long positions axis: one GEMM per image and slice, no transposing copy.

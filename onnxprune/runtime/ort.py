@@ -42,7 +42,7 @@ def _chain(provider: str) -> list[str]:
 
 
 def make_session(
-    model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True
+    model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
@@ -59,6 +59,8 @@ def make_session(
         options.intra_op_num_threads = threads
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not arena:
+        options.enable_cpu_mem_arena = False
     if isinstance(model, onnx.ModelProto):
         source, name = model.SerializeToString(), "the in-memory model"
     elif isinstance(model, bytes):

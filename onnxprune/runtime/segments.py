@@ -68,7 +68,7 @@ def run_segment(
         if tensor.dtype is None:
             tensor.dtype = np.float32
     g.cleanup(remove_unused_graph_inputs=True)
-    session, ran = make_session(gs.export_onnx(g), provider)
+    session, ran = make_session(gs.export_onnx(g), provider, arena=False)
     feed_names = [t.name for t in g.inputs]
     n = len(next(iter(values.values())))
     result: dict[str, np.ndarray] = {}

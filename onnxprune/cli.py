@@ -28,7 +28,7 @@ from onnxprune.deploy.bench import bench_many, format_bench_table
 from onnxprune.deploy.cost import format_ms, parse_latency
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
 from onnxprune.evaluate import evaluate, format_table
-from onnxprune.fileio import atomic_write
+from onnxprune.fileio import atomic_write, check_output
 from onnxprune.recovery import METHODS as RECOVER_METHODS, TRAIN, RecoverOptions, RecoverReport, recover
 from onnxprune.recovery.augment import MIXES
 from onnxprune.runtime.ort import InputSpec, model_input_specs
@@ -84,6 +84,17 @@ def _with_shapes(specs: list[InputSpec], input_shape: list[str] | None, source: 
         return specs
     shapes = resolve_input_shapes(specs, input_shape, None, source)
     return [(name, [dims[0], *shapes[name][1:]] if dims else dims, dtype) for name, dims, dtype in specs]
+
+
+def _check_outputs(*outputs: tuple[Path | None, str], inputs: list[Path]) -> None:
+    """Every output path the command will write, checked before any work (one-line error naming the flag)."""
+    for path, flag in outputs:
+        if path is not None:
+            check_output(path, inputs, what=f"{flag} file")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2)))
 
 
 def _mmacs(value: float) -> str:
@@ -207,6 +218,7 @@ def compress_cmd(
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
+        _check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"), inputs=[model])
         if [target_flops, target_ratio, target_latency].count(None) != 2:
             raise TargetError("give exactly one of --target-flops (e.g. 245M), --target-ratio (e.g. 0.8) or "
                               "--target-latency (e.g. 3.5ms or 0.8x)")
@@ -253,7 +265,7 @@ def compress_cmd(
                                                        seed=seed), held)
         atomic_write(output, lambda tmp: onnx.save(pruned, str(tmp)), refuse=[model])
         if report is not None:
-            report.write_text(json.dumps({**result.to_dict(), "recovery": recovery and recovery.to_dict()}, indent=2))
+            _write_json(report, {**result.to_dict(), "recovery": recovery and recovery.to_dict()})
     except OnnxPruneError as exc:
         _fail(str(exc))
     table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
@@ -401,6 +413,7 @@ def recover_cmd(
     try:
         if output.resolve() in (model.resolve(), teacher.resolve()):
             raise OutputError(f"output {output} is an input model: choose another -o path")
+        _check_outputs((output, "-o"), (report, "--report"), inputs=[model, teacher])
         if train not in TRAIN:
             raise OnnxPruneError(f"--train {train!r} is not one of {', '.join(TRAIN)}")
         if method not in RECOVER_METHODS:
@@ -424,7 +437,7 @@ def recover_cmd(
         result_model, result = _recover(student, teacher_model, data, options, held)
         atomic_write(output, lambda tmp: onnx.save(result_model, str(tmp)), refuse=[model, teacher])
         if report is not None:
-            report.write_text(json.dumps(result.to_dict(), indent=2))
+            _write_json(report, result.to_dict())
     except OnnxPruneError as exc:
         _fail(str(exc))
     _print_recovery(result)
@@ -498,6 +511,7 @@ def export_cmd(
     try:
         if not tensorrt:
             raise OnnxPruneError("only --tensorrt export exists: drop --no-tensorrt")
+        _check_outputs((output, "-o"), (output.with_suffix(".trt.onnx"), "TensorRT-ready ONNX"), inputs=[model])
         ready = prepare_for_tensorrt(model, output.with_suffix(".trt.onnx"), input_shape)
         try:
             engine = build_engine(ready, output, fp16=fp16, workspace_mb=workspace, shapes=input_shape)

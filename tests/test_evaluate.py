@@ -98,6 +98,24 @@ def test_different_reference(tmp_path: Path, labelled: Path) -> None:
     assert result.rel_l2["pooled"] == pytest.approx(0.0, abs=1e-9)
 
 
+def test_rel_l2_is_the_error_energy_over_the_reference_energy_of_the_whole_set(tmp_path: Path) -> None:
+    # The almost-grey image has reference logits near 0 and a large error ratio of its own, but carries almost
+    # no weight in the whole set's ratio (a text detector's map of a photo without text); the bright one has a
+    # large reference and (red and green cancel in the two swapped classes) almost no error.
+    colours = {"a.png": (134, 116, 104), "b.png": (0, 237, 255)}
+    for name, colour in colours.items():
+        Image.new("RGB", (40, 36), colour).save(tmp_path / name)
+    model = classifier(tmp_path / "m.onnx", W_SWAPPED, outputs=("logits",))
+    ref = classifier(tmp_path / "ref.onnx", outputs=("logits",))
+    means = [((np.array(c) / 255 - IMAGENET_MEAN) / IMAGENET_STD).astype(np.float32) for c in colours.values()]
+    z, z_ref = [W_SWAPPED.astype(np.float64) @ m for m in means], [W.astype(np.float64) @ m for m in means]
+    pooled = np.sqrt(sum(((a - b) ** 2).sum() for a, b in zip(z, z_ref)) / sum((b**2).sum() for b in z_ref))
+    per_image = np.mean([np.linalg.norm(a - b) / np.linalg.norm(b) for a, b in zip(z, z_ref)])
+    assert per_image > 2 * pooled  # the two definitions differ enough here to tell them apart
+    result = evaluate(model, tmp_path, ref=ref, preprocess=PRE)
+    assert result.rel_l2["logits"] == pytest.approx(pooled, rel=1e-4)
+
+
 def test_unlabelled_and_non_classifier(tmp_path: Path) -> None:
     images = red_images(tmp_path / "val", ["000_a.png", "cat.png"])
     model = classifier(tmp_path / "m.onnx")

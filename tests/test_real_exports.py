@@ -133,6 +133,42 @@ def test_shapes_the_exporter_computes_are_taken_from_a_run(tmp_path: Path) -> No
     _same_outputs(pruned, model, (3, 3, 8, 8))  # the batch stays dynamic
 
 
+def _tf2onnx_same_pads(hw: int | str) -> onnx.ModelProto:
+    """tf2onnx's SAME padding when the size is not fixed at export: an NHWC input transposed to NCHW, and the
+    pads of the second conv computed in the graph, ``max((ceil(H/2) - 1) * 2 + 3 - H, 0)`` split before/after,
+    from ``Shape`` of the activation (``Shape → Slice → Div → Mul → Sub → Max → Concat → Pad``)."""
+    b = GraphBuilder({"input": ["N", hw, hw, 3]})
+    x = b.op("Transpose", ["input"], "to_nchw", perm=[0, 3, 1, 2])
+    y = b.op("Relu", [b.conv(x, "conv1", 3, 8)], "relu")
+    hw_ = b.op("Slice", [b.op("Shape", [y], "shape"), b.const("s2", [2], np.int64), b.const("s4", [4], np.int64)],
+               "hw")
+    two, one = b.const("two", [2, 2], np.int64), b.const("one", [1, 1], np.int64)
+    out_hw = b.op("Div", [b.op("Add", [hw_, one], "hw1"), two], "out_hw")  # ceil(H / 2)
+    need = b.op("Sub", [b.op("Add", [b.op("Mul", [b.op("Sub", [out_hw, one], "o1"), two], "o2"),
+                                      b.const("k", [3, 3], np.int64)], "span"), hw_], "need")
+    total = b.op("Max", [need, b.const("zero", [0, 0], np.int64)], "total")
+    before = b.op("Div", [total, two], "before")
+    after = b.op("Sub", [total, before], "after")
+    zeros = b.const("z2", [0, 0], np.int64)
+    pads = b.op("Concat", [zeros, before, zeros, after], "pads", axis=0)
+    padded = b.op("Pad", [y, pads], "pad")
+    z = b.conv(padded, "conv2", 8, 6, stride=2, pad=0)
+    return _kill(b.model([b.op("Transpose", [z], "to_nhwc", perm=[0, 2, 3, 1])]), {"conv1": [1, 4, 6]})
+
+
+def test_pads_the_exporter_computes_are_folded_at_the_input_shape(tmp_path: Path) -> None:
+    model = _tf2onnx_same_pads("H")
+    specialised = specialise_inputs(model, {"input": [1, 9, 9, 3]}, "the test")
+    inferred = onnx.shape_inference.infer_shapes(specialised, data_prop=True)
+    conv2 = next(v for v in inferred.graph.value_info if v.name == "conv2_out")
+    assert not conv2.type.tensor_type.shape.dim[2].HasField("dim_value")  # where the analysis stopped before
+    analysis = analyze(specialised)
+    assert [g.name for g in analysis.prunable] == ["conv1"], [(g.name, g.reason) for g in analysis.groups]
+    assert analysis.macs.total == 81 * 8 * 27 + 25 * 6 * 72  # pads (1, 1): 9x9 -> 5x5 at stride 2
+    pruned, _ = _compress_dead(specialised, tmp_path, {"conv1": 5}, (1, 9, 9, 3))
+    _same_outputs(pruned, specialised, (3, 9, 9, 3))
+
+
 # ----------------------------------------------------------------------------- narrow groups vs --round-to
 
 

@@ -13,9 +13,13 @@ import onnx
 import onnx_graphsurgeon as gs
 import onnxruntime as ort
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
+from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
+from onnxprune.calib.sources import load_calibration
+from onnxprune.compress import CompressOptions, compress
+from onnxprune.runtime.ort import model_input_specs
 
 OPSET = 17
 
@@ -107,6 +111,45 @@ def session(model: onnx.ModelProto | str | Path) -> ort.InferenceSession:
 
 def run(model: onnx.ModelProto | str | Path, **feeds: np.ndarray) -> list[np.ndarray]:
     return session(model).run(None, feeds)
+
+
+def kill(model: onnx.ModelProto, dead: dict[str, list[int]]) -> onnx.ModelProto:
+    """Zero the weight rows and biases of output channels ``dead[node]`` (conv/gemm names of the builder; a
+    BatchNormalization's scale and bias, so that its output is zero there too)."""
+    inits = {t.name: t for t in model.graph.initializer}
+    for node, channels in dead.items():
+        for suffix in (".w", ".b", ".scale", ".bias"):
+            if f"{node}{suffix}" in inits:
+                t = inits[f"{node}{suffix}"]
+                a = numpy_helper.to_array(t).copy()
+                a[channels] = 0
+                t.CopyFrom(numpy_helper.from_array(a, t.name))
+    return model
+
+
+def compress_dead(model: onnx.ModelProto, tmp_path: Path, live: dict[str, int], shape: tuple[int, ...],
+                   samples: int = 12, **options) -> tuple[onnx.ModelProto, object]:
+    """Compress ``model`` to exactly the MACs of its groups (named by first producer) at the ``live`` widths."""
+    analysis = analyze(model)
+    widths = {g.id: live.get(g.name, g.channels) for g in analysis.prunable}
+    target = analysis.macs.macs(widths)
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((samples, *shape[1:])).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    opts = CompressOptions(target_macs=target, allocation="uniform", round_to=1, provider="cpu", **options)
+    pruned, report = compress(model, calib, opts)
+    kept = {layer.group: layer.kept for layer in report.layers}
+    assert kept == {name: w for name, w in live.items()}, kept
+    return pruned, report
+
+
+def same_outputs(pruned: onnx.ModelProto, original: onnx.ModelProto, shape: tuple[int, ...], runs: int = 3) -> None:
+    """The pruned model reproduces the original, sample by sample (at the graph's own batch)."""
+    name = model_input_specs(original)[0][0]
+    rng = np.random.default_rng(7)
+    for _ in range(runs):
+        x = rng.standard_normal(shape).astype(np.float32)
+        for a, b in zip(run(pruned, **{name: x}), run(original, **{name: x})):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
 
 
 def export_torch(module: torch.nn.Module, path: str | Path, input_shape: Sequence[int],

@@ -21,45 +21,7 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.compress import CompressOptions, compress
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.probe import fixed_batch
-from tests.onnx_builders import GraphBuilder, run, session
-
-
-def _kill(model: onnx.ModelProto, dead: dict[str, list[int]]) -> onnx.ModelProto:
-    """Zero the weight rows and biases of output channels ``dead[node]`` (conv/gemm names of the builder)."""
-    inits = {t.name: t for t in model.graph.initializer}
-    for node, channels in dead.items():
-        for suffix in (".w", ".b"):
-            if f"{node}{suffix}" in inits:
-                t = inits[f"{node}{suffix}"]
-                a = numpy_helper.to_array(t).copy()
-                a[channels] = 0
-                t.CopyFrom(numpy_helper.from_array(a, t.name))
-    return model
-
-
-def _compress_dead(model: onnx.ModelProto, tmp_path: Path, live: dict[str, int], shape: tuple[int, ...],
-                   samples: int = 12, **options) -> tuple[onnx.ModelProto, object]:
-    """Compress ``model`` to exactly the MACs of its groups (named by first producer) at the ``live`` widths."""
-    analysis = analyze(model)
-    widths = {g.id: live.get(g.name, g.channels) for g in analysis.prunable}
-    target = analysis.macs.macs(widths)
-    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((samples, *shape[1:])).astype(np.float32))
-    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    opts = CompressOptions(target_macs=target, allocation="uniform", round_to=1, provider="cpu", **options)
-    pruned, report = compress(model, calib, opts)
-    kept = {layer.group: layer.kept for layer in report.layers}
-    assert kept == {name: w for name, w in live.items()}, kept
-    return pruned, report
-
-
-def _same_outputs(pruned: onnx.ModelProto, original: onnx.ModelProto, shape: tuple[int, ...], runs: int = 3) -> None:
-    """The pruned model reproduces the original, sample by sample (at the graph's own batch)."""
-    name = model_input_specs(original)[0][0]
-    rng = np.random.default_rng(7)
-    for _ in range(runs):
-        x = rng.standard_normal(shape).astype(np.float32)
-        for a, b in zip(run(pruned, **{name: x}), run(original, **{name: x})):
-            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
+from tests.onnx_builders import GraphBuilder, compress_dead, kill, run, same_outputs, session
 
 
 # ----------------------------------------------------------------------------- batch fixed in the graph
@@ -73,7 +35,7 @@ def _detector(batch: int | str, head_target: list[int]) -> onnx.ModelProto:
     head = b.op("Reshape", [b.conv(stem, "head", 8, 6), b.const("t", np.array(head_target), np.int64)], "boxes")
     body = b.op("Relu", [b.conv(stem, "body", 8, 16)], "body_act")
     logits = b.op("Flatten", [b.op("GlobalAveragePool", [b.conv(body, "cls", 16, 4)], "gap")], "logits")
-    return _kill(b.model([head, logits]), {"stem": [1, 6], "body": [0, 5, 9, 14]})
+    return kill(b.model([head, logits]), {"stem": [1, 6], "body": [0, 5, 9, 14]})
 
 
 @pytest.mark.parametrize("batch, target", [(1, [1, 6, -1]), ("N", [1, 6, -1])],
@@ -83,9 +45,9 @@ def test_graph_that_fixes_its_batch_is_pruned_one_sample_at_a_time(tmp_path: Pat
     fixed = fixed_batch(model)
     assert fixed is not None and fixed.size == 1
     assert ("static batch" in fixed.reason) if batch == 1 else ("Reshape boxes gives boxes_out shape [1, 6, 128] at batch 2" in fixed.reason)
-    pruned, report = _compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
+    pruned, report = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
     assert report.fixed_batch == {"size": 1, "reason": fixed.reason}
-    _same_outputs(pruned, model, (1, 3, 8, 8))
+    same_outputs(pruned, model, (1, 3, 8, 8))
 
 
 def test_batch_free_graph_keeps_batching() -> None:
@@ -117,7 +79,7 @@ def _computed_flatten() -> onnx.ModelProto:
     n = b.op("Slice", [same, b.const("s0", np.array([0]), np.int64), b.const("s1", np.array([1]), np.int64)], "n")
     target = b.op("Concat", [n, b.const("m1", np.array([-1]), np.int64)], "target", axis=0)
     out = b.gemm(b.op("Reshape", [y, target], "flat"), "fc", 6 * 64, 5)
-    return _kill(b.model([out]), {"conv1": [2, 3, 7]})
+    return kill(b.model([out]), {"conv1": [2, 3, 7]})
 
 
 def test_shapes_the_exporter_computes_are_taken_from_a_run(tmp_path: Path) -> None:
@@ -128,9 +90,9 @@ def test_shapes_the_exporter_computes_are_taken_from_a_run(tmp_path: Path) -> No
     analysis = analyze(model)
     assert analysis.macs.total == 64 * (8 * 27 + 6 * 72) + 384 * 5
     assert [g.name for g in analysis.prunable] == ["conv1"]
-    pruned, _ = _compress_dead(model, tmp_path, {"conv1": 5}, (1, 3, 8, 8))
+    pruned, _ = compress_dead(model, tmp_path, {"conv1": 5}, (1, 3, 8, 8))
     assert fixed_batch(model) is None
-    _same_outputs(pruned, model, (3, 3, 8, 8))  # the batch stays dynamic
+    same_outputs(pruned, model, (3, 3, 8, 8))  # the batch stays dynamic
 
 
 def _tf2onnx_same_pads(hw: int | str) -> onnx.ModelProto:
@@ -153,7 +115,7 @@ def _tf2onnx_same_pads(hw: int | str) -> onnx.ModelProto:
     pads = b.op("Concat", [zeros, before, zeros, after], "pads", axis=0)
     padded = b.op("Pad", [y, pads], "pad")
     z = b.conv(padded, "conv2", 8, 6, stride=2, pad=0)
-    return _kill(b.model([b.op("Transpose", [z], "to_nhwc", perm=[0, 2, 3, 1])]), {"conv1": [1, 4, 6]})
+    return kill(b.model([b.op("Transpose", [z], "to_nhwc", perm=[0, 2, 3, 1])]), {"conv1": [1, 4, 6]})
 
 
 def test_pads_the_exporter_computes_are_folded_at_the_input_shape(tmp_path: Path) -> None:
@@ -165,8 +127,8 @@ def test_pads_the_exporter_computes_are_folded_at_the_input_shape(tmp_path: Path
     analysis = analyze(specialised)
     assert [g.name for g in analysis.prunable] == ["conv1"], [(g.name, g.reason) for g in analysis.groups]
     assert analysis.macs.total == 81 * 8 * 27 + 25 * 6 * 72  # pads (1, 1): 9x9 -> 5x5 at stride 2
-    pruned, _ = _compress_dead(specialised, tmp_path, {"conv1": 5}, (1, 9, 9, 3))
-    _same_outputs(pruned, specialised, (3, 9, 9, 3))
+    pruned, _ = compress_dead(specialised, tmp_path, {"conv1": 5}, (1, 9, 9, 3))
+    same_outputs(pruned, specialised, (3, 9, 9, 3))
 
 
 # ----------------------------------------------------------------------------- narrow groups vs --round-to
@@ -217,16 +179,16 @@ def _se_block() -> onnx.ModelProto:
 
 
 def test_squeeze_excite_group_is_pruned_with_its_gate(tmp_path: Path) -> None:
-    model = _kill(_se_block(), {"expand": [0, 3, 4, 10, 15]})
+    model = kill(_se_block(), {"expand": [0, 3, 4, 10, 15]})
     group = next(g for g in analyze(model).prunable if g.name == "expand")
     assert sorted(group.producers) == ["expand", "se_excite"]
-    pruned, report = _compress_dead(model, tmp_path, {"expand": 11}, (1, 8, 8, 8))
+    pruned, report = compress_dead(model, tmp_path, {"expand": 11}, (1, 8, 8, 8))
     assert [s["reason"] for s in report.skipped if s["group"] == "se_reduce"] == [
         "reduces the pooled channels of the gated group expand, pruned before it: not pruned"]
     inits = {t.name: numpy_helper.to_array(t) for t in pruned.graph.initializer}
     weight = {n.name: inits[n.input[1]] for n in pruned.graph.node if n.op_type == "Conv"}
     assert weight["se_excite"].shape[0] == weight["se_reduce"].shape[1] == weight["project"].shape[1] == 11
-    _same_outputs(pruned, model, (2, 8, 8, 8))
+    same_outputs(pruned, model, (2, 8, 8, 8))
 
 
 def test_squeeze_excite_refit_sees_the_gate_as_pruned(tmp_path: Path) -> None:
@@ -284,7 +246,7 @@ def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
     np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32))
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
     with pytest.raises(OnnxPruneError, match="recover trains on batches .* static batch of 1"):
-        recover(_kill(_detector(1, [1, 6, -1]), {"stem": [0]}), model, calib, RecoverOptions(steps=1, provider="cpu"))
+        recover(kill(_detector(1, [1, 6, -1]), {"stem": [0]}), model, calib, RecoverOptions(steps=1, provider="cpu"))
 
 
 def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -300,5 +262,5 @@ def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.Monke
     assert compress_module._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
     assert compress_module._thin(a, 1, 0) is a
     model = _detector("N", [0, 6, -1])
-    pruned, _ = _compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
-    _same_outputs(pruned, model, (2, 3, 8, 8))
+    pruned, _ = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
+    same_outputs(pruned, model, (2, 3, 8, 8))

@@ -81,5 +81,8 @@ def test_compress_each_structure(tiny_models: dict[str, Path], tmp_path: Path, n
     before, after = session(path), session(out)
     assert [(i.name, i.type, i.shape) for i in after.get_inputs()] == [(i.name, i.type, i.shape) for i in before.get_inputs()]
     assert [(o.name, o.type) for o in after.get_outputs()] == [(o.name, o.type) for o in before.get_outputs()]
-    want, got = before.run(None, {spec.input_name: x[:3]})[0], after.run(None, {spec.input_name: x[:3]})[0]
-    assert got.shape == want.shape and np.isfinite(got).all()
+    held_out = np.random.default_rng(1).standard_normal((8, *spec.input_shape[1:])).astype(np.float32)
+    want, got = before.run(None, {spec.input_name: held_out})[0], after.run(None, {spec.input_name: held_out})[0]
+    # measured 0.25-0.40 (random weights); a producer's bias or BatchNormalization sliced one channel off its
+    # weights gives 0.82-1.7
+    assert got.shape == want.shape and np.linalg.norm(got - want) <= 0.5 * np.linalg.norm(want)

@@ -142,5 +142,8 @@ def test_random_graph_compresses_or_refuses(seed: int) -> None:
     onnx.checker.check_model(pruned)
     assert report.macs_after <= 0.86 * report.macs_before
     assert [i.name for i in pruned.graph.input] == ["x"] and [o.name for o in pruned.graph.output] == ["head_out"]
-    (got,), (ref,) = run(pruned, x=x[:3]), run(model, x=x[:3])
-    assert got.shape == ref.shape and np.isfinite(got).all()
+    held_out = np.random.default_rng(1000 + seed).standard_normal((32, 3, HW, HW)).astype(np.float32)
+    (got,), (ref,) = run(pruned, x=held_out), run(model, x=held_out)
+    # measured 0.11-0.47 over these seeds (a channel of a 4-wide group is a quarter of it); a producer's
+    # bias or BatchNormalization sliced one channel off its weights passes 0.5 on two of them (seeds 0, 4)
+    assert got.shape == ref.shape and np.linalg.norm(got - ref) <= 0.5 * np.linalg.norm(ref)

@@ -134,7 +134,8 @@ def test_vgg11_conv_stack(zoo) -> None:
     _check_vgg(zoo.analysis("vgg11_features").groups, "/classifier/classifier.0/Gemm")
 
 
-@pytest.mark.skipif(not os.environ.get("ONNXPRUNE_SLOW_TESTS"), reason="full VGG-11 takes ~20 s: ONNXPRUNE_SLOW_TESTS=1")
+@pytest.mark.skipif(not os.environ.get("ONNXPRUNE_SLOW_TESTS"),
+                    reason="full VGG-11 (4096-wide classifier) takes 20-60 s: set ONNXPRUNE_SLOW_TESTS=1 to run it")
 def test_vgg11_full(zoo) -> None:
     groups = zoo.analysis("vgg11").groups
     _check_vgg(groups, "/classifier/classifier.0/Gemm")

@@ -12,8 +12,11 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+import onnxprune.cli as cli
 from onnxprune.analysis import analyze
 from onnxprune.cli import app
+from onnxprune.deploy.export import TensorRTUnavailable, trtexec_command
+from onnxprune.errors import ModelError
 from tests.onnx_builders import GraphBuilder, export_tiny, session
 
 runner = CliRunner()
@@ -193,6 +196,11 @@ BAD = {
                                       ["--report file", "does not exist"]),
     "analyze-text-file": (lambda f, o: ["analyze", str(f["text"])], ["notes.onnx", "not a readable ONNX model"]),
     "analyze-missing": (lambda f, o: ["analyze", str(Path(o).parent / "nope.onnx")], ["nope.onnx", "no such file"]),
+    # run with TensorRT reported missing: no .trt.onnx is left behind
+    "export-without-tensorrt": (lambda f, o: ["export", str(f["tiny"]), "-o", o],
+                                ["TensorRT is not installed", "--no-tensorrt"]),
+    "export-missing-model": (lambda f, o: ["export", str(Path(o).parent / "nope.onnx"), "-o", o, "--no-tensorrt"],
+                             ["nope.onnx", "no such file"]),
 }
 
 
@@ -211,7 +219,8 @@ def _invoke_bad(files, tmp_path: Path, name: str):
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_input_exits_2_naming_the_cause(files, tmp_path: Path, name: str) -> None:
+def test_bad_input_exits_2_naming_the_cause(files, tmp_path: Path, monkeypatch, name: str) -> None:
+    monkeypatch.setattr(cli, "have_tensorrt", lambda: False)
     result, words = _invoke_bad(files, tmp_path, name)
     lines = result.stderr.splitlines()
     assert result.stderr.count("\n") == 1 and lines[0].startswith("error: "), repr(result.stderr)
@@ -224,3 +233,63 @@ def test_error_message_keeps_brackets_in_paths(tmp_path: Path) -> None:
     result = runner.invoke(app, ["analyze", str(missing)])
     assert result.exit_code == 2
     assert str(missing) in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_no_tensorrt_writes_an_equivalent_ready_onnx_and_the_trtexec_command(files, tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    result = runner.invoke(app, ["export", str(files["tiny"]), "-o", str(engine), "--no-tensorrt", "--fp16",
+                                 "--workspace", "256"])
+    assert result.exit_code == 0, result.stderr
+    ready = tmp_path / "m.trt.onnx"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.trt.onnx"]  # no engine, no temp file
+    lines = result.stdout.splitlines()
+    assert f"TensorRT-ready ONNX written to {ready}" in lines and "no engine built" in result.stdout
+    assert trtexec_command(ready, engine, True, 256, None) in lines and result.stderr == ""
+    onnx.checker.check_model(str(ready))
+    x = np.load(files["calib"])[:1]
+    prepared = session(ready)
+    assert [i.shape for i in prepared.get_inputs()] == [[1, 3, 32, 32]]
+    np.testing.assert_allclose(prepared.run(None, {"input": x})[0], session(files["tiny"]).run(None, {"input": x})[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def _fake_engine(path: Path, out: Path, **kw) -> Path:
+    out.write_bytes(b"engine")
+    return out
+
+
+def _raise(exc: Exception):
+    def fail(*a, **kw):
+        raise exc
+    return fail
+
+
+# case -> (build_engine and engine_latency stand-ins, exit code, files left, words in stdout + stderr)
+ENGINE_CASES = {
+    "timed": (_fake_engine, lambda path: {"engine": str(path), "median_ms": 0.5}, 0, ["m.engine", "m.trt.onnx"],
+              ["TensorRT engine written to", '"median_ms": 0.5']),
+    "no-cuda-buffers": (_fake_engine, _raise(TensorRTUnavailable("timing needs CUDA buffers")), 0,
+                        ["m.engine", "m.trt.onnx"],
+                        ["TensorRT engine written to", "warning: the engine is not timed: timing needs CUDA buffers"]),
+    "engine-does-not-run": (_fake_engine, _raise(ModelError("TensorRT cannot load the engine")), 2, [],
+                            ["error: TensorRT cannot load the engine"]),
+    "build-fails": (_raise(ModelError("TensorRT cannot parse the model")), None, 2, [],
+                    ["error: TensorRT cannot parse the model"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+def test_export_with_tensorrt(files, tmp_path: Path, monkeypatch, case: str) -> None:
+    """The engine path with TensorRT stood in for: a failure after the ONNX is prepared leaves no file."""
+    build, latency, code, left, words = ENGINE_CASES[case]
+    monkeypatch.setattr(cli, "have_tensorrt", lambda: True)
+    monkeypatch.setattr(cli, "build_engine", build)
+    monkeypatch.setattr(cli, "engine_latency", latency)
+    result = runner.invoke(app, ["export", str(files["tiny"]), "-o", str(tmp_path / "m.engine")])
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == left
+    for word in words:
+        assert word in " ".join((result.stdout + result.stderr).split()), word

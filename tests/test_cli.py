@@ -235,6 +235,76 @@ def test_error_message_keeps_brackets_in_paths(tmp_path: Path) -> None:
     assert str(missing) in result.stderr, result.stderr
 
 
+# ---------------------------------------------------------------- recover, bench
+
+
+@pytest.fixture(scope="module")
+def student(tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model pruned to 60% of its MACs."""
+    from onnxprune.calib.sources import load_calibration
+    from onnxprune.compress import CompressOptions, compress
+    from onnxprune.runtime.ort import model_input_specs
+
+    pruned, _ = compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
+                         CompressOptions(target_ratio=0.6))
+    path = tmp_path_factory.mktemp("student") / "student.onnx"
+    onnx.save(pruned, str(path))
+    return path
+
+
+def _kl(teacher: np.ndarray, student: np.ndarray) -> float:
+    """Mean KL(softmax(teacher) || softmax(student)) over the rows."""
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(1, keepdims=True)
+        return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+    lt, ls = log_softmax(teacher.astype(np.float64)), log_softmax(student.astype(np.float64))
+    return float((np.exp(lt) * (lt - ls)).sum(1).mean())
+
+
+def _io(path: Path) -> list:
+    sess = session(path)
+    return [[(v.name, v.shape) for v in values] for values in (sess.get_inputs(), sess.get_outputs())]
+
+
+def test_recover_writes_a_model_at_least_as_close_to_the_teacher(files, student, tmp_path: Path) -> None:
+    """A few steps at a high learning rate (here they make the student worse): the written model is never further
+    from the teacher on the held-out samples than the student, and the report says which was kept."""
+    out, report = tmp_path / "recovered.onnx", tmp_path / "r.json"
+    result = runner.invoke(app, ["recover", str(student), "--teacher", str(files["tiny"]), "-o", str(out), "--calib",
+                                 str(files["calib"]), "--subset", "0:48", "--held-subset", "48:64", "--steps", "5",
+                                 "--lr", "1e-2", "--distill-steps", "5", "--distill-lr", "1e-2", "--distill-views", "1",
+                                 "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert f"wrote {out}" in result.stdout
+    onnx.checker.check_model(str(out))
+    assert _io(out) == _io(student)
+    x = {"input": np.load(files["calib"])[48:64]}  # the held-out samples
+    teacher = session(files["tiny"]).run(None, x)[0]
+    before, after = (_kl(teacher, session(m).run(None, x)[0]) for m in (student, out))
+    assert after <= before + 1e-9
+    data = json.loads(report.read_text())
+    assert data["metric"] == "kl" and data["before"] == pytest.approx(before, rel=1e-3)
+    assert after == pytest.approx(data["after"] if data["improved"] else before, rel=1e-3)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_bench_reports_a_row_per_model(files, student, as_json: bool) -> None:
+    result = runner.invoke(app, ["bench", str(files["tiny"]), str(student), "--provider", "cpu", "--threads", "1",
+                                 "--batch", "2", "--warmup", "1", "--runs", "3", *(["--json"] if as_json else [])])
+    assert result.exit_code == 0, result.stderr
+    if not as_json:
+        rows = [line for line in result.stdout.splitlines() if ".onnx" in line]
+        assert [row.split()[1] for row in rows] == ["tiny.onnx", "student.onnx"], result.stdout
+        return
+    rows = json.loads(result.stdout)
+    assert [r["model"] for r in rows] == [str(files["tiny"]), str(student)]
+    for r in rows:
+        assert (r["provider"], r["batch"], r["threads"], r["runs"]) == ("CPUExecutionProvider", 2, 1, 3)
+        assert 0 < r["median_ms"] <= r["p99_ms"] and r["throughput"] > 0
+    assert 0 < rows[1]["macs"] < rows[0]["macs"]
+
+
 # ---------------------------------------------------------------- export
 
 

@@ -164,7 +164,9 @@ def compress_cmd(
     threads: Annotated[Optional[int], typer.Option(
         help="Intra-op threads of the latency budget's timings (default: onnxruntime's).")] = None,
     cost_table: Annotated[Optional[Path], typer.Option(
-        help="Reuse a cost table written by --save-cost-table (same model, batch and machine).")] = None,
+        help="Reuse a cost table written by --save-cost-table: one measured for another model (graph or weights), "
+             "input dims, --provider, --latency-batch or --threads is refused; from another machine, a warning.")
+    ] = None,
     save_cost_table: Annotated[Optional[Path], typer.Option(help="Write the measured cost table (JSON) here.")] = None,
     method: Annotated[str, typer.Option(
         help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
@@ -314,6 +316,10 @@ def _print_latency(r: LatencyReport) -> None:
                   f"{format_ms(r.measured_ms)} vs the original's {format_ms(r.original_ms)} "
                   f"({r.original_ms / r.measured_ms:.2f}x); cost table "
                   + (f"measured in {r.table_seconds:.0f}s" if r.table_seconds else "read from file"))
+    if r.table_machine is not None:
+        err_console.print(f"[bold yellow]warning:[/] the cost table was measured on another machine "
+                          f"({escape(r.table_machine)}): its timings may not hold here; measure a new one (leave "
+                          "out --cost-table)", highlight=False, soft_wrap=True)
     if not r.met:
         missed = (f"{r.measured_ms / r.original_ms:.2f}x of the original's latency misses the {r.target_ratio:g}x target"
                   if r.target_ratio is not None and r.requested_ms is None

@@ -26,7 +26,9 @@ from onnxprune.compress import (
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
 from onnxprune.deploy.cost import format_ms, parse_latency
-from onnxprune.deploy.export import TensorRTUnavailable, build_engine, engine_latency, prepare_for_tensorrt, trtexec_command
+from onnxprune.deploy.export import (
+    TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
+)
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.recovery import METHODS as RECOVER_METHODS, TRAIN, RecoverOptions, RecoverReport, recover
@@ -162,7 +164,9 @@ def compress_cmd(
     threads: Annotated[Optional[int], typer.Option(
         help="Intra-op threads of the latency budget's timings (default: onnxruntime's).")] = None,
     cost_table: Annotated[Optional[Path], typer.Option(
-        help="Reuse a cost table written by --save-cost-table (same model, batch and machine).")] = None,
+        help="Reuse a cost table written by --save-cost-table: one measured for another model (graph or weights), "
+             "input dims, --provider, --latency-batch or --threads is refused; from another machine, a warning.")
+    ] = None,
     save_cost_table: Annotated[Optional[Path], typer.Option(help="Write the measured cost table (JSON) here.")] = None,
     method: Annotated[str, typer.Option(
         help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
@@ -312,6 +316,10 @@ def _print_latency(r: LatencyReport) -> None:
                   f"{format_ms(r.measured_ms)} vs the original's {format_ms(r.original_ms)} "
                   f"({r.original_ms / r.measured_ms:.2f}x); cost table "
                   + (f"measured in {r.table_seconds:.0f}s" if r.table_seconds else "read from file"))
+    if r.table_machine is not None:
+        err_console.print(f"[bold yellow]warning:[/] the cost table was measured on another machine "
+                          f"({escape(r.table_machine)}): its timings may not hold here; measure a new one (leave "
+                          "out --cost-table)", highlight=False, soft_wrap=True)
     if not r.met:
         missed = (f"{r.measured_ms / r.original_ms:.2f}x of the original's latency misses the {r.target_ratio:g}x target"
                   if r.target_ratio is not None and r.requested_ms is None
@@ -501,27 +509,58 @@ def bench_cmd(
 @app.command("export")
 def export_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model.")],
-    output: Annotated[Path, typer.Option("-o", "--output", help="Engine path (model.engine).")],
-    tensorrt: Annotated[bool, typer.Option("--tensorrt", help="Build a TensorRT engine (the only target).")] = True,
+    output: Annotated[Path, typer.Option(
+        "-o", "--output", help="Engine path (model.engine); the TensorRT-ready ONNX is written beside it "
+                               "(model.trt.onnx).")],
+    tensorrt: Annotated[bool, typer.Option(
+        "--tensorrt/--no-tensorrt", help="Build and time the TensorRT engine (needs the tensorrt package), or only "
+                                         "write the TensorRT-ready ONNX and print the trtexec command that builds "
+                                         "the engine where TensorRT is (e.g. on the Jetson).")] = True,
     fp16: Annotated[bool, typer.Option("--fp16", help="Allow fp16 kernels.")] = False,
     workspace: Annotated[int, typer.Option(help="Builder workspace in MiB.")] = 1024,
     input_shape: InputShapeOpt = None,
 ) -> None:
-    """Build a TensorRT engine and time it; without TensorRT, write a TensorRT-ready ONNX and the trtexec line."""
+    """Write a TensorRT-ready ONNX (static shapes, constants folded), then build a TensorRT engine and time it.
+
+    Without the tensorrt package, --tensorrt (the default) is an error that writes nothing.
+
+    --no-tensorrt writes only the TensorRT-ready ONNX and prints the trtexec command that builds the engine."""
+    ready_path = output.with_suffix(".trt.onnx")
+    written: list[Path] = []
+    untimed = timing = None
     try:
-        if not tensorrt:
-            raise OnnxPruneError("only --tensorrt export exists: drop --no-tensorrt")
-        _check_outputs((output, "-o"), (output.with_suffix(".trt.onnx"), "TensorRT-ready ONNX"), inputs=[model])
-        ready = prepare_for_tensorrt(model, output.with_suffix(".trt.onnx"), input_shape)
+        _check_outputs((output if tensorrt else None, "-o"), (ready_path, "TensorRT-ready ONNX"), inputs=[model])
+        if tensorrt and not have_tensorrt():
+            raise TensorRTUnavailable("TensorRT is not installed (pip install onnxprune[tensorrt]): add --no-tensorrt "
+                                      "to write only the TensorRT-ready ONNX and the trtexec command that builds "
+                                      "the engine on a machine with TensorRT")
         try:
-            engine = build_engine(ready, output, fp16=fp16, workspace_mb=workspace, shapes=input_shape)
-        except TensorRTUnavailable as exc:
-            console.print(f"TensorRT-ready ONNX written to {ready}")
-            console.print(trtexec_command(ready, output, fp16, workspace, None))
-            raise exc
-        console.print_json(json.dumps(engine_latency(engine)))
+            written.append(prepare_for_tensorrt(model, ready_path, input_shape))
+            if tensorrt:
+                written.append(build_engine(written[0], output, fp16=fp16, workspace_mb=workspace,
+                                            shapes=input_shape))
+                try:
+                    timing = engine_latency(output)
+                except TensorRTUnavailable as exc:  # the engine is built; only its timing needs CUDA buffers
+                    untimed = str(exc)
+        except OnnxPruneError:
+            for path in written:  # a failed export leaves no file
+                path.unlink(missing_ok=True)
+            raise
     except OnnxPruneError as exc:
         _fail(str(exc))
+    # plain print: the paths and the command are copied as they are (no markup, no wrapping)
+    print(f"TensorRT-ready ONNX written to {ready_path}")
+    if not tensorrt:
+        print("no engine built (--no-tensorrt); build it where TensorRT is installed with:")
+        print(trtexec_command(ready_path, output, fp16, workspace, None))
+        return
+    print(f"TensorRT engine written to {output}")
+    if untimed is not None:
+        err_console.print(f"[bold yellow]warning:[/] the engine is not timed: {escape(untimed)}", highlight=False,
+                          soft_wrap=True)
+    else:
+        console.print_json(json.dumps(timing))
 
 
 def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune`

@@ -34,6 +34,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv, refit_scale
 from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
+from onnxprune.runtime.ort import first_provider
 from onnxprune.runtime.probe import FixedBatch, fixed_batch
 from onnxprune.runtime.segments import Liveness, run_segment
 
@@ -110,6 +111,7 @@ class LatencyReport:
     requested_ms: float | None  # the target asked for, when best_effort raised it to the lowest reachable
     table: dict  # the cost table (see onnxprune.deploy.cost)
     table_seconds: float  # 0 when read from a file
+    table_machine: str | None  # read from a file measured on another machine: what differs
 
 
 @dataclass
@@ -585,7 +587,8 @@ def compress(
         # A ratio target is judged against the original timed in the same rounds, not the table's older figure.
         bound = target_ms if options.target_latency_ms is not None else target_ms / cost.model_ms * original_ms
         report.latency = LatencyReport(target_ms, options.target_latency_ratio, cost(widths), measured_ms, original_ms, measured_ms <= bound, ran,
-                                       cost.batch, cost.threads, requested_ms, cost.to_dict(), table_seconds)
+                                       cost.batch, cost.threads, requested_ms, cost.to_dict(), table_seconds,
+                                       cost.other_machine() if options.cost_table else None)
     report.seconds = time.perf_counter() - start
     return pruned, report
 
@@ -609,10 +612,8 @@ def _cost_table(run: Compressor, groups: list[Group], options: CompressOptions,
     """The latency cost table: read from ``options.cost_table``, or measured (and saved when asked)."""
     if options.cost_table:
         table = CostTable.load(options.cost_table, groups)
-        if table.batch != options.latency_batch:
-            raise TargetError(f"cost table {options.cost_table} was measured at batch {table.batch}, not "
-                              f"--latency-batch {options.latency_batch}: use --latency-batch {table.batch} or "
-                              "measure a new table")
+        table.refuse_another_setup(options.cost_table, run.model, first_provider(options.provider),
+                                   options.latency_batch, options.threads)
         return table
     table = measure_cost_table(run.model, run.original, groups, provider=options.provider,
                                batch=options.latency_batch, threads=options.threads,

@@ -20,19 +20,20 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.cli import app
 from onnxprune.compress import CompressOptions, compress, schedule
 from onnxprune.deploy.cost import (
-    CostTable, GroupCost, _subgraph, isotonic, measure_cost_table, parse_latency, widths_to_time,
+    CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, parse_latency,
+    this_machine, widths_to_time,
 )
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
-from tests.onnx_builders import run
+from tests.onnx_builders import export_tiny, run
 
 runner = CliRunner()
 
 
 def _table(model_ms: float = 10.0) -> CostTable:
     """Two groups: saving a channel of group 0 saves 0.1 ms, of group 1 0.01 ms (both 16 channels)."""
-    return CostTable(model_ms, "CPUExecutionProvider", 1, None, [
+    return CostTable(model_ms, "CPUExecutionProvider", 1, None, "0" * 64, {"x": ["N", 3, 8, 8]}, [
         GroupCost(0, "a", 16, [4, 8, 16], [2.4, 2.8, 3.6]),
         GroupCost(1, "b", 16, [4, 8, 16], [1.0, 1.04, 1.12]),
     ])
@@ -183,15 +184,16 @@ def test_subgraph_holds_the_group_and_runs_narrowed(tiny) -> None:
 # ---------------------------------------------------------------- compress --target-latency
 
 
-def _fake_table(tiny, path: Path, batch: int = 1, model_ms: float = 10.0) -> CostTable:
-    """A table whose savings are proportional to each group's share of the MACs (deterministic), the whole
-    model at ``model_ms``."""
+def _fake_table(tiny, path: Path, **setup) -> CostTable:
+    """A table for the tiny model on this machine (``setup`` overrides what it was measured for) whose savings are
+    proportional to each group's share of the MACs (deterministic)."""
     analysis, groups = _groups(tiny.model)
-    table = CostTable(model_ms, "CPUExecutionProvider", batch, None)
+    table = CostTable(**{"model_ms": 10.0, "provider": "CPUExecutionProvider", "batch": 1, "threads": None,
+                         "graph_sha256": graph_sha256(tiny.model), "inputs": input_dims(tiny.model), **setup})
     for g in groups:
         widths = widths_to_time(g.channels, 4, 4)
         table.groups.append(GroupCost(g.id, g.name, g.channels, widths,
-                                      [model_ms * 1e-6 * analysis.macs.macs({g.id: w}) for w in widths]))
+                                      [table.model_ms * 1e-6 * analysis.macs.macs({g.id: w}) for w in widths]))
     table.save(path)
     return table
 
@@ -246,10 +248,30 @@ def test_cli_target_latency_measures_saves_and_warns_when_missed(tiny, tmp_path:
     assert "predicted" in result.stdout and "measured" in result.stdout
     saved = json.loads(table.read_text())
     assert saved["batch"] == 2 and saved["threads"] == 1 and len(saved["groups"]) == len(_groups(tiny.model)[1])
+    assert saved["graph_sha256"] == graph_sha256(tiny.model) and saved["inputs"] == {"input": ["batch", 3, 32, 32]}
+    assert saved["provider"] == "CPUExecutionProvider" and saved["machine"] == this_machine()
     lat = json.loads(report.read_text())["latency"]
     assert lat["batch"] == 2 and lat["table_seconds"] > 0 and out.is_file()
     assert lat["met"] == (lat["measured_ms"] <= 0.9 * lat["original_ms"]) and lat["measured_ms"] > 0
     assert ("misses the 0.9x target" in result.stderr) == (not lat["met"]), (lat, result.stderr)
+
+
+@pytest.mark.parametrize("machine", [{}, {"host": "elsewhere"}])
+def test_cli_cost_table_from_another_machine_is_used_with_a_warning(tiny, tmp_path: Path, machine: dict) -> None:
+    # the table says 10 ms, the tiny model really runs in well under 9 ms: the target is met, no other warning
+    _fake_table(tiny, tmp_path / "t.json", machine={**this_machine(), **machine})
+    out, report = tmp_path / "p.onnx", tmp_path / "r.json"
+    result = runner.invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                 "--target-latency", "9ms", "--cost-table", str(tmp_path / "t.json"),
+                                 "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert out.is_file()
+    noted = json.loads(report.read_text())["latency"]["table_machine"]
+    if not machine:
+        assert noted is None and result.stderr == ""
+        return
+    assert noted == f"host 'elsewhere', here {this_machine()['host']!r}"
+    assert result.stderr.startswith(f"warning: the cost table was measured on another machine ({noted})")
 
 
 LATENCY_BAD = {
@@ -263,16 +285,32 @@ LATENCY_BAD = {
     "table-other-batch": (["--target-latency", "0.9x", "--cost-table", "{table}", "--latency-batch", "8"],
                           ["measured at batch 1", "--latency-batch 1"]),
     "table-other-model": (["--target-latency", "0.9x", "--cost-table", "{other}"], ["does not fit this model"]),
+    "table-other-threads": (["--target-latency", "0.9x", "--cost-table", "{table}", "--threads", "2"],
+                            ["measured with onnxruntime's default threads, not --threads 2", "leave out --threads",
+                             "leave out --cost-table"]),
+    "table-other-provider": (["--target-latency", "0.9x", "--cost-table", "{cuda}"],
+                             ["measured on CUDAExecutionProvider, not CPUExecutionProvider", "--provider cuda",
+                              "leave out --cost-table"]),
+    "table-other-input-size": (["--target-latency", "0.9x", "--cost-table", "{larger}"],
+                               ["measured for inputs input:batchx3x64x64, not this model's input:batchx3x32x32",
+                                "leave out --cost-table"]),
+    # the same architecture with other weights: same groups, another graph hash
+    "table-other-weights": (["--target-latency", "0.9x", "--cost-table", "{seed1}"],
+                            ["measured for another model with the same groups (other weights", "leave out --cost-table"]),
 }
 
 
 @pytest.mark.parametrize("name", list(LATENCY_BAD))
 def test_cli_latency_bad_inputs(tiny, tmp_path: Path, name: str) -> None:
-    _fake_table(tiny, tmp_path / "t.json")
+    tables = {"table": {}, "cuda": {"provider": "CUDAExecutionProvider"},
+              "larger": {"inputs": {"input": ["batch", 3, 64, 64]}},
+              "seed1": {"graph_sha256": graph_sha256(onnx.load(str(export_tiny(tmp_path / "seed1.onnx", seed=1))))}}
+    for key, setup in tables.items():
+        _fake_table(tiny, tmp_path / f"{key}.json", **setup)
     other = _table()
     other.save(tmp_path / "other.json")
     flags, words = LATENCY_BAD[name]
-    flags = [f.format(table=tmp_path / "t.json", other=tmp_path / "other.json") for f in flags]
+    flags = [f.format(**{key: tmp_path / f"{key}.json" for key in [*tables, "other"]}) for f in flags]
     out = tmp_path / "p.onnx"
     result = runner.invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib), *flags])
     assert result.exit_code == 2, (result.stdout, result.stderr)

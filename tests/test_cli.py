@@ -12,8 +12,11 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
+import onnxprune.cli as cli
 from onnxprune.analysis import analyze
 from onnxprune.cli import app
+from onnxprune.deploy.export import TensorRTUnavailable, trtexec_command
+from onnxprune.errors import ModelError
 from tests.onnx_builders import GraphBuilder, export_tiny, session
 
 runner = CliRunner()
@@ -193,6 +196,11 @@ BAD = {
                                       ["--report file", "does not exist"]),
     "analyze-text-file": (lambda f, o: ["analyze", str(f["text"])], ["notes.onnx", "not a readable ONNX model"]),
     "analyze-missing": (lambda f, o: ["analyze", str(Path(o).parent / "nope.onnx")], ["nope.onnx", "no such file"]),
+    # run with TensorRT reported missing: no .trt.onnx is left behind
+    "export-without-tensorrt": (lambda f, o: ["export", str(f["tiny"]), "-o", o],
+                                ["TensorRT is not installed", "--no-tensorrt"]),
+    "export-missing-model": (lambda f, o: ["export", str(Path(o).parent / "nope.onnx"), "-o", o, "--no-tensorrt"],
+                             ["nope.onnx", "no such file"]),
 }
 
 
@@ -211,7 +219,8 @@ def _invoke_bad(files, tmp_path: Path, name: str):
 
 
 @pytest.mark.parametrize("name", list(BAD))
-def test_bad_input_exits_2_naming_the_cause(files, tmp_path: Path, name: str) -> None:
+def test_bad_input_exits_2_naming_the_cause(files, tmp_path: Path, monkeypatch, name: str) -> None:
+    monkeypatch.setattr(cli, "have_tensorrt", lambda: False)
     result, words = _invoke_bad(files, tmp_path, name)
     lines = result.stderr.splitlines()
     assert result.stderr.count("\n") == 1 and lines[0].startswith("error: "), repr(result.stderr)
@@ -224,3 +233,133 @@ def test_error_message_keeps_brackets_in_paths(tmp_path: Path) -> None:
     result = runner.invoke(app, ["analyze", str(missing)])
     assert result.exit_code == 2
     assert str(missing) in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------- recover, bench
+
+
+@pytest.fixture(scope="module")
+def student(tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny model pruned to 60% of its MACs."""
+    from onnxprune.calib.sources import load_calibration
+    from onnxprune.compress import CompressOptions, compress
+    from onnxprune.runtime.ort import model_input_specs
+
+    pruned, _ = compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
+                         CompressOptions(target_ratio=0.6))
+    path = tmp_path_factory.mktemp("student") / "student.onnx"
+    onnx.save(pruned, str(path))
+    return path
+
+
+def _kl(teacher: np.ndarray, student: np.ndarray) -> float:
+    """Mean KL(softmax(teacher) || softmax(student)) over the rows."""
+    def log_softmax(z: np.ndarray) -> np.ndarray:
+        z = z - z.max(1, keepdims=True)
+        return z - np.log(np.exp(z).sum(1, keepdims=True))
+
+    lt, ls = log_softmax(teacher.astype(np.float64)), log_softmax(student.astype(np.float64))
+    return float((np.exp(lt) * (lt - ls)).sum(1).mean())
+
+
+def _io(path: Path) -> list:
+    sess = session(path)
+    return [[(v.name, v.shape) for v in values] for values in (sess.get_inputs(), sess.get_outputs())]
+
+
+def test_recover_writes_a_model_at_least_as_close_to_the_teacher(files, student, tmp_path: Path) -> None:
+    """A few steps at a high learning rate (here they make the student worse): the written model is never further
+    from the teacher on the held-out samples than the student, and the report says which was kept."""
+    out, report = tmp_path / "recovered.onnx", tmp_path / "r.json"
+    result = runner.invoke(app, ["recover", str(student), "--teacher", str(files["tiny"]), "-o", str(out), "--calib",
+                                 str(files["calib"]), "--subset", "0:48", "--held-subset", "48:64", "--steps", "5",
+                                 "--lr", "1e-2", "--distill-steps", "5", "--distill-lr", "1e-2", "--distill-views", "1",
+                                 "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    assert f"wrote {out}" in result.stdout
+    onnx.checker.check_model(str(out))
+    assert _io(out) == _io(student)
+    x = {"input": np.load(files["calib"])[48:64]}  # the held-out samples
+    teacher = session(files["tiny"]).run(None, x)[0]
+    before, after = (_kl(teacher, session(m).run(None, x)[0]) for m in (student, out))
+    assert after <= before + 1e-9
+    data = json.loads(report.read_text())
+    assert data["metric"] == "kl" and data["before"] == pytest.approx(before, rel=1e-3)
+    assert after == pytest.approx(data["after"] if data["improved"] else before, rel=1e-3)
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_bench_reports_a_row_per_model(files, student, as_json: bool) -> None:
+    result = runner.invoke(app, ["bench", str(files["tiny"]), str(student), "--provider", "cpu", "--threads", "1",
+                                 "--batch", "2", "--warmup", "1", "--runs", "3", *(["--json"] if as_json else [])])
+    assert result.exit_code == 0, result.stderr
+    if not as_json:
+        rows = [line for line in result.stdout.splitlines() if ".onnx" in line]
+        assert [row.split()[1] for row in rows] == ["tiny.onnx", "student.onnx"], result.stdout
+        return
+    rows = json.loads(result.stdout)
+    assert [r["model"] for r in rows] == [str(files["tiny"]), str(student)]
+    for r in rows:
+        assert (r["provider"], r["batch"], r["threads"], r["runs"]) == ("CPUExecutionProvider", 2, 1, 3)
+        assert 0 < r["median_ms"] <= r["p99_ms"] and r["throughput"] > 0
+    assert 0 < rows[1]["macs"] < rows[0]["macs"]
+
+
+# ---------------------------------------------------------------- export
+
+
+def test_export_no_tensorrt_writes_an_equivalent_ready_onnx_and_the_trtexec_command(files, tmp_path: Path) -> None:
+    engine = tmp_path / "m.engine"
+    result = runner.invoke(app, ["export", str(files["tiny"]), "-o", str(engine), "--no-tensorrt", "--fp16",
+                                 "--workspace", "256"])
+    assert result.exit_code == 0, result.stderr
+    ready = tmp_path / "m.trt.onnx"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.trt.onnx"]  # no engine, no temp file
+    lines = result.stdout.splitlines()
+    assert f"TensorRT-ready ONNX written to {ready}" in lines and "no engine built" in result.stdout
+    assert trtexec_command(ready, engine, True, 256, None) in lines and result.stderr == ""
+    onnx.checker.check_model(str(ready))
+    x = np.load(files["calib"])[:1]
+    prepared = session(ready)
+    assert [i.shape for i in prepared.get_inputs()] == [[1, 3, 32, 32]]
+    np.testing.assert_allclose(prepared.run(None, {"input": x})[0], session(files["tiny"]).run(None, {"input": x})[0],
+                               rtol=1e-4, atol=1e-5)
+
+
+def _fake_engine(path: Path, out: Path, **kw) -> Path:
+    out.write_bytes(b"engine")
+    return out
+
+
+def _raise(exc: Exception):
+    def fail(*a, **kw):
+        raise exc
+    return fail
+
+
+# case -> (build_engine and engine_latency stand-ins, exit code, files left, words in stdout + stderr)
+ENGINE_CASES = {
+    "timed": (_fake_engine, lambda path: {"engine": str(path), "median_ms": 0.5}, 0, ["m.engine", "m.trt.onnx"],
+              ["TensorRT engine written to", '"median_ms": 0.5']),
+    "no-cuda-buffers": (_fake_engine, _raise(TensorRTUnavailable("timing needs CUDA buffers")), 0,
+                        ["m.engine", "m.trt.onnx"],
+                        ["TensorRT engine written to", "warning: the engine is not timed: timing needs CUDA buffers"]),
+    "engine-does-not-run": (_fake_engine, _raise(ModelError("TensorRT cannot load the engine")), 2, [],
+                            ["error: TensorRT cannot load the engine"]),
+    "build-fails": (_raise(ModelError("TensorRT cannot parse the model")), None, 2, [],
+                    ["error: TensorRT cannot parse the model"]),
+}
+
+
+@pytest.mark.parametrize("case", list(ENGINE_CASES))
+def test_export_with_tensorrt(files, tmp_path: Path, monkeypatch, case: str) -> None:
+    """The engine path with TensorRT stood in for: a failure after the ONNX is prepared leaves no file."""
+    build, latency, code, left, words = ENGINE_CASES[case]
+    monkeypatch.setattr(cli, "have_tensorrt", lambda: True)
+    monkeypatch.setattr(cli, "build_engine", build)
+    monkeypatch.setattr(cli, "engine_latency", latency)
+    result = runner.invoke(app, ["export", str(files["tiny"]), "-o", str(tmp_path / "m.engine")])
+    assert result.exit_code == code, (result.stdout, result.stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == left
+    for word in words:
+        assert word in " ".join((result.stdout + result.stderr).split()), word

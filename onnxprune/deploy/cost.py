@@ -14,7 +14,9 @@ groups are predicted a little optimistic; the final ``bench`` of the written mod
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import platform
 import re
 from collections.abc import Callable, Sequence
@@ -32,9 +34,9 @@ from onnxprune.deploy.bench import random_inputs, time_rounds
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.fileio import atomic_write
 from onnxprune.passes import slice_channels
-from onnxprune.runtime.ort import make_session, model_input_specs
+from onnxprune.runtime.ort import PROVIDER_CHAINS, make_session, model_input_specs
 
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: records the graph's hash, the input dims and the machine
 FRACTIONS = (0.25, 0.5, 0.75)  # widths timed besides the floor and all channels
 
 
@@ -53,6 +55,39 @@ def isotonic(values: Sequence[float]) -> np.ndarray:
             m1, n1 = blocks.pop()
             blocks.append([(m1 * n1 + m2 * n2) / (n1 + n2), n1 + n2])
     return np.concatenate([np.full(int(n), m) for m, n in blocks]) if blocks else np.zeros(0)
+
+
+def graph_sha256(model: onnx.ModelProto) -> str:
+    """SHA-256 of the model's graph: its structure, input shapes and weights."""
+    return hashlib.sha256(model.graph.SerializeToString(deterministic=True)).hexdigest()
+
+
+def input_dims(model: onnx.ModelProto) -> dict[str, list]:
+    """Each input's dims as the model declares them (a dynamic dim as its symbol)."""
+    return {name: dims for name, dims, _ in model_input_specs(model)}
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:  # not Linux
+        pass
+    return platform.processor() or platform.machine()
+
+
+def this_machine() -> dict[str, object]:
+    """Host name, CPU model and logical core count of the machine running now."""
+    return {"host": platform.node(), "cpu": _cpu_model(), "cores": os.cpu_count()}
+
+
+def _threads(n: int | None) -> str:
+    return f"--threads {n}" if n else "onnxruntime's default threads"
+
+
+def _dims_text(inputs: dict[str, list]) -> str:
+    return ", ".join(f"{name}:{'x'.join(str(d) for d in dims)}" for name, dims in inputs.items())
 
 
 @dataclass
@@ -82,8 +117,10 @@ class CostTable:
     provider: str  # the execution provider that really ran
     batch: int
     threads: int | None
+    graph_sha256: str  # of the model timed (see graph_sha256)
+    inputs: dict[str, list]  # its input dims (see input_dims)
     groups: list[GroupCost] = field(default_factory=list)
-    machine: str = field(default_factory=platform.node)
+    machine: dict = field(default_factory=this_machine)
     version: int = TABLE_VERSION
 
     @property
@@ -130,6 +167,35 @@ class CostTable:
         for g in table.groups:
             g.id = ids[g.name]
         return table
+
+    def refuse_another_setup(self, path: Path, model: onnx.ModelProto, provider: str, batch: int,
+                             threads: int | None) -> None:
+        """ModelError naming the first thing the table was measured for that differs from this run: the batch,
+        threads, execution provider, input dims or graph (structure and weights) of ``model``."""
+        new = "measure a new table (leave out --cost-table)"
+        inputs, digest = input_dims(model), graph_sha256(model)
+        short = {chain[0]: name for name, chain in PROVIDER_CHAINS.items()}
+        for differs, what in (
+            (self.batch != batch, f"at batch {self.batch}, not --latency-batch {batch}: use --latency-batch "
+                                  f"{self.batch} or {new}"),
+            (self.threads != threads, f"with {_threads(self.threads)}, not {_threads(threads)}: "
+                                      f"{'use ' + _threads(self.threads) if self.threads else 'leave out --threads'} "
+                                      f"or {new}"),
+            (self.provider != provider, f"on {self.provider}, not {provider}: use --provider "
+                                        f"{short.get(self.provider, self.provider)} or {new}"),
+            (self.inputs != inputs, f"for inputs {_dims_text(self.inputs)}, not this model's {_dims_text(inputs)}: "
+                                    f"{new}"),
+            (self.graph_sha256 != digest, f"for another model with the same groups (other weights or graph: sha256 "
+                                          f"{self.graph_sha256[:12]}, this model's {digest[:12]}): {new}"),
+        ):
+            if differs:
+                raise ModelError(f"cost table {path} was measured {what}")
+
+    def other_machine(self) -> str | None:
+        """What differs between the machine that measured the table and this one (None: nothing)."""
+        here = this_machine()
+        return "; ".join(f"{key} {self.machine.get(key)!r}, here {value!r}"
+                         for key, value in here.items() if self.machine.get(key) != value) or None
 
 
 def widths_to_time(channels: int, floor: int, round_to: int) -> list[int]:
@@ -198,7 +264,7 @@ def measure_cost_table(
     """Time ``model`` whole and each group's subgraph (cut from its analysed ``graph``) at a few widths."""
     (model_ms,), active = median_latencies([model], provider=provider, batch=batch, threads=threads,
                                            warmup=warmup, runs=runs)
-    table = CostTable(model_ms, active, batch, threads)
+    table = CostTable(model_ms, active, batch, threads, graph_sha256(model), input_dims(model))
     for i, group in enumerate(groups):
         if on_group is not None:
             on_group(i, len(groups), f"timing {group.name}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import shlex
 import time
 from collections import Counter
@@ -150,6 +151,11 @@ def _dynamic_shapes(onnx_path: Path, shapes: ShapeArg) -> dict[str, list[int]]:
         for name, dims, _ in specs
         if any(not (isinstance(d, int) and d > 0) for d in dims)
     }
+
+
+def have_tensorrt() -> bool:
+    """Whether the ``tensorrt`` Python package is installed."""
+    return importlib.util.find_spec("tensorrt") is not None
 
 
 def _import_tensorrt(onnx_path: Path, engine_path: Path, fp16: bool, workspace_mb: int, shapes: dict):

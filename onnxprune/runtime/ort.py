@@ -41,6 +41,11 @@ def _chain(provider: str) -> list[str]:
     return [p for p in chain if p in available_providers()]
 
 
+def first_provider(provider: str) -> str:
+    """The execution provider a session for ``provider`` ("auto", "cpu", ...) runs on, unless onnxruntime falls back."""
+    return _chain(provider)[0]
+
+
 def make_session(
     model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True
 ) -> tuple[ort.InferenceSession, str]:

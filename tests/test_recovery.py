@@ -9,8 +9,9 @@ import pytest
 from onnxprune.analysis.graph import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
 from onnxprune.compress import CompressOptions, compress
-from onnxprune.errors import CalibrationError, ModelError
-from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, recover, split
+import onnxprune.recovery
+from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
+from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import find_segments
 from onnxprune.runtime.ort import model_input_specs
 from tests.onnx_builders import run
@@ -63,6 +64,33 @@ def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student, me
     t = run(tiny.model, input=held)[0]
     before, after = run(student, input=held)[0], run(model, input=held)[0]
     assert discrepancy([after], [t])[1] < discrepancy([before], [t])[1]  # in onnxruntime, on the written model
+
+
+def _kl(teacher: np.ndarray, student: np.ndarray) -> float:
+    """Mean KL(softmax(teacher) || softmax(student)) over the rows, in float64 numpy."""
+    lt, ls = (a - np.logaddexp.reduce(a, axis=1, keepdims=True) for a in (teacher.astype(float), student.astype(float)))
+    return float((np.exp(lt) * (lt - ls)).sum(axis=1).mean())
+
+
+def test_written_model_is_judged_in_onnxruntime_on_unpicked_samples(tiny, student) -> None:
+    """The report's verdict is the written model's KL to the teacher in onnxruntime, on held-out samples
+    that picked no checkpoint."""
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block"))
+    pick, verdict = halves(split(len(tiny.x), 0.2)[1])
+    assert (report.samples_held, report.samples_verdict) == (len(pick) + len(verdict), len(verdict))
+    assert not set(pick) & set(verdict) and len(verdict) >= 2
+    x = tiny.x[verdict]
+    (teacher,) = run(tiny.model, input=x)
+    assert report.before == pytest.approx(_kl(teacher, run(student, input=x)[0]), rel=1e-6)
+    assert report.after == pytest.approx(_kl(teacher, run(model, input=x)[0]), rel=1e-6)
+    assert report.improved and report.after < report.before
+
+
+def test_a_broken_write_back_is_refused(tiny, student, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Weights that do not reach the written model: recover raises, naming the error and the tolerance."""
+    monkeypatch.setattr(onnxprune.recovery, "write_back", lambda model, net: model)
+    with pytest.raises(OnnxPruneError, match=r"differs from the trained weights by \S+ .* tolerance 1e-04"):
+        recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block"))
 
 
 @pytest.mark.parametrize("segments", [1, 0])

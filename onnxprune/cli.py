@@ -362,7 +362,9 @@ def _print_recovery(r: RecoverReport) -> None:
     verdict = ("kept the recovered weights" if r.improved else
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
     held = "given apart" if r.held_unseen else "split off the calibration set"
-    console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_held} samples ({held}; "
+    picked = r.samples_held - r.samples_verdict
+    console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
+                  f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
 
 
@@ -390,10 +392,11 @@ def recover_cmd(
     mix: Annotated[str, typer.Option(
         help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")] = "mixup",
     holdout: Annotated[float, typer.Option(
-        help="Fraction of the calibration samples held out to pick checkpoints and judge the result.")] = 0.2,
+        help="Fraction of the calibration samples held out: half pick each stage's checkpoint, the other half "
+             "judge the result.")] = 0.2,
     held_subset: Annotated[Optional[str], typer.Option(
-        help="Instead of --holdout: these samples of the --calib source (same syntax as --subset) pick checkpoints "
-             "and judge the result, and every --subset sample trains. Give samples the pruner did not see: on "
+        help="Instead of --holdout: these samples of the --calib source (same syntax as --subset), split in two "
+             "halves as with --holdout, pick checkpoints and judge the result, and every --subset sample trains. Give samples the pruner did not see: on "
              "its own calibration samples a pruned model looks better than it is.")] = None,
     train: Annotated[str, typer.Option(
         help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "

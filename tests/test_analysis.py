@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnx
 import pytest
@@ -134,9 +132,8 @@ def test_vgg11_conv_stack(zoo) -> None:
     _check_vgg(zoo.analysis("vgg11_features").groups, "/classifier/classifier.0/Gemm")
 
 
-@pytest.mark.skipif(not os.environ.get("ONNXPRUNE_SLOW_TESTS"),
-                    reason="full VGG-11 (4096-wide classifier) takes 20-60 s: set ONNXPRUNE_SLOW_TESTS=1 to run it")
 def test_vgg11_full(zoo) -> None:
+    """The whole VGG-11 (4096-wide classifier, 133M parameters: the suite's slowest analysis)."""
     groups = zoo.analysis("vgg11").groups
     _check_vgg(groups, "/classifier/classifier.0/Gemm")
     assert by_producer(groups, "/classifier/classifier.0/Gemm").prunable

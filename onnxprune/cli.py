@@ -20,9 +20,7 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import load_model, resolve_input_shapes, specialise_inputs
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import (
-    ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, LatencyReport, compress,
-)
+from onnxprune.compress import CompressOptions, LatencyReport, compress
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
 from onnxprune.deploy.cost import format_ms, parse_latency
@@ -31,8 +29,7 @@ from onnxprune.deploy.export import (
 )
 from onnxprune.evaluate import evaluate, format_table
 from onnxprune.fileio import atomic_write, check_output
-from onnxprune.recovery import METHODS as RECOVER_METHODS, TRAIN, RecoverOptions, RecoverReport, recover
-from onnxprune.recovery.augment import MIXES
+from onnxprune.recovery import RecoverOptions, RecoverReport, recover
 from onnxprune.runtime.ort import InputSpec, model_input_specs
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -233,19 +230,8 @@ def compress_cmd(
             raise OnnxPruneError(f"--latency-batch {latency_batch} / --threads {threads} must be at least 1")
         if target_ratio is not None and not 0 < target_ratio < 1:
             raise TargetError(f"--target-ratio {target_ratio} must lie strictly between 0 and 1")
-        for name, value, allowed in (("method", method, METHODS), ("target", target, TARGETS),
-                                     ("reconstruct", reconstruct, RECONSTRUCTIONS),
-                                     ("allocation", allocation, ALLOCATIONS)):
-            if value not in allowed:
-                raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
         if recover_held_subset is not None and recover_steps < 1:
             raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-        onnx_model = specialise_inputs(load_model(model), input_shape, str(model))
-        specs = model_input_specs(onnx_model)
-        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
-        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
-        held = None if recover_held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
-                                                                         subset=recover_held_subset)
         options = CompressOptions(
             target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
             method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
@@ -253,6 +239,12 @@ def compress_cmd(
             target_latency_ratio=latency_ratio, latency_batch=latency_batch, threads=threads,
             cost_table=cost_table and str(cost_table), save_cost_table=save_cost_table and str(save_cost_table),
         )
+        onnx_model = specialise_inputs(load_model(model), input_shape, str(model))
+        specs = model_input_specs(onnx_model)
+        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
+        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
+        held = None if recover_held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
+                                                                         subset=recover_held_subset)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True,
                       disable=not err_console.is_terminal) as progress:
@@ -425,15 +417,10 @@ def recover_cmd(
         if output.resolve() in (model.resolve(), teacher.resolve()):
             raise OutputError(f"output {output} is an input model: choose another -o path")
         _check_outputs((output, "-o"), (report, "--report"), inputs=[model, teacher])
-        if train not in TRAIN:
-            raise OnnxPruneError(f"--train {train!r} is not one of {', '.join(TRAIN)}")
-        if method not in RECOVER_METHODS:
-            raise OnnxPruneError(f"--method {method!r} is not one of {', '.join(RECOVER_METHODS)}")
-        if mix not in MIXES:
-            raise OnnxPruneError(f"--mix {mix!r} is not one of {', '.join(MIXES)}")
-        if min(steps, distill_steps, distill_views) < 1 or distill_segments < 0:
-            raise OnnxPruneError(f"--steps {steps}, --distill-steps {distill_steps} and --distill-views "
-                                 f"{distill_views} must be at least 1, --distill-segments {distill_segments} at least 0")
+        options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
+                                 distill_segments=distill_segments, distill_views=distill_views,
+                                 mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
+                                 pull=pull, seed=seed, provider=provider)
         student = specialise_inputs(load_model(model), input_shape, str(model))
         teacher_model = specialise_inputs(load_model(teacher), input_shape, str(teacher))
         specs = model_input_specs(teacher_model)
@@ -441,10 +428,6 @@ def recover_cmd(
         data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
         held = None if held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
                                                                  subset=held_subset)
-        options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
-                                 distill_segments=distill_segments, distill_views=distill_views,
-                                 mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
-                                 pull=pull, seed=seed, provider=provider)
         result_model, result = _recover(student, teacher_model, data, options, held)
         atomic_write(output, lambda tmp: onnx.save(result_model, str(tmp)), refuse=[model, teacher])
         if report is not None:

@@ -7,6 +7,9 @@ import pytest
 from onnxprune.compress import CompressOptions
 from onnxprune.errors import OnnxPruneError
 from onnxprune.recovery import RecoverOptions
+from onnxprune.strategies import (
+    MACs, Latency, Local, Ratio, Refit, Scale, named, options_from,
+)
 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
@@ -28,3 +31,32 @@ def test_compress_options_refuse_unknown_strategies(field: str, value: str, choi
 def test_recover_options_refuse_unknown_strategies(field: str, value: str, choices: str) -> None:
     with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
         RecoverOptions(**{field: value})
+
+
+@pytest.mark.parametrize(("build", "words"), [
+    (lambda: Ratio(1.0), "strictly between 0 and 1"),
+    (lambda: Ratio(0), "strictly between 0 and 1"),
+    (lambda: MACs(0), "must be positive"),
+    (lambda: Latency(), "exactly one of ms=... or ratio=..."),
+    (lambda: Latency(ms=2.0, batch=0), "--latency-batch 0"),
+    (lambda: Local("papr"), "target 'papr' is not one of original, paper"),
+    (lambda: Scale(ridge=-1.0), "at least 0"),
+    (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), L1(), Random()"),
+    (lambda: options_from(Ratio(0.5), allocate=Refit()), "give one of Epsilon(), Uniform(), Curve()"),
+    (lambda: options_from(Ratio(0.5), method="omp"), "compress option(s) method are not among"),
+    (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, l1, random"),
+])
+def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:
+    with pytest.raises(OnnxPruneError) as info:
+        build()
+    assert words in str(info.value)
+
+
+def test_strategies_map_to_the_options_the_cli_names() -> None:
+    assert options_from(Ratio(0.6)) == CompressOptions(target_ratio=0.6)
+    assert options_from(MACs(2e6), *named("local", "uniform", "scale", target="paper"), round_to=1) == \
+        CompressOptions(target_macs=2e6, method="local", target="paper", allocation="uniform", reconstruct="scale",
+                        round_to=1)
+    assert options_from(Latency(ratio=0.8, batch=4, threads=2), *named("random", "curve", "none", seed=3)) == \
+        CompressOptions(target_latency_ratio=0.8, latency_batch=4, threads=2, method="random", allocation="curve",
+                        reconstruct="none", seed=3)

@@ -1,8 +1,19 @@
-"""The Python API: options and strategies validated when built, naming the valid choices."""
+"""The Python API: options and strategies validated when built, naming the valid choices; ``onnxprune.compress``
+on the tiny model, the same weights as the CLI; ``Result.save`` atomic."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
 import pytest
+from onnx import numpy_helper
+from typer.testing import CliRunner
+
+import onnxprune
+from onnxprune.cli import app
 
 from onnxprune.compress import CompressOptions
 from onnxprune.errors import OnnxPruneError
@@ -60,3 +71,53 @@ def test_strategies_map_to_the_options_the_cli_names() -> None:
     assert options_from(Latency(ratio=0.8, batch=4, threads=2), *named("random", "curve", "none", seed=3)) == \
         CompressOptions(target_latency_ratio=0.8, latency_batch=4, threads=2, method="random", allocation="curve",
                         reconstruct="none", seed=3)
+
+
+# ---------------------------------------------------------------- onnxprune.compress on the tiny model
+
+def test_compress_from_paths_meets_the_budget_and_runs(tiny) -> None:
+    result = onnxprune.compress(tiny.path, tiny.calib, budget=Ratio(0.6))
+    assert result.report.macs_after <= 0.6 * result.report.macs_before
+    assert result.report.layers and result.report.calibration_samples == 64
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"input": np.zeros((2, 3, 32, 32), np.float32)})[0].shape == (2, 10)
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize(("flags", "strategies"), [
+    ([], {}),
+    (["--method", "local", "--reconstruct", "scale"], {"select": Local(), "reconstruct": Scale()}),
+])
+def test_compress_on_arrays_gives_the_cli_model_bit_for_bit(tiny, tmp_path: Path, flags, strategies) -> None:
+    out = tmp_path / "cli.onnx"
+    cli = CliRunner().invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                   "--target-ratio", "0.6", *flags])
+    assert cli.exit_code == 0, cli.stderr
+    result = onnxprune.compress(onnx.load(str(tiny.path)), {"input": tiny.x.copy()}, budget=Ratio(0.6),
+                                **strategies)
+    expected = _weights(onnx.load(str(out)))
+    assert expected.keys() == _weights(result.model).keys()
+    assert _weights(result.model) == expected
+
+
+def test_result_save_is_atomic(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = onnxprune.Result(onnx.load(str(tiny.path)), None)
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"the previous file")
+
+    def fail(model, path) -> None:
+        Path(path).write_bytes(b"half a model")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx, "save", fail)
+    with pytest.raises(OSError, match="disk full"):
+        result.save(out)
+    assert out.read_bytes() == b"the previous file" and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    monkeypatch.undo()
+    assert result.save(out) == out
+    assert onnx.load(str(out)) == result.model and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    with pytest.raises(OnnxPruneError, match="would overwrite the input"):
+        result.save(out, refuse=[out])

@@ -1,3 +1,33 @@
-"""onnxprune: channel pruning of ONNX CNNs by greedy local imitation."""
+"""onnxprune: channel pruning of ONNX CNNs by greedy local imitation.
+
+The Python API (the CLI parses its flags into the same calls)::
+
+    import onnxprune
+    from onnxprune.strategies import Ratio
+
+    result = onnxprune.compress("model.onnx", "calib.npy", budget=Ratio(0.6))
+    result.save("pruned.onnx")
+
+``analyze``, ``compress``, ``recover`` and ``evaluate`` take a model path or an ``onnx.ModelProto``;
+calibration data is what ``--calib`` accepts, or arrays. The strategies (budgets, selectors, allocators,
+reconstructions) are in ``onnxprune.strategies``. Note: ``onnxprune.compress`` and ``onnxprune.evaluate``
+are these functions; their modules are reached by ``from onnxprune.compress import ...``.
+"""
+
+from onnxprune.api import Result, analyze, calibration, compress, load, recover
+from onnxprune.calib.images import Preprocess
+from onnxprune.calib.sources import preprocess_for
+from onnxprune.errors import OnnxPruneError, OptionError
+from onnxprune.evaluate import EvalResult, evaluate
+from onnxprune.recovery import RecoverOptions
+from onnxprune.strategies import (
+    L1, MACs, OMP, Curve, Epsilon, Global, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Uniform,
+)
 
 __version__ = "0.1.0"
+
+__all__ = [
+    "L1", "MACs", "OMP", "Curve", "EvalResult", "Epsilon", "Global", "Latency", "Local", "NoRefit", "OnnxPruneError",
+    "OptionError", "Preprocess", "Random", "Ratio", "RecoverOptions", "Refit", "Result", "Scale", "Uniform",
+    "analyze", "calibration", "compress", "evaluate", "load", "preprocess_for", "recover",
+]

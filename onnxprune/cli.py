@@ -16,13 +16,11 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import load_model, resolve_input_shapes, specialise_inputs
+from onnxprune import api
+from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import (
-    ALLOCATIONS, METHODS, RECONSTRUCTIONS, TARGETS, CompressOptions, LatencyReport, compress,
-)
+from onnxprune.calib.sources import preprocess_for
+from onnxprune.compress import LatencyReport
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
 from onnxprune.deploy.cost import format_ms, parse_latency
@@ -30,9 +28,9 @@ from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
 from onnxprune.evaluate import evaluate, format_table
-from onnxprune.fileio import atomic_write, check_output
-from onnxprune.recovery import METHODS as RECOVER_METHODS, TRAIN, RecoverOptions, RecoverReport, recover
-from onnxprune.recovery.augment import MIXES
+from onnxprune.fileio import atomic_write, check_output, save_model
+from onnxprune.recovery import RecoverOptions, RecoverReport
+from onnxprune.strategies import MACs, Latency, Ratio, named
 from onnxprune.runtime.ort import InputSpec, model_input_specs
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -62,22 +60,15 @@ def parse_count(text: str) -> float:
 
 def _preprocess(resize: int | None, crop: int | None, mean: str, std: str, layout: str, bgr: bool,
                 specs: list[InputSpec] | None = None) -> Preprocess:
-    """The image preprocessing; without --crop, the crop is the input's static H,W in ``specs`` (else 224),
-    and without --resize the short side is resized to crop·256/224 (ImageNet's 256 → 224)."""
+    """The image preprocessing of the flags (see ``preprocess_for``)."""
     def floats(text: str) -> tuple[float, ...]:
         try:
             return tuple(float(v) for v in text.split(","))
         except ValueError:
             raise OnnxPruneError(f"cannot read {text!r} as comma-separated numbers (e.g. 0.485,0.456,0.406)") from None
 
-    size: int | tuple[int, int] = crop or 224
-    if crop is None and specs is not None and len(specs) == 1 and len(specs[0][1]) == 4:
-        hw = specs[0][1][2:4] if layout == "nchw" else specs[0][1][1:3]
-        if all(isinstance(d, int) and d > 0 for d in hw):
-            size = hw[0] if hw[0] == hw[1] else (hw[0], hw[1])
-    if resize is None:
-        resize = round(min(size if isinstance(size, tuple) else (size,)) * 256 / 224)
-    return Preprocess(resize=resize, crop=size, mean=floats(mean), std=floats(std), layout=layout, bgr=bgr)
+    return preprocess_for(specs or [], resize=resize, crop=crop, mean=floats(mean), std=floats(std), layout=layout,
+                          bgr=bgr)
 
 
 def _with_shapes(specs: list[InputSpec], input_shape: list[str] | None, source: str) -> list[InputSpec]:
@@ -131,7 +122,7 @@ def analyze_cmd(
 
     Dynamic input dims other than the batch need --input-shape (the MACs depend on them)."""
     try:
-        result = analyze(specialise_inputs(load_model(model), input_shape, str(model)))
+        result = api.analyze(model, input_shape)
     except OnnxPruneError as exc:
         _fail(str(exc))
     if as_json:
@@ -229,30 +220,17 @@ def compress_cmd(
         latency_ms, latency_ratio = parse_latency(target_latency) if target_latency else (None, None)
         if (cost_table or save_cost_table) and not target_latency:
             raise TargetError("--cost-table and --save-cost-table go with --target-latency")
-        if latency_batch < 1 or (threads is not None and threads < 1):
-            raise OnnxPruneError(f"--latency-batch {latency_batch} / --threads {threads} must be at least 1")
-        if target_ratio is not None and not 0 < target_ratio < 1:
-            raise TargetError(f"--target-ratio {target_ratio} must lie strictly between 0 and 1")
-        for name, value, allowed in (("method", method, METHODS), ("target", target, TARGETS),
-                                     ("reconstruct", reconstruct, RECONSTRUCTIONS),
-                                     ("allocation", allocation, ALLOCATIONS)):
-            if value not in allowed:
-                raise OnnxPruneError(f"--{name} {value!r} is not one of {', '.join(allowed)}")
         if recover_held_subset is not None and recover_steps < 1:
             raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-        onnx_model = specialise_inputs(load_model(model), input_shape, str(model))
-        specs = model_input_specs(onnx_model)
-        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
-        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
-        held = None if recover_held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
-                                                                         subset=recover_held_subset)
-        options = CompressOptions(
-            target_macs=parse_count(target_flops) if target_flops else None, target_ratio=target_ratio,
-            method=method, target=target, reconstruct=reconstruct, allocation=allocation, batch_size=batch_size, provider=provider,
-            seed=seed, round_to=round_to, best_effort=best_effort, target_latency_ms=latency_ms,
-            target_latency_ratio=latency_ratio, latency_batch=latency_batch, threads=threads,
-            cost_table=cost_table and str(cost_table), save_cost_table=save_cost_table and str(save_cost_table),
-        )
+        budget = (MACs(parse_count(target_flops)) if target_flops else Ratio(target_ratio) if target_ratio is not None
+                  else Latency(latency_ms, latency_ratio, latency_batch, threads, cost_table and str(cost_table),
+                               save_cost_table and str(save_cost_table)))
+        select, allocate, refit = named(method, allocation, reconstruct, target, seed)
+        onnx_model = api.load(model, input_shape)
+        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, model_input_specs(onnx_model))
+        data = api.calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)
+        held = None if recover_held_subset is None else api.calibration(calib, onnx_model, preprocess,
+                                                                        subset=recover_held_subset)
         with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                       TimeElapsedColumn(), console=err_console, transient=True,
                       disable=not err_console.is_terminal) as progress:
@@ -261,13 +239,16 @@ def compress_cmd(
             def on_layer(i: int, total: int, label: str) -> None:
                 progress.update(task, completed=i, total=total, description=label)
 
-            pruned, result = compress(onnx_model, data, options, on_layer)
+            outcome = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
+                                   reconstruct=refit, round_to=round_to, batch_size=batch_size, provider=provider,
+                                   best_effort=best_effort, on_layer=on_layer)
+        pruned, result = outcome.model, outcome.report
         recovery = None
         if recover_steps > 0:
             pruned, recovery = _recover(pruned, onnx_model, data,
                                         RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider,
                                                        seed=seed), held)
-        atomic_write(output, lambda tmp: onnx.save(pruned, str(tmp)), refuse=[model])
+        save_model(pruned, output, refuse=[model])
         if report is not None:
             _write_json(report, {**result.to_dict(), "recovery": recovery and recovery.to_dict()})
     except OnnxPruneError as exc:
@@ -341,7 +322,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: 
             progress.update(task, completed=step, total=total,
                             description=f"{label} (held-out loss {held:.4f})" if held is not None else label)
 
-        return recover(student, teacher, data, options, on_progress, held)
+        result = api.recover(student, teacher, data, options=options, held=held, on_progress=on_progress)
+        return result.model, result.report
 
 
 def _print_recovery(r: RecoverReport) -> None:
@@ -425,28 +407,16 @@ def recover_cmd(
         if output.resolve() in (model.resolve(), teacher.resolve()):
             raise OutputError(f"output {output} is an input model: choose another -o path")
         _check_outputs((output, "-o"), (report, "--report"), inputs=[model, teacher])
-        if train not in TRAIN:
-            raise OnnxPruneError(f"--train {train!r} is not one of {', '.join(TRAIN)}")
-        if method not in RECOVER_METHODS:
-            raise OnnxPruneError(f"--method {method!r} is not one of {', '.join(RECOVER_METHODS)}")
-        if mix not in MIXES:
-            raise OnnxPruneError(f"--mix {mix!r} is not one of {', '.join(MIXES)}")
-        if min(steps, distill_steps, distill_views) < 1 or distill_segments < 0:
-            raise OnnxPruneError(f"--steps {steps}, --distill-steps {distill_steps} and --distill-views "
-                                 f"{distill_views} must be at least 1, --distill-segments {distill_segments} at least 0")
-        student = specialise_inputs(load_model(model), input_shape, str(model))
-        teacher_model = specialise_inputs(load_model(teacher), input_shape, str(teacher))
-        specs = model_input_specs(teacher_model)
-        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, specs)
-        data = load_calibration(calib, specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
-        held = None if held_subset is None else load_calibration(calib, specs, preprocess=preprocess,
-                                                                 subset=held_subset)
         options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
                                  distill_segments=distill_segments, distill_views=distill_views,
                                  mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
                                  pull=pull, seed=seed, provider=provider)
+        student, teacher_model = api.load(model, input_shape), api.load(teacher, input_shape)
+        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, model_input_specs(teacher_model))
+        data = api.calibration(calib, teacher_model, preprocess, subset=subset, limit=limit, flip=flip)
+        held = None if held_subset is None else api.calibration(calib, teacher_model, preprocess, subset=held_subset)
         result_model, result = _recover(student, teacher_model, data, options, held)
-        atomic_write(output, lambda tmp: onnx.save(result_model, str(tmp)), refuse=[model, teacher])
+        save_model(result_model, output, refuse=[model, teacher])
         if report is not None:
             _write_json(report, result.to_dict())
     except OnnxPruneError as exc:

@@ -25,7 +25,7 @@ from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.deploy.cost import CostTable, measure_cost_table, median_latencies
-from onnxprune.errors import AnalysisError, CalibrationError, TargetError
+from onnxprune.errors import AnalysisError, CalibrationError, TargetError, check_choice
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
@@ -79,6 +79,11 @@ class CompressOptions:
     provider: str = "auto"
     seed: int = 0
     best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
+
+    def __post_init__(self) -> None:
+        for name, choices in (("method", METHODS), ("target", TARGETS), ("reconstruct", RECONSTRUCTIONS),
+                              ("allocation", ALLOCATIONS)):
+            check_choice(name, getattr(self, name), choices)
 
 
 @dataclass
@@ -513,8 +518,6 @@ def compress(
 ) -> tuple[onnx.ModelProto, CompressReport]:
     """Prune ``model`` to the options' MAC or latency budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
-    if options.method not in METHODS:
-        raise ValueError(f"method {options.method!r} not in {METHODS}")
     torch.manual_seed(options.seed)
     run = Compressor(model, calib, options)
     analysis = run.analysis

@@ -27,3 +27,14 @@ class TargetError(OnnxPruneError):
 
 class OutputError(OnnxPruneError):
     """The output path is invalid (e.g. equal to the input)."""
+
+
+class OptionError(OnnxPruneError, ValueError):
+    """An option is outside its choices or range (a ValueError too, as the library raised before)."""
+
+
+def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
+    """OptionError listing ``choices`` unless ``value`` is one of them; the flag is ``--name`` (dashes)."""
+    if value not in choices:
+        raise OptionError(f"{name} {value!r} is not one of {', '.join(choices)} "
+                          f"(--{name.replace('_', '-')} on the command line)")

@@ -7,6 +7,8 @@ import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
+import onnx
+
 from onnxprune.errors import OutputError
 
 
@@ -46,3 +48,8 @@ def atomic_write(out_path: Path, write, refuse: Iterable[Path] = ()) -> Path:
         if os.path.exists(tmp):
             os.unlink(tmp)
     return out_path
+
+
+def save_model(model: onnx.ModelProto, out_path: Path, refuse: Iterable[Path] = ()) -> Path:
+    """Write ``model`` to ``out_path`` atomically (see ``atomic_write``)."""
+    return atomic_write(out_path, lambda tmp: onnx.save(model, str(tmp)), refuse=refuse)

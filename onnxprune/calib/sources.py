@@ -12,11 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from onnxprune.calib.images import Preprocess, list_images, open_image, select
+from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, list_images, open_image, select
 from onnxprune.errors import CalibrationError
 from onnxprune.runtime.ort import InputSpec
 
-SOURCE_FORMS = "an image folder, a .npy/.npz file, 'path/to/file.py:fn' or 'package.module:fn'"
+SOURCE_FORMS = ("an image folder, a .npy/.npz file, 'path/to/file.py:fn', 'package.module:fn', or an array "
+                "(dict of arrays)")
 
 
 class CalibrationSet(ABC):
@@ -111,8 +112,9 @@ def load_calibration(
 
     ``spec`` is an image folder, a ``.npy`` (single input) or ``.npz`` (keys = input names) file,
     ``"path/to/file.py:fn"`` / ``"package.module:fn"`` (a callable returning an iterable of arrays
-    or dicts of arrays, each one sample or a batch), or an object with ``get_next()`` (an
-    onnxruntime CalibrationDataReader). ``subset`` (see ``select``) then ``limit`` (first N) pick
+    or dicts of arrays, each one sample or a batch), an object with ``get_next()`` (an
+    onnxruntime CalibrationDataReader), or samples in memory: an array (single input) or a dict of
+    arrays (keys = input names), the first dim counting samples. ``subset`` (see ``select``) then ``limit`` (first N) pick
     samples; ``flip`` (image folders only) adds each image's horizontal mirror.
     """
     if isinstance(spec, (str, Path)) and Path(spec).is_dir():
@@ -122,6 +124,13 @@ def load_calibration(
         raise CalibrationError(f"flip applies to image folders only, not {spec}: drop --flip")
     if hasattr(spec, "get_next"):
         return _python_set(lambda: iter(spec.get_next, None), type(spec).__name__, input_specs, subset, limit)
+    if isinstance(spec, np.ndarray):
+        spec = {_single_input(input_specs, "an array")[0]: spec}
+    if isinstance(spec, Mapping):
+        _require_keys(spec.keys(), input_specs, "the arrays")
+        arrays = {name: np.asarray(spec[name]) for name, _, _ in input_specs}
+        _check_arrays(arrays, input_specs, "the arrays")
+        return _array_set(arrays, input_specs, subset, limit, "the arrays")
     if not isinstance(spec, (str, Path)):
         raise CalibrationError(f"unsupported calibration source {type(spec).__name__}: give {SOURCE_FORMS}")
     if Path(spec).suffix.lower() in (".npy", ".npz"):
@@ -130,6 +139,24 @@ def load_calibration(
     if not sep or not target or not fn_name:
         raise CalibrationError(f"calibration source {spec} not found: give {SOURCE_FORMS}")
     return _python_set(_load_callable(target, fn_name), str(spec), input_specs, subset, limit)
+
+
+def preprocess_for(
+    input_specs: list[InputSpec], *, resize: int | None = None, crop: int | None = None,
+    mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD, layout: str = "nchw",
+    bgr: bool = False,
+) -> Preprocess:
+    """The image preprocessing for a model with inputs ``input_specs``: without ``crop``, the crop is the
+    single input's static H,W (else 224), and without ``resize`` the short side is resized to crop·256/224
+    (ImageNet's 256 → 224)."""
+    size: int | tuple[int, int] = crop or 224
+    if crop is None and len(input_specs) == 1 and len(input_specs[0][1]) == 4:
+        hw = input_specs[0][1][2:4] if layout == "nchw" else input_specs[0][1][1:3]
+        if all(isinstance(d, int) and d > 0 for d in hw):
+            size = hw[0] if hw[0] == hw[1] else (hw[0], hw[1])
+    if resize is None:
+        resize = round(min(size if isinstance(size, tuple) else (size,)) * 256 / 224)
+    return Preprocess(resize=resize, crop=size, mean=mean, std=std, layout=layout, bgr=bgr)
 
 
 def _check_limit(limit: int | None) -> None:

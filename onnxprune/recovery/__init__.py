@@ -35,7 +35,7 @@ import torch
 
 from onnxprune.analysis.graph import import_graph, infer_shapes
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.errors import CalibrationError, OnnxPruneError
+from onnxprune.errors import CalibrationError, OnnxPruneError, OptionError, check_choice
 from onnxprune.recovery.augment import MIXES, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
@@ -79,14 +79,13 @@ class RecoverOptions:
         return torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
                             "cpu" if self.device == "auto" else self.device)
 
-    def check(self) -> None:
-        for name, value, allowed in (("method", self.method, METHODS), ("train", self.train, TRAIN),
-                                     ("mix", self.mix, MIXES), ("layout", self.layout, ("nchw", "nhwc"))):
-            if value not in allowed:
-                raise ValueError(f"{name} {value!r} not in {allowed}")
-        if self.distill_segments < 0 or self.distill_views < 1:
-            raise ValueError(f"distill_segments {self.distill_segments} must be >= 0 and distill_views "
-                             f"{self.distill_views} >= 1")
+    def __post_init__(self) -> None:
+        for name, choices in (("method", METHODS), ("train", TRAIN), ("mix", MIXES), ("layout", ("nchw", "nhwc"))):
+            check_choice(name, getattr(self, name), choices)
+        if min(self.steps, self.distill_steps, self.distill_views) < 1 or self.distill_segments < 0:
+            raise OptionError(f"--steps {self.steps}, --distill-steps {self.distill_steps} and --distill-views "
+                              f"{self.distill_views} must be at least 1, --distill-segments {self.distill_segments} "
+                              "at least 0")
 
 
 @dataclass
@@ -331,7 +330,6 @@ def recover(
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
     ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``)."""
-    options.check()
     start_time = time.perf_counter()
     torch.manual_seed(options.seed)
     torch.set_num_threads(os.cpu_count() or 1)

@@ -1,0 +1,123 @@
+"""The Python API: options and strategies validated when built, naming the valid choices; ``onnxprune.compress``
+on the tiny model, the same weights as the CLI; ``Result.save`` atomic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import numpy_helper
+from typer.testing import CliRunner
+
+import onnxprune
+from onnxprune.cli import app
+
+from onnxprune.compress import CompressOptions
+from onnxprune.errors import OnnxPruneError
+from onnxprune.recovery import RecoverOptions
+from onnxprune.strategies import (
+    MACs, Latency, Local, Ratio, Refit, Scale, named, options_from,
+)
+
+
+@pytest.mark.parametrize(("field", "value", "choices"), [
+    ("reconstruct", "ful", "none, scale, full"),
+    ("allocation", "unifrom", "uniform, epsilon, curve"),
+    ("method", "magic", "local, omp, global, l1, random"),
+    ("target", "papers", "original, paper"),
+])
+def test_compress_options_refuse_unknown_strategies(field: str, value: str, choices: str) -> None:
+    with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
+        CompressOptions(target_ratio=0.5, **{field: value})
+
+
+@pytest.mark.parametrize(("field", "value", "choices"), [
+    ("method", "blocks", "block\\+distill, block, distill"),
+    ("train", "all", "segment, changed"),
+    ("mix", "mixin", "mixup, cutmix, none"),
+])
+def test_recover_options_refuse_unknown_strategies(field: str, value: str, choices: str) -> None:
+    with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
+        RecoverOptions(**{field: value})
+
+
+@pytest.mark.parametrize(("build", "words"), [
+    (lambda: Ratio(1.0), "strictly between 0 and 1"),
+    (lambda: Ratio(0), "strictly between 0 and 1"),
+    (lambda: MACs(0), "must be positive"),
+    (lambda: Latency(), "exactly one of ms=... or ratio=..."),
+    (lambda: Latency(ms=2.0, batch=0), "--latency-batch 0"),
+    (lambda: Local("papr"), "target 'papr' is not one of original, paper"),
+    (lambda: Scale(ridge=-1.0), "at least 0"),
+    (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), L1(), Random()"),
+    (lambda: options_from(Ratio(0.5), allocate=Refit()), "give one of Epsilon(), Uniform(), Curve()"),
+    (lambda: options_from(Ratio(0.5), method="omp"), "compress option(s) method are not among"),
+    (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, l1, random"),
+])
+def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:
+    with pytest.raises(OnnxPruneError) as info:
+        build()
+    assert words in str(info.value)
+
+
+def test_strategies_map_to_the_options_the_cli_names() -> None:
+    assert options_from(Ratio(0.6)) == CompressOptions(target_ratio=0.6)
+    assert options_from(MACs(2e6), *named("local", "uniform", "scale", target="paper"), round_to=1) == \
+        CompressOptions(target_macs=2e6, method="local", target="paper", allocation="uniform", reconstruct="scale",
+                        round_to=1)
+    assert options_from(Latency(ratio=0.8, batch=4, threads=2), *named("random", "curve", "none", seed=3)) == \
+        CompressOptions(target_latency_ratio=0.8, latency_batch=4, threads=2, method="random", allocation="curve",
+                        reconstruct="none", seed=3)
+
+
+# ---------------------------------------------------------------- onnxprune.compress on the tiny model
+
+def test_compress_from_paths_meets_the_budget_and_runs(tiny) -> None:
+    result = onnxprune.compress(tiny.path, tiny.calib, budget=Ratio(0.6))
+    assert result.report.macs_after <= 0.6 * result.report.macs_before
+    assert result.report.layers and result.report.calibration_samples == 64
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"input": np.zeros((2, 3, 32, 32), np.float32)})[0].shape == (2, 10)
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, bytes]:
+    return {t.name: numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
+
+
+@pytest.mark.parametrize(("flags", "strategies"), [
+    ([], {}),
+    (["--method", "local", "--reconstruct", "scale"], {"select": Local(), "reconstruct": Scale()}),
+])
+def test_compress_on_arrays_gives_the_cli_model_bit_for_bit(tiny, tmp_path: Path, flags, strategies) -> None:
+    out = tmp_path / "cli.onnx"
+    cli = CliRunner().invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                   "--target-ratio", "0.6", *flags])
+    assert cli.exit_code == 0, cli.stderr
+    result = onnxprune.compress(onnx.load(str(tiny.path)), {"input": tiny.x.copy()}, budget=Ratio(0.6),
+                                **strategies)
+    expected = _weights(onnx.load(str(out)))
+    assert expected.keys() == _weights(result.model).keys()
+    assert _weights(result.model) == expected
+
+
+def test_result_save_is_atomic(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = onnxprune.Result(onnx.load(str(tiny.path)), None)
+    out = tmp_path / "m.onnx"
+    out.write_bytes(b"the previous file")
+
+    def fail(model, path) -> None:
+        Path(path).write_bytes(b"half a model")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(onnx, "save", fail)
+    with pytest.raises(OSError, match="disk full"):
+        result.save(out)
+    assert out.read_bytes() == b"the previous file" and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    monkeypatch.undo()
+    assert result.save(out) == out
+    assert onnx.load(str(out)) == result.model and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    with pytest.raises(OnnxPruneError, match="would overwrite the input"):
+        result.save(out, refuse=[out])

@@ -144,6 +144,7 @@ def main() -> None:
                 seconds.append(rep["seconds"])
                 macs.append(rep["macs_after"])
                 pruned.unlink()
+                report.unlink()
             rows.append({"target": target, "variant": variant, "flags": flags, "macs": max(macs),
                          "compress_seconds": float(np.mean(seconds)), **pool(results)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)

@@ -39,7 +39,7 @@ from common import DEFAULT_DATA, original_model
 from common import run as run_cmd
 from onnxprune.analysis import consumers
 from onnxprune.calib.sources import ArraySet, CalibrationSet, load_calibration
-from onnxprune.compress import CompressOptions, Compressor, schedule
+from onnxprune.pipeline import CompressOptions, Compressor, schedule
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local, loss

@@ -10,15 +10,15 @@ The Python API (the CLI parses its flags into the same calls)::
 
 ``analyze``, ``compress``, ``recover`` and ``evaluate`` take a model path or an ``onnx.ModelProto``;
 calibration data is what ``--calib`` accepts, or arrays. The strategies (budgets, selectors, allocators,
-reconstructions) are in ``onnxprune.strategies``. Note: ``onnxprune.compress`` and ``onnxprune.evaluate``
-are these functions; their modules are reached by ``from onnxprune.compress import ...``.
+reconstructions) are in ``onnxprune.strategies``. The pruning loop itself is
+``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
 """
 
 from onnxprune.api import Result, analyze, calibration, compress, load, recover
 from onnxprune.calib.images import Preprocess
 from onnxprune.calib.sources import preprocess_for
 from onnxprune.errors import OnnxPruneError, OptionError
-from onnxprune.evaluate import EvalResult, evaluate
+from onnxprune.evaluation import EvalResult, evaluate
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
     L1, MACs, OMP, Curve, Epsilon, Global, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Uniform,

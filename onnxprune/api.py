@@ -17,7 +17,7 @@ from onnxprune.analysis import Analysis, analyze as _analyze
 from onnxprune.analysis.graph import load_model, specialise_inputs
 from onnxprune.calib.images import Preprocess
 from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for
-from onnxprune.compress import CompressReport, compress as _prune
+from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.errors import OptionError
 from onnxprune.fileio import save_model
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover

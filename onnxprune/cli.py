@@ -20,14 +20,14 @@ from onnxprune import api
 from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import preprocess_for
-from onnxprune.compress import LatencyReport
+from onnxprune.pipeline import LatencyReport
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import bench_many, format_bench_table
 from onnxprune.deploy.cost import format_ms, parse_latency
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
-from onnxprune.evaluate import evaluate, format_table
+from onnxprune.evaluation import evaluate, format_table
 from onnxprune.fileio import atomic_write, check_output, save_model
 from onnxprune.recovery import RecoverOptions, RecoverReport
 from onnxprune.strategies import MACs, Latency, Ratio, named

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from onnxprune.compress import TARGETS, CompressOptions
+from onnxprune.pipeline import TARGETS, CompressOptions
 from onnxprune.errors import OptionError, check_choice
 
 

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import CompressOptions, compress
+from onnxprune.pipeline import CompressOptions, compress
 from onnxprune.runtime.ort import model_input_specs
 
 OPSET = 17

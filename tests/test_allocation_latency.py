@@ -18,7 +18,7 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.cli import app
-from onnxprune.compress import CompressOptions, compress, schedule
+from onnxprune.pipeline import CompressOptions, compress, schedule
 from onnxprune.deploy.cost import (
     CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, parse_latency,
     this_machine, widths_to_time,

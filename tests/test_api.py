@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 import onnxprune
 from onnxprune.cli import app
 
-from onnxprune.compress import CompressOptions
+from onnxprune.pipeline import CompressOptions
 from onnxprune.errors import OnnxPruneError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (

@@ -108,7 +108,7 @@ def test_target_flops_with_suffix(files, tmp_path: Path) -> None:
 
 def test_best_effort_prunes_to_the_lowest_reachable_macs(files, tmp_path: Path) -> None:
     from onnxprune.allocation import lowest_macs
-    from onnxprune.compress import schedule
+    from onnxprune.pipeline import schedule
     from onnxprune.runtime.segments import Liveness
 
     analysis = analyze(onnx.load(str(files["tiny"])))
@@ -243,7 +243,7 @@ def test_error_message_keeps_brackets_in_paths(tmp_path: Path) -> None:
 def student(tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model pruned to 60% of its MACs."""
     from onnxprune.calib.sources import load_calibration
-    from onnxprune.compress import CompressOptions, compress
+    from onnxprune.pipeline import CompressOptions, compress
     from onnxprune.runtime.ort import model_input_specs
 
     pruned, _ = compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),

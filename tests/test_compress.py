@@ -11,7 +11,7 @@ import pytest
 from onnxprune.analysis import analyze
 from onnxprune.allocation import group_step
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import METHODS, RECONSTRUCTIONS, Compressor, CompressOptions, compress, schedule
+from onnxprune.pipeline import METHODS, RECONSTRUCTIONS, Compressor, CompressOptions, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from tests.onnx_builders import run, session

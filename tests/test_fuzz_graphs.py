@@ -13,7 +13,7 @@ import pytest
 
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import ArraySet
-from onnxprune.compress import CompressOptions, compress
+from onnxprune.pipeline import CompressOptions, compress
 from onnxprune.errors import OnnxPruneError
 from onnxprune.passes import slice_channels
 from tests.onnx_builders import GraphBuilder, export_graph, run

@@ -26,7 +26,8 @@ from models.vgg import VGG
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import CompressOptions, CompressReport, compress
+from onnxprune import pipeline
+from onnxprune.pipeline import CompressOptions, CompressReport, compress
 from onnxprune.runtime.ort import model_input_specs
 from tests.onnx_builders import TINY_INPUT, GraphBuilder, TinyMobileNet, export_torch, run
 
@@ -69,15 +70,14 @@ class Pruned:
         np.save(root / f"{name}.npy", self.x)
         calib = load_calibration(str(root / f"{name}.npy"), model_input_specs(self.original))
         self.kept: list[tuple[Group, np.ndarray]] = []
-        compress_module = importlib.import_module("onnxprune.compress")  # onnxprune.compress is the API function
-        slice_channels = compress_module.slice_channels
+        slice_channels = pipeline.slice_channels
 
         def spy(graph, group: Group, keep: np.ndarray):
             self.kept.append((group, np.sort(np.asarray(keep))))
             return slice_channels(graph, group, keep)
 
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(compress_module, "slice_channels", spy)
+            patch.setattr(pipeline, "slice_channels", spy)
             self.model, self.report = compress(self.original, calib, CompressOptions(
                 target_ratio=0.6, provider="cpu", round_to=1, batch_size=8))
 

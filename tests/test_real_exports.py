@@ -6,7 +6,6 @@ must reproduce the original's outputs in onnxruntime; a wrong slice, a mixed bat
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,8 @@ from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import specialise_inputs
 from onnxprune.calib.sources import load_calibration
-from onnxprune.compress import CompressOptions, compress
+from onnxprune import pipeline
+from onnxprune.pipeline import CompressOptions, compress
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.probe import fixed_batch
 from tests.onnx_builders import GraphBuilder, compress_dead, kill, run, same_outputs, session
@@ -253,15 +253,13 @@ def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
 def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the Gram budgets the statistics take every k-th position, counted across samples: inputs and
     targets must be thinned alike (a mismatch would leave the dead-channel model inexact or crash)."""
-    compress_module = importlib.import_module("onnxprune.compress")  # onnxprune.compress is the API function
-
-    monkeypatch.setattr(compress_module, "STATS_GRAM_MACS", 1_000_000)
-    monkeypatch.setattr(compress_module, "CURVE_GRAM_MACS", 500_000)
-    assert compress_module._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
+    monkeypatch.setattr(pipeline, "STATS_GRAM_MACS", 1_000_000)
+    monkeypatch.setattr(pipeline, "CURVE_GRAM_MACS", 500_000)
+    assert pipeline._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
     a = torch.arange(2 * 3 * 5).reshape(2, 3, 5)
     # per channel the positions are sample 0's five, then sample 1's: from 1 on, every 4th is 1, 5 and 9
-    assert compress_module._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
-    assert compress_module._thin(a, 1, 0) is a
+    assert pipeline._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
+    assert pipeline._thin(a, 1, 0) is a
     model = _detector("N", [0, 6, -1])
     pruned, _ = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
     same_outputs(pruned, model, (2, 3, 8, 8))

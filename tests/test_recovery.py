@@ -8,7 +8,7 @@ import pytest
 
 from onnxprune.analysis.graph import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
-from onnxprune.compress import CompressOptions, compress
+from onnxprune.pipeline import CompressOptions, compress
 import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split

@@ -3,6 +3,8 @@ on the tiny model, the same weights as the CLI; ``Result.save`` atomic."""
 
 from __future__ import annotations
 
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,8 @@ from typer.testing import CliRunner
 
 import onnxprune
 from onnxprune.cli import app
-
-from onnxprune.pipeline import CompressOptions
 from onnxprune.errors import OnnxPruneError
+from onnxprune.pipeline import CompressOptions
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
     MACs, Latency, Local, Ratio, Refit, Scale, named, options_from,
@@ -121,3 +122,16 @@ def test_result_save_is_atomic(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert onnx.load(str(out)) == result.model and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
     with pytest.raises(OnnxPruneError, match="would overwrite the input"):
         result.save(out, refuse=[out])
+
+
+def test_readme_python_api_example_runs(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's example, as written, on the tiny model (its files copied to the names it uses)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    (example,) = re.findall(r"## Python API.*?```python\n(.*?)```", readme, re.S)
+    shutil.copy(tiny.path, tmp_path / "tiny.onnx")
+    shutil.copy(tiny.calib, tmp_path / "calib.npy")
+    monkeypatch.chdir(tmp_path)
+    exec(compile(example, "README.md", "exec"), {})
+    pruned = onnx.load("tiny-pruned.onnx")
+    assert [i.name for i in pruned.graph.input] == ["input"] and len(pruned.graph.node) > 0
+    assert onnxprune.analyze(pruned).macs.total <= 0.6 * onnxprune.analyze(tiny.path).macs.total

@@ -154,6 +154,7 @@ def test_bad_inputs(tiny, zoo, student) -> None:
         recover(student, tiny.model, _calib(tiny, 0), RecoverOptions(**FAST))
     with pytest.raises(ValueError, match="method"):
         recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="finetune"))
-    for bad in ({"distill_views": 0}, {"distill_segments": -1}):
-        with pytest.raises(ValueError, match="distill_segments"):
-            recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, **bad))
+    for bad, words in (({"distill_views": 0}, "distill_views 0 must be at least 1"),
+                       ({"distill_segments": -1}, "distill_segments -1 must be at least 0")):
+        with pytest.raises(ValueError, match=words):  # when the options are built, before any work
+            RecoverOptions(**FAST, **bad)

@@ -82,10 +82,10 @@ class RecoverOptions:
     def __post_init__(self) -> None:
         for name, choices in (("method", METHODS), ("train", TRAIN), ("mix", MIXES), ("layout", ("nchw", "nhwc"))):
             check_choice(name, getattr(self, name), choices)
-        if min(self.steps, self.distill_steps, self.distill_views) < 1 or self.distill_segments < 0:
-            raise OptionError(f"--steps {self.steps}, --distill-steps {self.distill_steps} and --distill-views "
-                              f"{self.distill_views} must be at least 1, --distill-segments {self.distill_segments} "
-                              "at least 0")
+        for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
+            if getattr(self, name) < least:
+                raise OptionError(f"{name} {getattr(self, name)} must be at least {least} "
+                                  f"(--{name.replace('_', '-')} on the command line)")
 
 
 @dataclass

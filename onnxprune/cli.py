@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Optional
 
 import onnx
 import onnxruntime
+import torch
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -22,12 +25,12 @@ from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import preprocess_for
 from onnxprune.pipeline import LatencyReport
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
-from onnxprune.deploy.bench import bench_many, format_bench_table
+from onnxprune.deploy.bench import BenchResult, bench_many
 from onnxprune.deploy.cost import format_ms, parse_latency
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
-from onnxprune.evaluation import evaluate, format_table
+from onnxprune.evaluation import EvalResult, evaluate
 from onnxprune.fileio import atomic_write, check_output, save_model
 from onnxprune.recovery import RecoverOptions, RecoverReport
 from onnxprune.strategies import MACs, Latency, Ratio, named
@@ -312,7 +315,9 @@ def _print_latency(r: LatencyReport) -> None:
 
 def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: RecoverOptions, held=None
              ) -> tuple[onnx.ModelProto, RecoverReport]:
-    """``recover`` with a progress bar (segment, step, best held-out loss)."""
+    """``recover`` with a progress bar (segment, step, best held-out loss), torch on every core of the
+    process (its default may take fewer; the library leaves torch's global settings to its caller)."""
+    torch.set_num_threads(os.cpu_count() or 1)
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as progress:
@@ -542,3 +547,66 @@ def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())
+
+
+# ---------------------------------------------------------------- tables (rich stays in the CLI)
+
+
+def format_table(results: dict[str, EvalResult]) -> Table:
+    """A rich table with one row per model (keyed by its label) and one column per metric."""
+    outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
+    table = Table(title="Fidelity")
+    for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
+        table.add_column(header, justify="left" if header == "model" else "right")
+    for name in outputs:
+        suffix = f" {name}" if len(outputs) > 1 else ""
+        table.add_column(f"rel-L2{suffix}", justify="right")
+        table.add_column(f"cos{suffix}", justify="right")
+    for label, r in results.items():
+        row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
+               _fmt(r.kl, ".4g")]
+        for name in outputs:
+            row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
+        table.add_row(*row)
+    return table
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or '-' if missing."""
+    return "-" if value is None else format(value, spec)
+
+
+def _count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def format_bench_table(results: Sequence[BenchResult]) -> Table:
+    """One row per model; speed-up = first model's median / this median, MAC ratio = MACs / first's MACs."""
+    table = Table(title="Latency (onnxruntime)")
+    for col in ("model", "provider", "batch"):
+        table.add_column(col)
+    for col in ("median ms", "p90 ms", "p99 ms", "throughput /s", "MACs", "params", "speed-up", "MAC ratio"):
+        table.add_column(col, justify="right")
+    base = results[0] if results else None
+    for r in results:
+        speedup = f"{base.median_ms / r.median_ms:.2f}x" if base and r.median_ms > 0 else "-"
+        ratio = f"{r.macs / base.macs:.3f}" if base and base.macs and r.macs is not None else "-"
+        table.add_row(
+            Path(r.model).name,
+            r.provider.removesuffix("ExecutionProvider"),
+            str(r.batch),
+            f"{r.median_ms:.3f}",
+            f"{r.p90_ms:.3f}",
+            f"{r.p99_ms:.3f}",
+            f"{r.throughput:.1f}",
+            _count(r.macs),
+            _count(r.params),
+            speedup,
+            ratio,
+        )
+    return table

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 import onnx
 import onnxruntime as ort
-from rich.table import Table
 
 from onnxprune.calib.images import Preprocess, label_from_name
 from onnxprune.calib.sources import load_image_folder
@@ -153,27 +152,3 @@ def _check_compatible(
         if a != b:
             raise OnnxPruneError(f"{kind} of {model} ({', '.join(a)}) differ from those of {ref} ({', '.join(b)}): "
                                  f"{SAME_ORIGIN}")
-
-
-def format_table(results: dict[str, EvalResult]) -> Table:
-    """A rich table with one row per model (keyed by its label) and one column per metric."""
-    outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
-    table = Table(title="Fidelity")
-    for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
-        table.add_column(header, justify="left" if header == "model" else "right")
-    for name in outputs:
-        suffix = f" {name}" if len(outputs) > 1 else ""
-        table.add_column(f"rel-L2{suffix}", justify="right")
-        table.add_column(f"cos{suffix}", justify="right")
-    for label, r in results.items():
-        row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
-               _fmt(r.kl, ".4g")]
-        for name in outputs:
-            row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
-        table.add_row(*row)
-    return table
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    """``value`` formatted with ``spec``, or '-' if missing."""
-    return "-" if value is None else format(value, spec)

@@ -431,3 +431,14 @@ def test_mac_model_matches_pruned_hand_graph() -> None:
         widths, pruned = _prune_randomly(analysis, np.random.default_rng(seed))
         assert analyze(pruned).macs.total == pytest.approx(analysis.macs.macs(widths), rel=1e-12)
         assert run(pruned, x=np.ones((3, 3, 16, 16), np.float32))[0].shape == (3, 5)
+
+
+def test_op_registries_refuse_a_second_entry_for_an_op() -> None:
+    from onnxprune.analysis.ops import RULES, rule
+    from onnxprune.runtime.torch_eval import OPS, register_op
+
+    with pytest.raises(ValueError, match="Conv already has the rule"):
+        rule("Conv")(lambda *args: None)
+    with pytest.raises(ValueError, match="Conv already has the torch function"):
+        register_op("Conv")(lambda *args: None)
+    assert RULES["Conv"].__name__ != "<lambda>" and OPS["Conv"].fn.__name__ != "<lambda>"

@@ -16,7 +16,8 @@ from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
 import onnxprune.deploy.bench as bench_module
-from onnxprune.deploy.bench import BenchResult, bench, bench_many, format_bench_table, parse_input_shapes
+from onnxprune.cli import format_bench_table
+from onnxprune.deploy.bench import BenchResult, bench, bench_many, parse_input_shapes
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, prepare_for_tensorrt, trtexec_command
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from tests.test_benchmarks import DATA, ROOT, needs_real_model

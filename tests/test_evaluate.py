@@ -13,7 +13,8 @@ from rich.console import Console
 
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
-from onnxprune.evaluation import EvalResult, evaluate, format_table
+from onnxprune.cli import format_table
+from onnxprune.evaluation import EvalResult, evaluate
 from onnxprune.runtime import ort as ort_runtime
 from onnxprune.runtime.ort import make_session, model_input_specs, model_output_names, run_session
 

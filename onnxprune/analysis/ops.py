@@ -102,8 +102,11 @@ RULES: dict[str, Rule] = {}
 
 
 def rule(*ops: str) -> Callable[[Rule], Rule]:
+    """Register ``fn`` as the rule of each of ``ops``; a second rule for an op is a programming error."""
     def register(fn: Rule) -> Rule:
         for op in ops:
+            if op in RULES:
+                raise ValueError(f"{op} already has the rule {RULES[op].__name__}: one rule per op type")
             RULES[op] = fn
         return fn
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from rich.table import Table
 
 from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import (  # noqa: F401 (parse_input_shapes: re-exported)
@@ -167,39 +166,3 @@ def time_rounds(
             out.append(time.perf_counter() - t0)
         rounds += 1
     return times
-
-
-def _count(n: float | None) -> str:
-    if n is None:
-        return "-"
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f}{unit}"
-    return str(int(n))
-
-
-def format_bench_table(results: Sequence[BenchResult]) -> Table:
-    """One row per model; speed-up = first model's median / this median, MAC ratio = MACs / first's MACs."""
-    table = Table(title="Latency (onnxruntime)")
-    for col in ("model", "provider", "batch"):
-        table.add_column(col)
-    for col in ("median ms", "p90 ms", "p99 ms", "throughput /s", "MACs", "params", "speed-up", "MAC ratio"):
-        table.add_column(col, justify="right")
-    base = results[0] if results else None
-    for r in results:
-        speedup = f"{base.median_ms / r.median_ms:.2f}x" if base and r.median_ms > 0 else "-"
-        ratio = f"{r.macs / base.macs:.3f}" if base and base.macs and r.macs is not None else "-"
-        table.add_row(
-            Path(r.model).name,
-            r.provider.removesuffix("ExecutionProvider"),
-            str(r.batch),
-            f"{r.median_ms:.3f}",
-            f"{r.p90_ms:.3f}",
-            f"{r.p99_ms:.3f}",
-            f"{r.throughput:.1f}",
-            _count(r.macs),
-            _count(r.params),
-            speedup,
-            ratio,
-        )
-    return table

@@ -23,7 +23,6 @@ Samples the pruner fitted on make an optimistic held-out set: pass ``held`` samp
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -332,7 +331,6 @@ def recover(
     ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``)."""
     start_time = time.perf_counter()
     torch.manual_seed(options.seed)
-    torch.set_num_threads(os.cpu_count() or 1)
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))

@@ -80,6 +80,8 @@ def register_op(
 
     def deco(fn: OpFn) -> OpFn:
         for op in op_types:
+            if op in OPS:
+                raise ValueError(f"{op} already has the torch function {OPS[op].fn.__name__}: one per op type")
             OPS[op] = OpSpec(fn, frozenset(static_inputs), check)
         return fn
 

@@ -74,7 +74,8 @@ def markdown(result: dict) -> str:
         s, (b1, b32) = r["scores"], r["bench"]
         speed = [f"{b['speedup']:.2f}× ({b['speedup_min']:.2f}–{b['speedup_max']:.2f})" for b in (b1, b32)]
         lines.append(f"| {r['variant']} | {r['macs'] / 1e6:.1f}M | {s['top1']:.1%} | {s['agreement']:.1%} | "
-                     f"{s['kl']:.3f} | {speed[0]} | {speed[1]} | {b1['mac_ratio']:.2f}× | {r['compress_seconds']:.0f} |")
+                     f"{s['kl']:.3f} | {speed[0]} | {speed[1]} | {b1['mac_ratio']:.2f}× | "
+                     f"{r['compress_seconds']:.0f} |")
     lines += ["", "| model | target ms | predicted ms | measured ms (original in the same rounds) | met | "
               "cost table s |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:

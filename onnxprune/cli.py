@@ -23,18 +23,18 @@ from onnxprune import api
 from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.calib.sources import preprocess_for
-from onnxprune.pipeline import LatencyReport
-from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.deploy.bench import BenchResult, bench_many
 from onnxprune.deploy.cost import format_ms, parse_latency
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
+from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.evaluation import EvalResult, evaluate
 from onnxprune.fileio import atomic_write, check_output, save_model
+from onnxprune.pipeline import LatencyReport
 from onnxprune.recovery import RecoverOptions, RecoverReport
-from onnxprune.strategies import MACs, Latency, Ratio, named
 from onnxprune.runtime.ort import InputSpec, model_input_specs
+from onnxprune.strategies import MACs, Latency, Ratio, named
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
              "convention of pruning papers (their 'FLOPs').")
@@ -383,8 +383,9 @@ def recover_cmd(
              "judge the result.")] = 0.2,
     held_subset: Annotated[Optional[str], typer.Option(
         help="Instead of --holdout: these samples of the --calib source (same syntax as --subset), split in two "
-             "halves as with --holdout, pick checkpoints and judge the result, and every --subset sample trains. Give samples the pruner did not see: on "
-             "its own calibration samples a pruned model looks better than it is.")] = None,
+             "halves as with --holdout, pick checkpoints and judge the result, and every --subset sample trains. "
+             "Give samples the pruner did not see: on its own calibration samples a pruned model looks better than "
+             "it is.")] = None,
     train: Annotated[str, typer.Option(
         help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "
              "weights pruning changed).")] = "segment",
@@ -541,14 +542,6 @@ def export_cmd(
         console.print_json(json.dumps(timing))
 
 
-def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune`
-    app(prog_name="onnxprune")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
-
-
 # ---------------------------------------------------------------- tables (rich stays in the CLI)
 
 
@@ -610,3 +603,11 @@ def format_bench_table(results: Sequence[BenchResult]) -> Table:
             ratio,
         )
     return table
+
+
+def main() -> None:  # pragma: no cover - console entry for `python -m onnxprune`
+    app(prog_name="onnxprune")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -24,7 +24,8 @@ def check_output(out_path: Path, refuse: Iterable[Path] = (), what: str = "outpu
     if not out_path.parent.is_dir():
         raise OutputError(f"{out_path}: the folder {out_path.parent} of the {what} does not exist: create it first")
     if not os.access(out_path.parent, os.W_OK | os.X_OK):
-        raise OutputError(f"{out_path}: the folder {out_path.parent} of the {what} is not writable: choose another path")
+        raise OutputError(f"{out_path}: the folder {out_path.parent} of the {what} is not writable: "
+                          "choose another path")
     return out_path
 
 

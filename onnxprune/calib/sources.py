@@ -114,8 +114,8 @@ def load_calibration(
     ``"path/to/file.py:fn"`` / ``"package.module:fn"`` (a callable returning an iterable of arrays
     or dicts of arrays, each one sample or a batch), an object with ``get_next()`` (an
     onnxruntime CalibrationDataReader), or samples in memory: an array (single input) or a dict of
-    arrays (keys = input names), the first dim counting samples. ``subset`` (see ``select``) then ``limit`` (first N) pick
-    samples; ``flip`` (image folders only) adds each image's horizontal mirror.
+    arrays (keys = input names), the first dim counting samples. ``subset`` (see ``select``) then
+    ``limit`` (first N) pick samples; ``flip`` (image folders only) adds each image's horizontal mirror.
     """
     if isinstance(spec, (str, Path)) and Path(spec).is_dir():
         return load_image_folder(spec, input_specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)

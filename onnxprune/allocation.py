@@ -1,69 +1,19 @@
 """Per-group widths that meet a budget: MACs, or latency predicted by a measured cost table.
 
-Every allocation spends a ``Cost``: the cost of the model for given group widths and of the
-unpruned model. A ``MacModel`` is used as the MAC cost.
+Every allocation spends a ``Cost`` (``onnxprune.cost``): the cost of the model for given group widths and
+of the unpruned model. A ``MacModel`` is used as the MAC cost.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
+from onnxprune.cost import Cost, as_cost, group_step
 from onnxprune.errors import TargetError
 
 CURVE_FLOOR = 0.25  # curve_widths never narrows a group below this share of its channels
-
-
-class Cost(Protocol):
-    """What the allocation spends (MACs, predicted milliseconds)."""
-
-    @property
-    def total(self) -> float:
-        """The unpruned model's cost."""
-
-    def __call__(self, widths: dict[int, int]) -> float:
-        """The cost when group ``g`` keeps ``widths[g]`` channels (others unchanged)."""
-
-    def show(self, value: float) -> str:
-        """``value`` with its unit, for messages."""
-
-
-@dataclass(frozen=True)
-class MacCost:
-    """MACs per sample as the cost."""
-
-    model: MacModel
-
-    @property
-    def total(self) -> float:
-        return self.model.total
-
-    def __call__(self, widths: dict[int, int]) -> float:
-        return self.model.macs(widths)
-
-    def show(self, value: float) -> str:
-        return f"{value / 1e6:.3g}M MACs"
-
-
-def as_cost(cost: MacModel | Cost) -> Cost:
-    return MacCost(cost) if isinstance(cost, MacModel) else cost
-
-
-def group_step(channels: int, round_to: int) -> int:
-    """The width step of a group of ``channels``: ``round_to``, or, for a group narrower than four steps,
-    the largest power of two up to a quarter of its channels (and ``round_to``), so that rounding never
-    forbids a group to give up a quarter of its channels (a 16-channel group with ``--round-to 8``
-    could only halve)."""
-    if channels >= 4 * round_to:
-        return round_to
-    step = 1
-    while 2 * step <= min(channels // 4, round_to):
-        step *= 2
-    return step
 
 
 def _floor(g: Group, min_channels: int, round_to: int) -> int:

@@ -24,7 +24,7 @@ from onnxprune.analysis.graph import infer_shapes, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.deploy.cost import CostTable, measure_cost_table, median_latencies
+from onnxprune.cost import CostTable, measure_cost_table, median_latencies
 from onnxprune.errors import AnalysisError, CalibrationError, TargetError, check_choice
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
@@ -114,7 +114,7 @@ class LatencyReport:
     batch: int
     threads: int | None
     requested_ms: float | None  # the target asked for, when best_effort raised it to the lowest reachable
-    table: dict  # the cost table (see onnxprune.deploy.cost)
+    table: dict  # the cost table (see onnxprune.cost)
     table_seconds: float  # 0 when read from a file
     table_machine: str | None  # read from a file measured on another machine: what differs
 

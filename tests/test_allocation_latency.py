@@ -18,11 +18,12 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.cli import app
-from onnxprune.pipeline import CompressOptions, compress, schedule
-from onnxprune.deploy.cost import (
-    CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, parse_latency,
-    this_machine, widths_to_time,
+from onnxprune.cost import (
+    CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, this_machine,
+    widths_to_time,
 )
+from onnxprune.deploy.cost import parse_latency
+from onnxprune.pipeline import CompressOptions, compress, schedule
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 
 from onnxprune.analysis.graph import fix_input_shapes, load_model, resolve_input_shapes
-from onnxprune.deploy.bench import random_inputs
+from onnxprune.runtime.timing import random_inputs
 from onnxprune.fileio import atomic_write
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from onnxprune.runtime.ort import model_input_specs

@@ -39,7 +39,8 @@ from common import DEFAULT_DATA, original_model
 from common import run as run_cmd
 from onnxprune.analysis import consumers
 from onnxprune.calib.sources import ArraySet, CalibrationSet, load_calibration
-from onnxprune.pipeline import CompressOptions, Compressor, schedule
+from onnxprune.pipeline import Compressor, schedule
+from onnxprune.strategies import L1, Random, Ratio, options_from
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local, loss
@@ -75,17 +76,16 @@ def gram(run: Compressor, group, values: dict[str, np.ndarray]) -> np.ndarray:
     return G
 
 
-def selections(run: Compressor, group, G: np.ndarray, widths: np.ndarray) -> dict[str, list[np.ndarray]]:
+def selections(run: Compressor, group, G: np.ndarray, widths: np.ndarray, seed: int) -> dict[str, list[np.ndarray]]:
     """Simplex weights a (N,) of every method at every width (a = 1/N on the kept channels for L1/random)."""
     n = group.channels
     path = greedy_local(G, G.sum(axis=1) / n, float(G.sum()) / n**2)
     out: dict[str, list[np.ndarray]] = {"local": [path.weights(int(w)) for w in widths]}
-    for method in ("l1", "random"):
-        run.options.method = method  # Compressor.choose's L1 ranking and seeded draw; it reads no statistics
+    for method, select in (("l1", L1()), ("random", Random(seed))):
         out[method] = []
-        for w in widths:
+        for w in widths:  # the L1 ranking and the seeded draw read no statistics
             a = np.zeros(n)
-            a[run.choose(group, [], int(w))[0]] = 1.0 / n
+            a[select.select(run, group, [], int(w))[0]] = 1.0 / n
             out[method].append(a)
     return out
 
@@ -108,7 +108,7 @@ def global_curves(run: Compressor, group, values: dict[str, np.ndarray], G: np.n
     path = greedy_global(objective.losses, objective.grad, group.channels, top, exact_until=args.exact_until)
     seconds = time.perf_counter() - t0
     kl = {"global": [float(path.curve[w]) for w in widths]}
-    picks = selections(run, group, G, widths)
+    picks = selections(run, group, G, widths, args.seed)
     for method in METHODS:
         kl[method] = [objective.full_loss(a) for a in picks[method]]
     return {"widths": widths.tolist(), "kl": kl, "seconds": seconds, "evaluations": path.evaluations,
@@ -222,7 +222,8 @@ def main() -> None:
         args.model = original_model(args.out)
     start = time.perf_counter()
     model = onnx.load(str(args.model))
-    run = Compressor(model, calibration(args, model), CompressOptions(target_ratio=1.0, provider="cpu", seed=args.seed))
+    # The budget is not spent: the run only streams statistics, then L1 and Random choose on it.
+    run = Compressor(model, calibration(args, model), options_from(Ratio(0.5), provider="cpu"))
     order, _ = schedule(run.analysis, run.live)
     global_layers = {int(v) % len(order) for v in args.global_layers.split(",") if v.strip()}
     values = dict(run.inputs)
@@ -234,7 +235,7 @@ def main() -> None:
         n = group.channels
         tau = float(G.sum()) / n**2
         widths = widths_grid(n, args.points)
-        picks = selections(run, group, G, widths)
+        picks = selections(run, group, G, widths, args.seed)
         rel = {m: [loss(G, G.sum(axis=1) / n, tau, a) / tau for a in picks[m]] for m in METHODS}
         row = {"index": i, "name": group.name, "short": short_name(group.name), "channels": n,
                "widths": widths.tolist(), "loss": rel, "fit": fit(widths, rel["local"])}

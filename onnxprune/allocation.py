@@ -22,12 +22,12 @@ def _floor(g: Group, min_channels: int, round_to: int) -> int:
 
 
 def lowest_macs(cost: MacModel | Cost, groups: list[Group], min_channels: int = 1, round_to: int = 1,
-                allocation: str = "epsilon") -> float:
-    """The lowest cost (MACs, or what ``cost`` counts) ``allocation``'s widths can reach (what
-    ``--best-effort`` prunes to)."""
+                share: float = 0.0) -> float:
+    """The lowest cost (MACs, or what ``cost`` counts) of widths that keep at least ``share`` of each group
+    (``CURVE_FLOOR`` for ``curve_widths``; what ``--best-effort`` prunes to)."""
     cost = as_cost(cost)
-    if allocation == "curve":
-        return cost(_curve_lowest(groups, min_channels, round_to, CURVE_FLOOR))
+    if share:
+        return cost(_curve_lowest(groups, min_channels, round_to, share))
     return cost({g.id: _floor(g, min_channels, round_to) for g in groups})
 
 

@@ -327,3 +327,86 @@ def measure_cost_table(
         ms, _ = median_latencies(narrowed, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs)
         table.groups.append(GroupCost(group.id, group.name, group.channels, widths, ms))
     return table
+
+
+@dataclass
+class LatencyReport:
+    """A latency target: what the cost table predicted and what the final benchmark measured."""
+
+    target_ms: float
+    target_ratio: float | None  # a target given as a fraction of the original's latency
+    predicted_ms: float  # the cost table's prediction for the chosen widths
+    measured_ms: float  # the written model, timed in rounds with the original
+    original_ms: float
+    met: bool  # measured ≤ target (a ratio target: measured / original ≤ the ratio, both timed together)
+    provider: str
+    batch: int
+    threads: int | None
+    requested_ms: float | None  # the target asked for, when best_effort raised it to the lowest reachable
+    table: dict  # the cost table (see CostTable)
+    table_seconds: float  # 0 when read from a file
+    table_machine: str | None  # read from a file measured on another machine: what differs
+
+
+
+class Spend(Protocol):
+    """A budget resolved on one model: the ``cost`` the allocation spends, the ``target`` it must not pass,
+    and what the report records of it."""
+
+    cost: Cost
+    target: float
+
+    def recorded(self, widths: dict[int, int], target: float, requested: float | None
+                 ) -> tuple[float, float | None]:
+        """The report's (target_macs, requested_macs) for ``widths`` allocated to ``target`` (raised from
+        ``requested`` by best_effort)."""
+
+    def outcome(self, model: onnx.ModelProto, pruned: onnx.ModelProto, widths: dict[int, int], target: float,
+                requested: float | None, progress: Callable[[str], None]) -> LatencyReport | None:
+        """What the written model achieved beside the MACs (a latency budget: its measured latency)."""
+
+
+@dataclass
+class MacSpend:
+    """A MAC budget: the report's target_macs is the budget itself."""
+
+    cost: Cost
+    target: float
+
+    def recorded(self, widths: dict[int, int], target: float, requested: float | None
+                 ) -> tuple[float, float | None]:
+        return target, requested
+
+    def outcome(self, model: onnx.ModelProto, pruned: onnx.ModelProto, widths: dict[int, int], target: float,
+                requested: float | None, progress: Callable[[str], None]) -> None:
+        return None
+
+
+@dataclass
+class LatencySpend:
+    """A latency budget spent through ``cost`` (a table measured in ``seconds``, or read from ``path``); the
+    report's target_macs is the MACs its widths come to (``macs``), and the written model is timed at the end."""
+
+    cost: CostTable
+    target: float
+    ratio: float | None  # the budget as a fraction of the original's latency
+    macs: MacModel
+    provider: str
+    seconds: float
+    path: str | None
+
+    def recorded(self, widths: dict[int, int], target: float, requested: float | None
+                 ) -> tuple[float, float | None]:
+        return self.macs.macs(widths), None
+
+    def outcome(self, model: onnx.ModelProto, pruned: onnx.ModelProto, widths: dict[int, int], target: float,
+                requested: float | None, progress: Callable[[str], None]) -> LatencyReport:
+        progress("timing the pruned model against the original")
+        table = self.cost
+        (original_ms, measured_ms), ran = median_latencies([model, pruned], provider=self.provider,
+                                                           batch=table.batch, threads=table.threads)
+        # A ratio target is judged against the original timed in the same rounds, not the table's older figure.
+        bound = target if self.ratio is None else target / table.model_ms * original_ms
+        return LatencyReport(target, self.ratio, table(widths), measured_ms, original_ms, measured_ms <= bound, ran,
+                             table.batch, table.threads, requested, table.to_dict(), self.seconds,
+                             table.other_machine() if self.path else None)

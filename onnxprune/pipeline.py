@@ -18,30 +18,24 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.allocation import curve_widths, epsilon_widths, group_step, lowest_macs, uniform_widths
+from onnxprune.allocation import group_step
 from onnxprune.analysis import Analysis, analyze, consumers
 from onnxprune.analysis.graph import infer_shapes, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.cost import CostTable, measure_cost_table, median_latencies
-from onnxprune.errors import AnalysisError, CalibrationError, TargetError, check_choice
-from onnxprune.imitation.downstream import DownstreamObjective
-from onnxprune.imitation.global_ import greedy_global
+from onnxprune.cost import LatencyReport, Spend
+from onnxprune.errors import AnalysisError, CalibrationError, TargetError
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.omp import centred, group_omp
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv, refit_scale
-from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
+from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv
+from onnxprune.imitation.stats import ConsumerStats, neuron_gram
 from onnxprune.passes import refit_consumer, scale_columns, slice_channels
-from onnxprune.runtime.ort import first_provider
 from onnxprune.runtime.probe import FixedBatch, fixed_batch
 from onnxprune.runtime.segments import Liveness, run_segment
+from onnxprune.strategies import CompressOptions
 
-METHODS = ("local", "omp", "global", "l1", "random")
-TARGETS = ("original", "paper")
-RECONSTRUCTIONS = ("none", "scale", "full")
-ALLOCATIONS = ("uniform", "epsilon", "curve")
+Progress = Callable[[int, int, str], None]
 # A consumer's Gram matrix costs D² multiply-adds per position (D = input channels x kernel taps); past
 # these budgets its statistics take every k-th position (counted across samples, so all contribute). The error
 # curves of the allocation need the shape of each layer's loss, the refit more: MobileNetV2's largest
@@ -49,41 +43,6 @@ ALLOCATIONS = ("uniform", "epsilon", "curve")
 # a 3x3 conv of YOLOv8n at 320 costs 1.4e11 on 64 photos.
 CURVE_GRAM_MACS = 10**10
 STATS_GRAM_MACS = 5 * 10**10
-OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
-
-
-@dataclass
-class CompressOptions:
-    """What to prune and how. Exactly one of ``target_macs`` / ``target_ratio`` / ``target_latency_ms`` /
-    ``target_latency_ratio`` is set."""
-
-    target_macs: float | None = None
-    target_ratio: float | None = None
-    # A latency budget (ms, or a fraction of the original's measured latency) spent through a cost table
-    # measured on ``provider`` at ``latency_batch`` with ``threads`` intra-op threads, or read from ``cost_table``.
-    target_latency_ms: float | None = None
-    target_latency_ratio: float | None = None
-    latency_batch: int = 1
-    threads: int | None = None
-    cost_table: str | None = None
-    save_cost_table: str | None = None
-    method: str = "omp"
-    target: str = "original"
-    reconstruct: str = "full"
-    allocation: str = "epsilon"
-    ridge: float = 1e-4  # of the per-channel "scale" refit; the full refit cross-validates its own
-    min_channels: int = 1
-    round_to: int = 8
-    curve_samples: int = 128  # calibration samples (evenly spaced) for the allocation's error curves
-    batch_size: int = 32
-    provider: str = "auto"
-    seed: int = 0
-    best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
-
-    def __post_init__(self) -> None:
-        for name, choices in (("method", METHODS), ("target", TARGETS), ("reconstruct", RECONSTRUCTIONS),
-                              ("allocation", ALLOCATIONS)):
-            check_choice(name, getattr(self, name), choices)
 
 
 @dataclass
@@ -101,32 +60,13 @@ class LayerReport:
 
 
 @dataclass
-class LatencyReport:
-    """A latency target: what the cost table predicted and what the final benchmark measured."""
-
-    target_ms: float
-    target_ratio: float | None  # a target given as a fraction of the original's latency
-    predicted_ms: float  # the cost table's prediction for the chosen widths
-    measured_ms: float  # the written model, timed in rounds with the original
-    original_ms: float
-    met: bool  # measured ≤ target (a ratio target: measured / original ≤ the ratio, both timed together)
-    provider: str
-    batch: int
-    threads: int | None
-    requested_ms: float | None  # the target asked for, when best_effort raised it to the lowest reachable
-    table: dict  # the cost table (see onnxprune.cost)
-    table_seconds: float  # 0 when read from a file
-    table_machine: str | None  # read from a file measured on another machine: what differs
-
-
-@dataclass
 class CompressReport:
     macs_before: int
     macs_after: int
     params_before: int
     params_after: int
-    target_macs: float
-    options: dict
+    target_macs: float  # the MAC budget (a latency budget: the MACs its widths come to)
+    options: dict  # CompressOptions.to_dict()
     provider: str
     calibration_samples: int
     seconds: float = 0.0
@@ -203,7 +143,7 @@ def _residual_partner(node: gs.Node) -> str | None:
 
 
 @dataclass
-class _ConsumerData:
+class ConsumerData:
     use: ConsumerUse
     folds: tuple[ConsumerStats, ConsumerStats]  # alternate batches, for choosing the refit's ridge
     stats: ConsumerStats  # both folds
@@ -221,7 +161,7 @@ class Compressor:
         self.original = self.analysis.graph.copy()
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
-        self.rng = np.random.default_rng(options.seed)
+        self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
         self.inputs = self._load(calib)
         if len(next(iter(self.inputs.values()))) < 2:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
@@ -251,16 +191,6 @@ class Compressor:
         values.update(new)
         for name in set(values) - live:
             del values[name]
-
-    def quadratic(self, group: Group, data: list[_ConsumerData]) -> tuple[np.ndarray, np.ndarray, float]:
-        """(G, c, tau) of the local imitation loss aᵀGa - 2cᵀa + tau for the configured target."""
-        n = group.channels
-        G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)
-        if self.options.target == "paper":
-            return G, G.sum(axis=1) / n, float(G.sum()) / n**2
-        c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data) / n
-        tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
-        return G, c, tau
 
     def error_curves(
         self, order: list[tuple[int, Group]], on_layer: Callable[[int, int, str], None] | None = None
@@ -307,7 +237,7 @@ class Compressor:
         return {**values, **new}
 
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
-                uses: list[ConsumerUse] | None = None) -> list[_ConsumerData]:
+                uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
         """Streamed statistics of every consumer: inputs on the ``prefix`` network (the pruned one)
         vs outputs of the original network (its cached tensors ``reference``).
 
@@ -353,76 +283,59 @@ class Compressor:
             stats = ConsumerStats(*current.weight.shape[::-1])
             for fold in folds:
                 stats.merge(fold)
-            out.append(_ConsumerData(use, folds, stats, current, original))
+            out.append(ConsumerData(use, folds, stats, current, original))
         return out
 
-    def choose(self, group: Group, data: list[_ConsumerData], width: int) -> tuple[np.ndarray, np.ndarray, float | None]:
-        """Kept channels (sorted), their fold factors, and the greedy's relative loss."""
-        n = group.channels
-        method = self.options.method
-        if method == "random":
-            return np.sort(self.rng.choice(n, width, replace=False)), np.ones(width), None
-        if method == "global":
-            return self._choose_global(group, width)
-        if method == "l1":
-            norms = np.zeros(n)
-            nodes = {node.name: node for node in self.graph.nodes}
-            tensors = self.graph.tensors()
-            for site in group.slices:
-                if site.node in group.producers and site.input_index == 1:
-                    w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
-                    w = np.take(w, group.entries(tensors, site.tensor, site.offset, site.repeat), axis=site.axis)
-                    norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
-            return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
-        if method == "omp":
-            path = group_omp(*_centred(d.stats for d in data), [_k(d) for d in data], width, ridge=OMP_RIDGE)
-            keep = path.support(width)
-            return keep, np.ones(width), float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
-        G, c, tau = self.quadratic(group, data)
-        path = greedy_local(G, c, tau, max_steps=3 * width)
-        keep = path.support(width)
-        a = path.weights(width)
-        rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None
-        return keep, n * a[keep], rel
+    def generator(self, seed: int) -> np.random.Generator:
+        """The generator of ``seed``, drawn on across groups."""
+        return self.generators.setdefault(seed, np.random.default_rng(seed))
 
-    def _choose_global(self, group: Group, width: int) -> tuple[np.ndarray, np.ndarray, None]:
-        """The paper's greedy global imitation on the network's final output (KL for classifiers,
-        MSE otherwise), with the Taylor shortlist past 25 neurons; slow without a GPU."""
-        if group.partial:
-            raise AnalysisError(f"--method global cannot prune {group.name}: its channels share a tensor with "
-                                "others (Concat/Split); use --method omp")
+    def reference_outputs(self) -> dict[str, np.ndarray]:
+        """The original network's outputs on the calibration set (computed once)."""
         if self.reference is None:
             outputs = [t.name for t in self.original.outputs]
             self.reference, _ = run_segment(self.original, dict(self.inputs), outputs,
                                             provider=self.options.provider, batch_size=self.options.batch_size)
-        objective = DownstreamObjective(
-            gs.export_onnx(self.graph), self.values_p,
-            [(use.tensor, group.tensors[use.tensor][0]) for use in group.consumers], self.reference,
-            batch_size=self.options.batch_size, seed=self.options.seed, n_channels=group.channels,
-        )
-        path = greedy_global(objective.losses, objective.grad, group.channels, width)
-        keep = path.support(width)
-        return keep, group.channels * path.weights(width)[keep], None
+        return self.reference
+
+    def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
+        """Bring both networks to ``cut``, then select ``width`` channels of ``group`` and reconstruct its
+        consumers (None: the group keeps all its channels)."""
+        t0 = time.perf_counter()
+        self.advance(self.graph, self.values_p, cut)
+        self.advance(self.original, self.values_o, cut)
+        if width == group.channels:
+            return None
+        need = {c.tensor for c in group.consumers}
+        data = self.collect(group, self.peek(self.graph, self.values_p, need),
+                            self.peek(self.original, self.values_o, need))
+        keep, fold, rel = self.options.select.select(self, group, data, width)
+        err_fold, err, ridges = self.apply(group, data, keep, fold)
+        self.slice_cache(group, keep)
+        gates = [self.live.position[p] for p in group.producers if self.live.position[p] >= cut]
+        again = (self.refit_after_gate(group, data, keep, min(gates))
+                 if gates and self.options.reconstruct.refits_after_gate else None)
+        if again is not None:
+            err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
+        return LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
+                           err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to))
 
     def apply(
-        self, group: Group, data: list[_ConsumerData], keep: np.ndarray, fold: np.ndarray
+        self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
     ) -> tuple[float, float, list[float]]:
-        """Slice the group, then fold/rescale/refit its consumers. Returns (error_fold, error, ridges)."""
+        """Slice the group, then let the reconstruction set its consumers. Returns (error_fold, error, ridges)."""
         self.graph = slice_channels(self.graph, group, keep)
         energy = sum(centred_energy(d.stats) for d in data) or 1.0
         fold_err = sum(_fold_loss(d, keep, fold) for d in data) / energy
-        mode = self.options.reconstruct
-        if mode == "full":
-            ridges, err = self.refit(group, data, keep, [d.current.weight[:, expand(keep, _k(d))] for d in data])
-            return fold_err, err / energy, ridges
-        if mode == "scale":
-            G = sum(neuron_gram(d.stats.xx, d.current.weight, _k(d)) for d in data)[np.ix_(keep, keep)]
-            c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, _k(d), d.original.bias) for d in data)[keep]
-            fold = refit_scale(G, c, ridge=self.options.ridge)
-        self.graph = scale_columns(self.graph, group, fold)
-        return fold_err, sum(_fold_loss(d, keep, fold) for d in data) / energy, []
+        err, ridges = self.options.reconstruct.apply(self, group, data, keep, fold)
+        return fold_err, err / energy, ridges
 
-    def refit(self, group: Group, data: list[_ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
+    def scale(self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray) -> float:
+        """Scale the kept channels' consumer columns by ``fold``; returns the consumers' summed output error."""
+        self.graph = scale_columns(self.graph, group, fold)
+        return sum(_fold_loss(d, keep, fold) for d in data)
+
+    def refit(self, group: Group, data: list[ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
               ) -> tuple[list[float], float]:
         """Least-squares refit of each consumer from its statistics' channels ``cols`` towards ``priors``
         (ridge by cross-validation), written into the graph. Returns the ridges and the summed output error."""
@@ -434,7 +347,7 @@ class Compressor:
         err = sum(quadratic_loss_full(d.stats, expand(cols, _k(d)), *_refit_of(self.graph, group, d)) for d in data)
         return ridges, err
 
-    def refit_after_gate(self, group: Group, data: list[_ConsumerData], keep: np.ndarray, gate: int
+    def refit_after_gate(self, group: Group, data: list[ConsumerData], keep: np.ndarray, gate: int
                          ) -> tuple[float, list[float]] | None:
         """Refit once more the consumers that run after a gate producer (position ``gate``), on their inputs
         as pruned: refitting the gate's own consumer changed the gate they read. Returns (error, ridges)."""
@@ -487,24 +400,19 @@ def _local_curve(pairs: list[tuple[ConsumerStats, np.ndarray, int]], n: int) -> 
     return np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])
 
 
-def _centred(stats) -> tuple[list[np.ndarray], list[np.ndarray], list[float]]:
-    A, B, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
-    return list(A), list(B), list(e)
-
-
-def _k(d: _ConsumerData) -> int:
+def _k(d: ConsumerData) -> int:
     """Weight columns per channel: kernel taps × entries per channel after a Flatten × ranges in a Concat."""
     return d.current.k
 
 
-def _fold_loss(d: _ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:
+def _fold_loss(d: ConsumerData, keep: np.ndarray, fold: np.ndarray) -> float:
     """Output error of the consumer with its kept columns scaled by ``fold`` and its bias unchanged."""
     k = _k(d)
     w = d.current.weight[:, expand(keep, k)] * np.repeat(fold, k)[None, :]
     return quadratic_loss_full(d.stats, expand(keep, k), w, d.current.bias)
 
 
-def _refit_of(graph: gs.Graph, group: Group, d: _ConsumerData) -> tuple[np.ndarray, np.ndarray]:
+def _refit_of(graph: gs.Graph, group: Group, d: ConsumerData) -> tuple[np.ndarray, np.ndarray]:
     node = next(n for n in graph.nodes if n.name == d.use.node)
     lin = consumers.group_view(graph, node, group, d.use).linear(consumers.matrix(node))
     return lin.weight, lin.bias
@@ -514,117 +422,71 @@ def compress(
     model: onnx.ModelProto,
     calib: CalibrationSet,
     options: CompressOptions,
-    on_layer: Callable[[int, int, str], None] | None = None,
+    on_layer: Progress | None = None,
 ) -> tuple[onnx.ModelProto, CompressReport]:
-    """Prune ``model`` to the options' MAC or latency budget. ``on_layer(i, total, label)`` reports progress."""
+    """Prune ``model`` to the options' budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
-    torch.manual_seed(options.seed)
     run = Compressor(model, calib, options)
-    analysis = run.analysis
     _check_batch(run.fixed_batch, options)
-    order, skipped = schedule(analysis, run.live)
-    groups = [g for _, g in order]
-    latency = options.target_latency_ms is not None or options.target_latency_ratio is not None
-    table_seconds = 0.0
-    if latency:
-        t0 = time.perf_counter()
-        cost = _cost_table(run, groups, options, on_layer)
-        table_seconds = 0.0 if options.cost_table else time.perf_counter() - t0
-        target = (options.target_latency_ms if options.target_latency_ms is not None
-                  else options.target_latency_ratio * cost.model_ms)
-    else:
-        cost = analysis.macs
-        target = options.target_macs if options.target_macs is not None else options.target_ratio * analysis.macs.total
-    requested = None
-    if options.best_effort:
-        lowest = lowest_macs(cost, groups, options.min_channels, options.round_to, options.allocation)
-        if target < lowest:
-            requested, target = target, lowest
-    if options.allocation == "uniform":
-        widths = uniform_widths(cost, groups, target, options.min_channels, options.round_to)
-    else:
-        allocate = epsilon_widths if options.allocation == "epsilon" else curve_widths
-        widths = allocate(cost, groups, run.error_curves(order, on_layer), target, options.min_channels,
-                          options.round_to)
-    if latency:
-        target_ms, requested_ms = target, requested
-        target, requested = analysis.macs.macs(widths), None
+    order, skipped = schedule(run.analysis, run.live)
+    spend = options.budget.resolve(run, [g for _, g in order], on_layer)
+    widths, target, requested = _allocate(run, order, spend, on_layer)
+    target_macs, requested_macs = spend.recorded(widths, target, requested)
     report = CompressReport(
-        macs_before=analysis.macs.total, macs_after=0, params_before=analysis.params, params_after=0,
-        target_macs=target, options=asdict(options), provider="", calibration_samples=len(next(iter(run.values_p.values()))),
-        skipped=skipped, requested_macs=requested, fixed_batch=run.fixed_batch and asdict(run.fixed_batch),
+        macs_before=run.analysis.macs.total, macs_after=0, params_before=run.analysis.params, params_after=0,
+        target_macs=target_macs, options=options.to_dict(), provider="",
+        calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
+        fixed_batch=run.fixed_batch and asdict(run.fixed_batch),
     )
     for i, (cut, group) in enumerate(order):
-        if on_layer is not None:
-            on_layer(i, len(order), f"pruning {group.name}")
-        t0 = time.perf_counter()
-        run.advance(run.graph, run.values_p, cut)
-        run.advance(run.original, run.values_o, cut)
-        width = widths[group.id]
-        if width == group.channels:
-            continue
-        need = {c.tensor for c in group.consumers}
-        data = run.collect(group, run.peek(run.graph, run.values_p, need), run.peek(run.original, run.values_o, need))
-        keep, fold, rel = run.choose(group, data, width)
-        err_fold, err, ridges = run.apply(group, data, keep, fold)
-        run.slice_cache(group, keep)
-        gates = [run.live.position[p] for p in group.producers if run.live.position[p] >= cut]
-        again = run.refit_after_gate(group, data, keep, min(gates)) if gates and options.reconstruct == "full" else None
-        if again is not None:
-            err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
-        report.layers.append(LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers],
-                                         rel, err_fold, err, ridges, time.perf_counter() - t0,
-                                         group_step(group.channels, options.round_to)))
-    if on_layer is not None:
-        on_layer(len(order), len(order), "")
+        _progress(on_layer, i, len(order), f"pruning {group.name}")
+        layer = run.prune(cut, group, widths[group.id])
+        if layer is not None:
+            report.layers.append(layer)
+    _progress(on_layer, len(order), len(order), "")
     pruned = run.export()
     after = analyze(pruned)
     report.macs_after = after.macs.total
     report.params_after = count_params(after.graph)
     report.provider = run.provider
-    if latency:
-        if on_layer is not None:
-            on_layer(len(order), len(order), "timing the pruned model against the original")
-        (original_ms, measured_ms), ran = median_latencies(
-            [model, pruned], provider=options.provider, batch=cost.batch, threads=cost.threads)
-        # A ratio target is judged against the original timed in the same rounds, not the table's older figure.
-        bound = target_ms if options.target_latency_ms is not None else target_ms / cost.model_ms * original_ms
-        report.latency = LatencyReport(target_ms, options.target_latency_ratio, cost(widths), measured_ms, original_ms, measured_ms <= bound, ran,
-                                       cost.batch, cost.threads, requested_ms, cost.to_dict(), table_seconds,
-                                       cost.other_machine() if options.cost_table else None)
+    report.latency = spend.outcome(model, pruned, widths, target, requested,
+                                   lambda label: _progress(on_layer, len(order), len(order), label))
     report.seconds = time.perf_counter() - start
     return pruned, report
 
 
+def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_layer: Progress | None
+              ) -> tuple[dict[int, int], float, float | None]:
+    """The widths the allocator gives within ``spend``, the target they were allocated to, and the budget
+    asked for when best_effort raised it to the lowest reachable (else None)."""
+    options, groups = run.options, [g for _, g in order]
+    target, requested = spend.target, None
+    if options.best_effort:
+        lowest = options.allocate.lowest(spend.cost, groups, options.min_channels, options.round_to)
+        if target < lowest:
+            requested, target = target, lowest
+    curves = run.error_curves(order, on_layer) if options.allocate.needs_curves else {}
+    widths = options.allocate.widths(spend.cost, groups, curves, target, options.min_channels, options.round_to)
+    return widths, target, requested
+
+
+def _progress(on_layer: Progress | None, i: int, total: int, label: str) -> None:
+    if on_layer is not None:
+        on_layer(i, total, label)
+
+
 def _check_batch(fixed: FixedBatch | None, options: CompressOptions) -> None:
-    """What a graph that fixes its batch cannot do: global imitation (it stacks candidates along the
-    batch) and a latency budget at another batch."""
+    """What a graph that fixes its batch cannot do: a selector that stacks candidates along the batch
+    (global imitation) and a latency budget timed at another batch."""
     if fixed is None:
         return
-    if options.method == "global":
+    if options.select.stacks_candidates_in_batch:
         raise AnalysisError(f"--method global evaluates many candidates in one batch, but this graph fixes its batch "
                             f"({fixed.reason}): use --method omp, or re-export the model with a dynamic batch")
-    latency = options.target_latency_ms is not None or options.target_latency_ratio is not None
-    if latency and options.latency_batch != fixed.size:
-        raise TargetError(f"--latency-batch {options.latency_batch}: this graph runs only at batch {fixed.size} "
+    batch = options.budget.timing_batch()
+    if batch is not None and batch != fixed.size:
+        raise TargetError(f"--latency-batch {batch}: this graph runs only at batch {fixed.size} "
                           f"({fixed.reason}): use --latency-batch {fixed.size}")
 
 
-def _cost_table(run: Compressor, groups: list[Group], options: CompressOptions,
-                on_layer: Callable[[int, int, str], None] | None) -> CostTable:
-    """The latency cost table: read from ``options.cost_table``, or measured (and saved when asked)."""
-    if options.cost_table:
-        table = CostTable.load(options.cost_table, groups)
-        table.refuse_another_setup(options.cost_table, run.model, first_provider(options.provider),
-                                   options.latency_batch, options.threads)
-        return table
-    table = measure_cost_table(run.model, run.original, groups, provider=options.provider,
-                               batch=options.latency_batch, threads=options.threads,
-                               floor=options.min_channels, round_to=options.round_to, on_group=on_layer)
-    if options.save_cost_table:
-        table.save(options.save_cost_table)
-    return table
-
-
-__all__ = ["ALLOCATIONS", "METHODS", "RECONSTRUCTIONS", "TARGETS", "CompressOptions", "CompressReport", "LatencyReport",
-           "compress"]
+__all__ = ["CompressOptions", "CompressReport", "LatencyReport", "compress"]

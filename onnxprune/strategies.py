@@ -1,39 +1,129 @@
 """Typed strategies of ``compress``: a budget, a channel selector, a width allocator and a reconstruction.
 
-Each is a frozen dataclass checked when built; ``options_from`` turns one of each into the
-``CompressOptions`` the pruning loop reads, so the library and the CLI resolve them in one place.
+Each is a frozen dataclass checked when built, and each carries the behaviour it stands for: the pruning
+loop (``onnxprune.pipeline``) calls ``Budget.resolve``, ``Allocator.widths``, ``Selector.select`` and
+``Reconstruction.apply`` and never compares a name. A strategy of one's own is a subclass implementing
+that method (Torch-Pruning's habit of passing an importance object in). ``CompressOptions`` holds one of
+each and the plain knobs; ``options_from`` and ``named`` build them as the API and the CLI do.
+
+The strategies reach the run through a ``Context`` (the pipeline's ``Compressor``): this module imports
+nothing of ``onnxprune.pipeline``, which imports it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
-from typing import Any
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, is_dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
-from onnxprune.pipeline import TARGETS, CompressOptions
-from onnxprune.errors import OptionError, check_choice
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxprune.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, lowest_macs, uniform_widths
+from onnxprune.analysis.groups import Group
+from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
+from onnxprune.errors import AnalysisError, OptionError, check_choice
+from onnxprune.imitation.downstream import DownstreamObjective
+from onnxprune.imitation.global_ import greedy_global
+from onnxprune.imitation.local import greedy_local
+from onnxprune.imitation.omp import centred, group_omp
+from onnxprune.imitation.refit import expand_channels as expand
+from onnxprune.imitation.refit import refit_scale
+from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
+from onnxprune.runtime.ort import first_provider
+
+if TYPE_CHECKING:
+    from onnxprune.analysis import Analysis
+    from onnxprune.pipeline import ConsumerData
+
+TARGETS = ("original", "paper")  # what Local imitates (--target)
+OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
+Progress = Callable[[int, int, str], None]
+Choice = tuple[np.ndarray, np.ndarray, "float | None"]  # kept channels (sorted), fold factors, relative loss
+
+
+class Context(Protocol):
+    """What the strategies read of a run (the pipeline's ``Compressor``)."""
+
+    model: onnx.ModelProto  # as given
+    original: gs.Graph  # the unpruned graph
+    graph: gs.Graph  # the graph as pruned so far
+    analysis: Analysis
+    values_p: dict[str, np.ndarray]  # the pruned prefix's cached tensors at the current cut
+    options: CompressOptions
+
+    def generator(self, seed: int) -> np.random.Generator:
+        """The run's generator of ``seed`` (one per seed, drawn on across groups)."""
+
+    def reference_outputs(self) -> dict[str, np.ndarray]:
+        """The original network's outputs on the calibration set."""
+
+    def refit(self, group: Group, data: list[ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
+              ) -> tuple[list[float], float]:
+        """Least-squares refit of the consumers from their statistics' channels ``cols``: (ridges, error)."""
+
+    def scale(self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray) -> float:
+        """Scale the kept channels' consumer columns by ``fold``: the consumers' summed output error."""
 
 
 class Strategy:
-    """A typed strategy: ``options()`` gives the ``CompressOptions`` fields it stands for."""
+    """A typed strategy; ``describe()`` is what a report records of it."""
 
-    def options(self) -> dict[str, Any]:
-        raise NotImplementedError
+    def describe(self) -> dict[str, Any]:
+        return {"kind": type(self).__name__, **(asdict(self) if is_dataclass(self) else {})}
 
 
 class Budget(Strategy):
     """How small the pruned model must be."""
 
+    def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
+        """The cost the allocation spends on this model and the target it must not pass."""
+        raise NotImplementedError
+
+    def timing_batch(self) -> int | None:
+        """The batch the budget is timed at (None: not timed)."""
+        return None
+
 
 class Selector(Strategy):
     """Which channels each group keeps."""
+
+    # Evaluates many candidates stacked along the batch: a graph that fixes its batch cannot run it.
+    stacks_candidates_in_batch = False
+
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        """``width`` channels of ``group`` to keep (sorted), the factor folded into each kept channel's
+        consumer columns, and the relative loss of the choice (None if the selector has none)."""
+        raise NotImplementedError
 
 
 class Allocator(Strategy):
     """How many channels each group keeps."""
 
+    needs_curves = True  # reads each group's error curve (``widths``' ``curves``)
+
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        """Each group's width, the model's ``cost`` at most ``target``."""
+        raise NotImplementedError
+
+    def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
+        """The lowest cost these widths can reach (what best_effort prunes to)."""
+        return lowest_macs(cost, groups, min_channels, round_to)
+
 
 class Reconstruction(Strategy):
     """How the consumers' weights are set after selection."""
+
+    refits_after_gate = False  # refits again the consumers that run after an SE gate the group feeds
+
+    def apply(self, ctx: Context, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
+              ) -> tuple[float, list[float]]:
+        """Write the consumers' new weights into ``ctx.graph`` (the group already sliced to ``keep``): their
+        summed output error and the ridge of each refitted consumer."""
+        raise NotImplementedError
 
 
 @dataclass(frozen=True)
@@ -46,8 +136,8 @@ class MACs(Budget):
         if not self.count > 0:
             raise OptionError(f"MACs({self.count}): the MAC budget must be positive (--target-flops)")
 
-    def options(self) -> dict[str, Any]:
-        return {"target_macs": float(self.count)}
+    def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
+        return MacSpend(MacCost(ctx.analysis.macs), float(self.count))
 
 
 @dataclass(frozen=True)
@@ -60,8 +150,8 @@ class Ratio(Budget):
         if not 0 < self.value < 1:
             raise OptionError(f"Ratio({self.value}): the MAC ratio must lie strictly between 0 and 1 (--target-ratio)")
 
-    def options(self) -> dict[str, Any]:
-        return {"target_ratio": self.value}
+    def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
+        return MacSpend(MacCost(ctx.analysis.macs), self.value * ctx.analysis.macs.total)
 
 
 @dataclass(frozen=True)
@@ -86,51 +176,119 @@ class Latency(Budget):
             raise OptionError(f"Latency(ratio={self.ratio}) must lie strictly between 0 and 1 (--target-latency)")
         if self.batch < 1 or (self.threads is not None and self.threads < 1):
             raise OptionError(f"--latency-batch {self.batch} / --threads {self.threads} must be at least 1")
+        for name in ("cost_table", "save_cost_table"):  # a Path is kept as its text (reports are JSON)
+            if getattr(self, name) is not None:
+                object.__setattr__(self, name, str(getattr(self, name)))
 
-    def options(self) -> dict[str, Any]:
-        return {"target_latency_ms": self.ms, "target_latency_ratio": self.ratio, "latency_batch": self.batch,
-                "threads": self.threads, "cost_table": self.cost_table and str(self.cost_table),
-                "save_cost_table": self.save_cost_table and str(self.save_cost_table)}
+    def timing_batch(self) -> int | None:
+        return self.batch
+
+    def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
+        t0 = time.perf_counter()
+        table = self.table(ctx, groups, on_layer)
+        seconds = 0.0 if self.cost_table else time.perf_counter() - t0
+        target = self.ms if self.ms is not None else self.ratio * table.model_ms
+        return LatencySpend(table, target, self.ratio, ctx.analysis.macs, ctx.options.provider, seconds,
+                            self.cost_table)
+
+    def table(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> CostTable:
+        """The latency cost table: read from ``cost_table``, or measured (and saved when asked)."""
+        options = ctx.options
+        if self.cost_table:
+            table = CostTable.load(self.cost_table, groups)
+            table.refuse_another_setup(self.cost_table, ctx.model, first_provider(options.provider), self.batch,
+                                       self.threads)
+            return table
+        table = measure_cost_table(ctx.model, ctx.original, groups, provider=options.provider, batch=self.batch,
+                                   threads=self.threads, floor=options.min_channels, round_to=options.round_to,
+                                   on_group=on_layer)
+        if self.save_cost_table:
+            table.save(self.save_cost_table)
+        return table
 
 
 @dataclass(frozen=True)
 class OMP(Selector):
     """Group orthogonal matching pursuit: greedy forward selection on the refitted consumers' output error."""
 
-    def options(self) -> dict[str, Any]:
-        return {"method": "omp"}
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        A, B, e = zip(*(centred(d.stats.xx, d.stats.xt, d.stats.sx, d.stats.st, d.stats.tt, d.stats.count)
+                        for d in data))
+        path = group_omp(list(A), list(B), list(e), [d.current.k for d in data], width, ridge=OMP_RIDGE)
+        keep = path.support(width)
+        return keep, np.ones(width), float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
 
 
 @dataclass(frozen=True)
 class Local(Selector):
-    """The paper's greedy local imitation towards the ``target``: 'original' (the original network's layer
-    output) or 'paper' (the layer's own output on the pruned prefix)."""
+    """The paper's greedy local imitation of ``imitate``: 'original' (the original network's layer output)
+    or 'paper' (the layer's own output on the pruned prefix); ``--target`` on the command line."""
 
-    target: str = "original"
+    imitate: str = "original"
 
     def __post_init__(self) -> None:
-        check_choice("target", self.target, TARGETS)
+        if self.imitate not in TARGETS:
+            raise OptionError(f"Local(imitate={self.imitate!r}): imitate is not one of {', '.join(TARGETS)} "
+                              "(--target on the command line)")
 
-    def options(self) -> dict[str, Any]:
-        return {"method": "local", "target": self.target}
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        n = group.channels
+        G, c, tau = self.quadratic(group, data)
+        path = greedy_local(G, c, tau, max_steps=3 * width)
+        keep = path.support(width)
+        a = path.weights(width)
+        rel = float(path.curve[width] / tau) if tau > 0 and np.isfinite(path.curve[width]) else None
+        return keep, n * a[keep], rel
+
+    def quadratic(self, group: Group, data: list[ConsumerData]) -> tuple[np.ndarray, np.ndarray, float]:
+        """(G, c, tau) of the local imitation loss aᵀGa - 2cᵀa + tau towards ``imitate``."""
+        n = group.channels
+        G = sum(neuron_gram(d.stats.xx, d.current.weight, d.current.k) for d in data)
+        if self.imitate == "paper":
+            return G, G.sum(axis=1) / n, float(G.sum()) / n**2
+        c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, d.current.k, d.original.bias)
+                for d in data) / n
+        tau = sum(target_energy(d.stats.tt, d.stats.st, d.stats.count, d.original.bias) for d in data) / n**2
+        return G, c, tau
 
 
 @dataclass(frozen=True)
 class Global(Selector):
-    """The paper's greedy global imitation of the final output (slow without a GPU); ``seed`` of its draws."""
+    """The paper's greedy global imitation of the final output (KL for classifiers, MSE otherwise), with the
+    Taylor shortlist past 25 neurons; slow without a GPU. ``seed`` of its draws."""
 
     seed: int = 0
+    stacks_candidates_in_batch = True
 
-    def options(self) -> dict[str, Any]:
-        return {"method": "global", "seed": self.seed}
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        if group.partial:
+            raise AnalysisError(f"--method global cannot prune {group.name}: its channels share a tensor with "
+                                "others (Concat/Split); use --method omp")
+        objective = DownstreamObjective(
+            gs.export_onnx(ctx.graph), ctx.values_p,
+            [(use.tensor, group.tensors[use.tensor][0]) for use in group.consumers], ctx.reference_outputs(),
+            batch_size=ctx.options.batch_size, seed=self.seed, n_channels=group.channels,
+        )
+        path = greedy_global(objective.losses, objective.grad, group.channels, width)
+        keep = path.support(width)
+        return keep, group.channels * path.weights(width)[keep], None
 
 
 @dataclass(frozen=True)
 class L1(Selector):
     """Baseline: the channels of largest producer-weight L1 norm."""
 
-    def options(self) -> dict[str, Any]:
-        return {"method": "l1"}
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        n = group.channels
+        norms = np.zeros(n)
+        nodes = {node.name: node for node in ctx.graph.nodes}
+        tensors = ctx.graph.tensors()
+        for site in group.slices:
+            if site.node in group.producers and site.input_index == 1:
+                w = np.abs(np.asarray(nodes[site.node].inputs[1].values, dtype=np.float64))
+                w = np.take(w, group.entries(tensors, site.tensor, site.offset, site.repeat), axis=site.axis)
+                norms += np.moveaxis(w, site.axis, 0).reshape(n, -1).sum(axis=1)
+        return np.sort(np.argsort(-norms, kind="stable")[:width]), np.ones(width), None
 
 
 @dataclass(frozen=True)
@@ -139,40 +297,49 @@ class Random(Selector):
 
     seed: int = 0
 
-    def options(self) -> dict[str, Any]:
-        return {"method": "random", "seed": self.seed}
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        return np.sort(ctx.generator(self.seed).choice(group.channels, width, replace=False)), np.ones(width), None
 
 
 @dataclass(frozen=True)
 class Epsilon(Allocator):
     """One threshold on every layer's relative imitation loss (the paper's rule), searched to meet the budget."""
 
-    def options(self) -> dict[str, Any]:
-        return {"allocation": "epsilon"}
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return epsilon_widths(cost, groups, curves, target, min_channels, round_to)
 
 
 @dataclass(frozen=True)
 class Uniform(Allocator):
     """The same keep ratio in every group."""
 
-    def options(self) -> dict[str, Any]:
-        return {"allocation": "uniform"}
+    needs_curves = False
+
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return uniform_widths(cost, groups, target, min_channels, round_to)
 
 
 @dataclass(frozen=True)
 class Curve(Allocator):
     """Greedy on the per-layer error curves, each layer keeping at least 25%."""
 
-    def options(self) -> dict[str, Any]:
-        return {"allocation": "curve"}
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return curve_widths(cost, groups, curves, target, min_channels, round_to)
+
+    def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
+        return lowest_macs(cost, groups, min_channels, round_to, share=CURVE_FLOOR)
 
 
 @dataclass(frozen=True)
 class NoRefit(Reconstruction):
     """Keep the consumers' weights, folding the selector's per-channel factors (the paper's N·a_i)."""
 
-    def options(self) -> dict[str, Any]:
-        return {"reconstruct": "none"}
+    def apply(self, ctx: Context, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
+              ) -> tuple[float, list[float]]:
+        return ctx.scale(group, data, keep, fold), []
 
 
 @dataclass(frozen=True)
@@ -185,16 +352,24 @@ class Scale(Reconstruction):
         if not self.ridge >= 0:
             raise OptionError(f"Scale(ridge={self.ridge}): the ridge must be at least 0")
 
-    def options(self) -> dict[str, Any]:
-        return {"reconstruct": "scale", "ridge": self.ridge}
+    def apply(self, ctx: Context, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
+              ) -> tuple[float, list[float]]:
+        G = sum(neuron_gram(d.stats.xx, d.current.weight, d.current.k) for d in data)[np.ix_(keep, keep)]
+        c = sum(neuron_cross(d.stats.xt, d.stats.sx, d.current.weight, d.current.k, d.original.bias)
+                for d in data)[keep]
+        return ctx.scale(group, data, keep, refit_scale(G, c, ridge=self.ridge)), []
 
 
 @dataclass(frozen=True)
 class Refit(Reconstruction):
     """A full least-squares refit of every consumer, its ridge chosen by cross-validation."""
 
-    def options(self) -> dict[str, Any]:
-        return {"reconstruct": "full"}
+    refits_after_gate = True
+
+    def apply(self, ctx: Context, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
+              ) -> tuple[float, list[float]]:
+        ridges, err = ctx.refit(group, data, keep, [d.current.weight[:, expand(keep, d.current.k)] for d in data])
+        return err, ridges
 
 
 def _kind(value: object, kind: type[Strategy], name: str) -> Strategy:
@@ -209,41 +384,61 @@ def _subclasses(kind: type) -> list[type]:
     return [c for c in kind.__subclasses__() if c.__module__ == __name__]
 
 
-# The CompressOptions fields that the strategies set: ``options_from`` takes them from no other argument.
-STRATEGY_FIELDS = frozenset({"target_macs", "target_ratio", "target_latency_ms", "target_latency_ratio",
-                             "latency_batch", "threads", "cost_table", "save_cost_table", "method", "target",
-                             "reconstruct", "allocation", "ridge", "seed"})
+@dataclass
+class CompressOptions:
+    """What to prune and how: one strategy of each kind (checked to be one) and the plain knobs."""
+
+    budget: Budget
+    select: Selector = OMP()
+    allocate: Allocator = Epsilon()
+    reconstruct: Reconstruction = Refit()
+    min_channels: int = 1
+    round_to: int = 8
+    curve_samples: int = 128  # calibration samples (evenly spaced) for the allocation's error curves
+    batch_size: int = 32
+    provider: str = "auto"
+    best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
+
+    def __post_init__(self) -> None:
+        for name, kind in STRATEGY_KINDS.items():
+            _kind(getattr(self, name), kind, name)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: each strategy as its ``describe()`` ({"kind": "OMP", ...}), the knobs as they are."""
+        return {f.name: getattr(self, f.name).describe() if f.name in STRATEGY_KINDS else getattr(self, f.name)
+                for f in fields(self)}
+
+
+STRATEGY_KINDS: dict[str, type[Strategy]] = {"budget": Budget, "select": Selector, "allocate": Allocator,
+                                             "reconstruct": Reconstruction}
 
 
 def options_from(budget: Budget, select: Selector = OMP(), allocate: Allocator = Epsilon(),
                  reconstruct: Reconstruction = Refit(), **rest: Any) -> CompressOptions:
     """The ``CompressOptions`` of one strategy of each kind; ``rest`` sets the other fields
     (``round_to``, ``batch_size``, ``provider``, ``best_effort``, ...)."""
-    free = {f.name for f in fields(CompressOptions)} - STRATEGY_FIELDS
+    free = {f.name for f in fields(CompressOptions)} - set(STRATEGY_KINDS)
     unknown = sorted(set(rest) - free)
     if unknown:
         raise OptionError(f"compress option(s) {', '.join(unknown)} are not among {', '.join(sorted(free))}: "
                           "the budget and the strategies set the others")
-    picked: dict[str, Any] = {}
-    for value, kind, name in ((budget, Budget, "budget"), (select, Selector, "select"),
-                              (allocate, Allocator, "allocate"), (reconstruct, Reconstruction, "reconstruct")):
-        picked.update(_kind(value, kind, name).options())
-    return CompressOptions(**rest, **picked)
+    return CompressOptions(budget, select, allocate, reconstruct, **rest)
 
 
 SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Global, "l1": L1, "random": Random}
 ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve}
 RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"full": Refit, "scale": Scale, "none": NoRefit}
+METHODS, ALLOCATIONS, RECONSTRUCTIONS = tuple(SELECTORS), tuple(ALLOCATORS), tuple(RECONSTRUCTORS)
 
 
 def named(method: str, allocation: str, reconstruct: str, target: str = "original", seed: int = 0
           ) -> tuple[Selector, Allocator, Reconstruction]:
     """The strategies named as on the command line: ``target`` goes to ``Local``, ``seed`` to ``Random`` and
     ``Global``; an unknown name is an OptionError listing the valid ones."""
-    check_choice("method", method, tuple(SELECTORS))
+    check_choice("method", method, METHODS)
     check_choice("target", target, TARGETS)
-    check_choice("allocation", allocation, tuple(ALLOCATORS))
-    check_choice("reconstruct", reconstruct, tuple(RECONSTRUCTORS))
+    check_choice("allocation", allocation, ALLOCATIONS)
+    check_choice("reconstruct", reconstruct, RECONSTRUCTIONS)
     kind = SELECTORS[method]
     select = kind(target) if kind is Local else kind(seed) if kind in (Random, Global) else kind()
     return select, ALLOCATORS[allocation](), RECONSTRUCTORS[reconstruct]()

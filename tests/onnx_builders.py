@@ -18,8 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
-from onnxprune.pipeline import CompressOptions, compress
+from onnxprune.pipeline import compress
 from onnxprune.runtime.ort import model_input_specs
+from onnxprune.strategies import MACs, Uniform, options_from
 
 OPSET = 17
 
@@ -135,7 +136,7 @@ def compress_dead(model: onnx.ModelProto, tmp_path: Path, live: dict[str, int], 
     target = analysis.macs.macs(widths)
     np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((samples, *shape[1:])).astype(np.float32))
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    opts = CompressOptions(target_macs=target, allocation="uniform", round_to=1, provider="cpu", **options)
+    opts = options_from(MACs(target), allocate=Uniform(), round_to=1, provider="cpu", **options)
     pruned, report = compress(model, calib, opts)
     kept = {layer.group: layer.kept for layer in report.layers}
     assert kept == {name: w for name, w in live.items()}, kept

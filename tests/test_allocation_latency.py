@@ -23,10 +23,11 @@ from onnxprune.cost import (
     widths_to_time,
 )
 from onnxprune.deploy.cost import parse_latency
-from onnxprune.pipeline import CompressOptions, compress, schedule
+from onnxprune.pipeline import compress, schedule
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
+from onnxprune.strategies import Latency, options_from
 from tests.onnx_builders import export_tiny, run
 
 runner = CliRunner()
@@ -215,7 +216,7 @@ def _timed_for_real(lat) -> None:
 @pytest.mark.parametrize("model_ms, met", [(10.0, True), (1e-3, False)])
 def test_compress_reports_predicted_and_measured_latency(tiny, tmp_path: Path, model_ms: float, met: bool) -> None:
     table = _fake_table(tiny, tmp_path / "t.json", model_ms=model_ms)
-    options = CompressOptions(target_latency_ms=0.9 * model_ms, cost_table=str(tmp_path / "t.json"), round_to=4)
+    options = options_from(Latency(ms=0.9 * model_ms, cost_table=str(tmp_path / "t.json")), round_to=4)
     pruned, report = compress(tiny.model, _calib(tiny), options)
     lat = report.latency
     assert lat.target_ms == 0.9 * model_ms and lat.predicted_ms <= lat.target_ms and lat.batch == 1
@@ -234,8 +235,8 @@ def test_ratio_target_is_judged_against_the_original_timed_with_it(tiny, tmp_pat
     """Whatever the table says the original takes (far more or far less than it does), a 0.9x target is met
     when the pruned model runs in 0.9x of the original timed in the same rounds."""
     _fake_table(tiny, tmp_path / "t.json", model_ms=model_ms)
-    _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_latency_ratio=0.9,
-                                                                 cost_table=str(tmp_path / "t.json"), round_to=4))
+    _, report = compress(tiny.model, _calib(tiny), options_from(Latency(ratio=0.9, cost_table=tmp_path / "t.json"),
+                                                              round_to=4))
     assert report.latency.target_ms == pytest.approx(0.9 * model_ms) and report.latency.target_ratio == 0.9
     _timed_for_real(report.latency)
 

@@ -3,6 +3,7 @@ on the tiny model, the same weights as the CLI; ``Result.save`` atomic."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -20,19 +21,33 @@ from onnxprune.errors import OnnxPruneError
 from onnxprune.pipeline import CompressOptions
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
-    MACs, Latency, Local, Ratio, Refit, Scale, named, options_from,
+    OMP, Curve, Epsilon, MACs, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Selector, Uniform, named,
+    options_from,
 )
 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
-    ("reconstruct", "ful", "none, scale, full"),
-    ("allocation", "unifrom", "uniform, epsilon, curve"),
-    ("method", "magic", "local, omp, global, l1, random"),
+    ("reconstruct", "ful", "full, scale, none"),
+    ("allocation", "unifrom", "epsilon, uniform, curve"),
+    ("method", "magic", "omp, local, global, l1, random"),
     ("target", "papers", "original, paper"),
 ])
-def test_compress_options_refuse_unknown_strategies(field: str, value: str, choices: str) -> None:
+def test_named_strategies_refuse_unknown_names(field: str, value: str, choices: str) -> None:
+    names = {"method": "omp", "allocation": "epsilon", "reconstruct": "full", "target": "original", field: value}
     with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
-        CompressOptions(target_ratio=0.5, **{field: value})
+        named(**names)
+
+
+@pytest.mark.parametrize(("field", "value", "choices"), [
+    ("budget", 0.5, r"MACs\(\), Ratio\(\), Latency\(\)"),
+    ("select", "omp", r"OMP\(\), Local\(\), Global\(\), L1\(\), Random\(\)"),
+    ("allocate", Refit(), r"Epsilon\(\), Uniform\(\), Curve\(\)"),
+    ("reconstruct", "full", r"NoRefit\(\), Scale\(\), Refit\(\)"),
+])
+def test_compress_options_refuse_a_wrong_kind(field: str, value: object, choices: str) -> None:
+    """CompressOptions holds strategy objects only: a name or another kind fails when built, listing the kind's."""
+    with pytest.raises(OnnxPruneError, match=f"{field}=.*: give one of {choices}"):
+        CompressOptions(**{"budget": Ratio(0.5), field: value})
 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
@@ -51,7 +66,7 @@ def test_recover_options_refuse_unknown_strategies(field: str, value: str, choic
     (lambda: MACs(0), "must be positive"),
     (lambda: Latency(), "exactly one of ms=... or ratio=..."),
     (lambda: Latency(ms=2.0, batch=0), "--latency-batch 0"),
-    (lambda: Local("papr"), "target 'papr' is not one of original, paper"),
+    (lambda: Local("papr"), "imitate is not one of original, paper (--target on the command line)"),
     (lambda: Scale(ridge=-1.0), "at least 0"),
     (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), L1(), Random()"),
     (lambda: options_from(Ratio(0.5), allocate=Refit()), "give one of Epsilon(), Uniform(), Curve()"),
@@ -64,44 +79,47 @@ def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:
     assert words in str(info.value)
 
 
-def test_strategies_map_to_the_options_the_cli_names() -> None:
-    assert options_from(Ratio(0.6)) == CompressOptions(target_ratio=0.6)
-    assert options_from(MACs(2e6), *named("local", "uniform", "scale", target="paper"), round_to=1) == \
-        CompressOptions(target_macs=2e6, method="local", target="paper", allocation="uniform", reconstruct="scale",
-                        round_to=1)
-    assert options_from(Latency(ratio=0.8, batch=4, threads=2), *named("random", "curve", "none", seed=3)) == \
-        CompressOptions(target_latency_ratio=0.8, latency_batch=4, threads=2, method="random", allocation="curve",
-                        reconstruct="none", seed=3)
+def test_strategies_map_to_the_names_the_cli_gives() -> None:
+    assert options_from(Ratio(0.6)) == CompressOptions(Ratio(0.6), OMP(), Epsilon(), Refit())
+    assert named("local", "uniform", "scale", target="paper") == (Local("paper"), Uniform(), Scale())
+    assert named("random", "curve", "none", seed=3) == (Random(3), Curve(), NoRefit())
+    options = options_from(Latency(ratio=0.8, batch=4, threads=2, cost_table=Path("t.json")),
+                           *named("random", "curve", "none", seed=3), round_to=1)
+    assert json.loads(json.dumps(options.to_dict())) == {
+        "budget": {"kind": "Latency", "ms": None, "ratio": 0.8, "batch": 4, "threads": 2, "cost_table": "t.json",
+                   "save_cost_table": None},
+        "select": {"kind": "Random", "seed": 3}, "allocate": {"kind": "Curve"}, "reconstruct": {"kind": "NoRefit"},
+        "min_channels": 1, "round_to": 1, "curve_samples": 128, "batch_size": 32, "provider": "auto",
+        "best_effort": False}
 
 
-# ---------------------------------------------------------------- onnxprune.compress on the tiny model
+class FirstChannels(Selector):
+    """A selector of one's own: the first ``width`` channels, its calls recorded."""
 
-def test_compress_from_paths_meets_the_budget_and_runs(tiny) -> None:
-    result = onnxprune.compress(tiny.path, tiny.calib, budget=Ratio(0.6))
-    assert result.report.macs_after <= 0.6 * result.report.macs_before
-    assert result.report.layers and result.report.calibration_samples == 64
-    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    assert sess.run(None, {"input": np.zeros((2, 3, 32, 32), np.float32)})[0].shape == (2, 10)
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, int, int]] = []
 
-
-def _weights(model: onnx.ModelProto) -> dict[str, bytes]:
-    return {t.name: numpy_helper.to_array(t).tobytes() for t in model.graph.initializer}
+    def select(self, ctx, group, data, width):
+        self.calls.append((group.name, group.channels, width))
+        return np.arange(width), np.ones(width), None
 
 
-@pytest.mark.parametrize(("flags", "strategies"), [
-    ([], {}),
-    (["--method", "local", "--reconstruct", "scale"], {"select": Local(), "reconstruct": Scale()}),
-])
-def test_compress_on_arrays_gives_the_cli_model_bit_for_bit(tiny, tmp_path: Path, flags, strategies) -> None:
-    out = tmp_path / "cli.onnx"
-    cli = CliRunner().invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
-                                   "--target-ratio", "0.6", *flags])
-    assert cli.exit_code == 0, cli.stderr
-    result = onnxprune.compress(onnx.load(str(tiny.path)), {"input": tiny.x.copy()}, budget=Ratio(0.6),
-                                **strategies)
-    expected = _weights(onnx.load(str(out)))
-    assert expected.keys() == _weights(result.model).keys()
-    assert _weights(result.model) == expected
+def test_a_selector_passed_in_is_what_runs(tiny) -> None:
+    """The loop calls the Selector object given (no name in between): every pruned group keeps its first
+    channels, and the written producers' weights are the original's first rows."""
+    select = FirstChannels()
+    result = onnxprune.compress(tiny.path, tiny.calib, budget=Ratio(0.6), select=select, reconstruct=NoRefit())
+    assert [(name, n, kept) for name, n, kept in select.calls] == \
+        [(layer.group, layer.channels, layer.kept) for layer in result.report.layers] and select.calls
+    assert result.report.options["select"] == {"kind": "FirstChannels"}
+    stem = result.report.layers[0]  # named by its producer, the stem conv (which reads no pruned channels)
+    w_original, w_pruned = (_weight_of(model, stem.group) for model in (onnx.load(str(tiny.path)), result.model))
+    assert w_pruned.shape[0] == stem.kept < stem.channels and np.array_equal(w_pruned, w_original[: stem.kept])
+
+
+def _weight_of(model: onnx.ModelProto, node_name: str) -> np.ndarray:
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return next(numpy_helper.to_array(t) for t in model.graph.initializer if t.name == node.input[1])
 
 
 def test_result_save_is_atomic(tiny, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

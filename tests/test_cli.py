@@ -243,11 +243,12 @@ def test_error_message_keeps_brackets_in_paths(tmp_path: Path) -> None:
 def student(tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The tiny model pruned to 60% of its MACs."""
     from onnxprune.calib.sources import load_calibration
-    from onnxprune.pipeline import CompressOptions, compress
+    from onnxprune.pipeline import compress
+    from onnxprune.strategies import Ratio, options_from
     from onnxprune.runtime.ort import model_input_specs
 
     pruned, _ = compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
-                         CompressOptions(target_ratio=0.6))
+                         options_from(Ratio(0.6)))
     path = tmp_path_factory.mktemp("student") / "student.onnx"
     onnx.save(pruned, str(path))
     return path

@@ -11,9 +11,12 @@ import pytest
 from onnxprune.analysis import analyze
 from onnxprune.allocation import group_step
 from onnxprune.calib.sources import load_calibration
-from onnxprune.pipeline import METHODS, RECONSTRUCTIONS, Compressor, CompressOptions, compress, schedule
+from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
+from onnxprune.strategies import (
+    METHODS, RECONSTRUCTIONS, MACs, NoRefit, Ratio, Refit, Scale, Local, Random, Global, named, options_from,
+)
 from tests.onnx_builders import run, session
 
 RATIO = 0.6
@@ -31,8 +34,8 @@ def pruned(tiny):
     def get(method: str, reconstruct: str):
         if (method, reconstruct) not in cache:
             # round_to=1: channel granularity, so the budget can be met within 1% on this tiny net
-            options = CompressOptions(target_ratio=RATIO, method=method, reconstruct=reconstruct, provider="cpu",
-                                      round_to=1)
+            select, allocate, refit = named(method, "epsilon", reconstruct)
+            options = options_from(Ratio(RATIO), select, allocate, refit, provider="cpu", round_to=1)
             cache[method, reconstruct] = compress(tiny.model, _calib(tiny), options)
         return cache[method, reconstruct]
 
@@ -45,17 +48,16 @@ def _rel(y: np.ndarray, ref: np.ndarray) -> float:
 
 def test_tiny_model_schedule(tiny) -> None:
     """The tiny model has 5 layer-wise prunable groups; its residual stream is skipped as coupled."""
-    run_ = Compressor(tiny.model, _calib(tiny), CompressOptions(target_ratio=RATIO, provider="cpu"))
+    run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(RATIO), provider="cpu"))
     order, skipped = schedule(run_.analysis, run_.live)
     assert [g.channels for _, g in order] == [16, 8, 32, 48, 64]
     reasons = {s["channels"]: s["reason"] for s in skipped}
     assert "coupled" in reasons[12] and "graph output" in reasons[10]
 
 
-def _keep_all(tiny, reconstruct: str) -> tuple[onnx.ModelProto, list[tuple[float, float]]]:
+def _keep_all(tiny, reconstruct) -> tuple[onnx.ModelProto, list[tuple[float, float]]]:
     """Run the pipeline's pieces keeping every channel with the simplex weights a_i = 1/N."""
-    run_ = Compressor(tiny.model, _calib(tiny), CompressOptions(target_ratio=RATIO, reconstruct=reconstruct,
-                                                                provider="cpu"))
+    run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(RATIO), reconstruct=reconstruct, provider="cpu"))
     order, _ = schedule(run_.analysis, run_.live)
     errors = []
     for cut, group in order:
@@ -70,7 +72,7 @@ def _keep_all(tiny, reconstruct: str) -> tuple[onnx.ModelProto, list[tuple[float
 
 
 def test_keep_all_uniform_fold_leaves_model_unchanged(tiny) -> None:
-    model, errors = _keep_all(tiny, "none")
+    model, errors = _keep_all(tiny, NoRefit())
     # relative errors from streamed float32 statistics: zero up to cancellation
     assert all(abs(e_fold) < 1e-5 and abs(e) < 1e-5 for e_fold, e in errors), errors
     (ref,) = run(tiny.model, input=tiny.x)
@@ -79,7 +81,7 @@ def test_keep_all_uniform_fold_leaves_model_unchanged(tiny) -> None:
 
 
 def test_keep_all_full_refit_reproduces_outputs(tiny) -> None:
-    model, errors = _keep_all(tiny, "full")
+    model, errors = _keep_all(tiny, Refit())
     assert all(abs(e) < 1e-4 for _, e in errors), errors
     (ref,) = run(tiny.model, input=tiny.x)
     (got,) = run(model, input=tiny.x)
@@ -135,15 +137,15 @@ def test_local_imitation_beats_l1_and_random(tiny, pruned) -> None:
 def test_target_macs_absolute(tiny) -> None:
     total = analyze(tiny.model).macs.total
     model, report = compress(tiny.model, _calib(tiny),
-                             CompressOptions(target_macs=0.75 * total, reconstruct="scale", provider="cpu", round_to=1))
+                             options_from(MACs(0.75 * total), reconstruct=Scale(), provider="cpu", round_to=1))
     assert 0.74 * total <= report.macs_after <= 0.75 * total
     assert report.target_macs == pytest.approx(0.75 * total)
 
 
 def test_paper_target_runs(tiny, pruned) -> None:
     model, report = compress(tiny.model, _calib(tiny),
-                             CompressOptions(target_ratio=RATIO, target="paper", reconstruct="none", provider="cpu",
-                                             round_to=1))
+                             options_from(Ratio(RATIO), Local("paper"), reconstruct=NoRefit(), provider="cpu",
+                                          round_to=1))
     assert report.macs_after == pruned("local", "none")[1].macs_after
     assert all(layer.imitation_loss is None or layer.imitation_loss >= -1e-9 for layer in report.layers)
     (y,) = run(model, input=tiny.x[:4])
@@ -153,7 +155,7 @@ def test_paper_target_runs(tiny, pruned) -> None:
 def test_fewer_samples_than_one_batch(tiny, tmp_path) -> None:
     np.save(tmp_path / "few.npy", tiny.x[:16])
     calib = load_calibration(str(tmp_path / "few.npy"), model_input_specs(tiny.model))
-    model, report = compress(tiny.model, calib, CompressOptions(target_ratio=RATIO, reconstruct="full", provider="cpu"))
+    model, report = compress(tiny.model, calib, options_from(Ratio(RATIO), provider="cpu"))
     assert report.calibration_samples == 16 and report.macs_after <= RATIO * report.macs_before
 
 
@@ -194,7 +196,7 @@ def test_full_refit_of_consumers_without_bias_input(builder, last_input: str, tm
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     np.save(tmp_path / "calib.npy", x)
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    options = CompressOptions(target_ratio=0.5, reconstruct="full", provider="cpu", round_to=1)
+    options = options_from(Ratio(0.5), reconstruct=Refit(), provider="cpu", round_to=1)
     pruned_model, report = compress(model, calib, options)
     assert len(report.layers) >= 2
     onnx.checker.check_model(pruned_model, full_check=True)
@@ -214,8 +216,8 @@ def test_allocations_meet_the_budget(tiny, allocation: str) -> None:
     scheduled group (up to a channel of the 8-wide group, 1/8); the error-driven allocations spread it."""
     analysis = analyze(tiny.model)
     total = analysis.macs.total
-    pruned_model, report = compress(tiny.model, _calib(tiny), CompressOptions(target_ratio=0.7, allocation=allocation,
-                                                                             provider="cpu", round_to=1))
+    options = options_from(Ratio(0.7), allocate=named("omp", allocation, "full")[1], provider="cpu", round_to=1)
+    pruned_model, report = compress(tiny.model, _calib(tiny), options)
     assert analyze(pruned_model).macs.total == report.macs_after
     assert 0.69 * total <= report.macs_after <= 0.7 * total
     kept = {layer.group: layer.kept for layer in report.layers}
@@ -225,7 +227,7 @@ def test_allocations_meet_the_budget(tiny, allocation: str) -> None:
 
 
 def test_round_to_keeps_widths_multiples(tiny) -> None:
-    _, report = compress(tiny.model, _calib(tiny), CompressOptions(target_ratio=0.7, provider="cpu", round_to=8))
+    _, report = compress(tiny.model, _calib(tiny), options_from(Ratio(0.7), provider="cpu", round_to=8))
     assert report.layers and report.macs_after <= 0.7 * report.macs_before
     for layer in report.layers:  # a group narrower than 32 channels steps by a quarter of it (a power of two)
         assert layer.step == (8 if layer.channels >= 32 else group_step(layer.channels, 8)), layer
@@ -242,8 +244,8 @@ def test_global_method_prunes_a_small_chain(tmp_path) -> None:
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
     (ref,) = run(model, input=x)
     errors = {}
-    for method in ("global", "random"):
-        options = CompressOptions(target_ratio=0.5, method=method, reconstruct="none", provider="cpu", round_to=1)
+    for method, select in (("global", Global()), ("random", Random())):
+        options = options_from(Ratio(0.5), select, reconstruct=NoRefit(), provider="cpu", round_to=1)
         pruned_model, report = compress(model, calib, options)
         (y,) = run(pruned_model, input=x)
         errors[method] = _kl(ref, y)

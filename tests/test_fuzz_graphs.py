@@ -13,9 +13,10 @@ import pytest
 
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import ArraySet
-from onnxprune.pipeline import CompressOptions, compress
+from onnxprune.pipeline import compress
 from onnxprune.errors import OnnxPruneError
 from onnxprune.passes import slice_channels
+from onnxprune.strategies import Ratio, options_from
 from tests.onnx_builders import GraphBuilder, export_graph, run
 from tests.test_concat_split import masked
 
@@ -135,7 +136,7 @@ def test_random_graph_compresses_or_refuses(seed: int) -> None:
     x = np.random.default_rng(seed).standard_normal((16, 3, HW, HW)).astype(np.float32)
     calib = ArraySet({"x": x}, np.arange(16), {"x": np.float32})
     try:
-        pruned, report = compress(model, calib, CompressOptions(target_ratio=0.85, round_to=1, provider="cpu"))
+        pruned, report = compress(model, calib, options_from(Ratio(0.85), round_to=1, provider="cpu"))
     except OnnxPruneError as exc:  # an explicit refusal (nothing prunable, target out of reach)
         assert str(exc)
         return

@@ -27,8 +27,9 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune import pipeline
-from onnxprune.pipeline import CompressOptions, CompressReport, compress
+from onnxprune.pipeline import CompressReport, compress
 from onnxprune.runtime.ort import model_input_specs
+from onnxprune.strategies import Ratio, options_from
 from tests.onnx_builders import TINY_INPUT, GraphBuilder, TinyMobileNet, export_torch, run
 
 SAMPLES = 24
@@ -78,8 +79,8 @@ class Pruned:
 
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(pipeline, "slice_channels", spy)
-            self.model, self.report = compress(self.original, calib, CompressOptions(
-                target_ratio=0.6, provider="cpu", round_to=1, batch_size=8))
+            self.model, self.report = compress(self.original, calib, options_from(
+                Ratio(0.6), provider="cpu", round_to=1, batch_size=8))
 
 
 @pytest.fixture(scope="module", params=list(MODELS))

@@ -19,9 +19,10 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import specialise_inputs
 from onnxprune.calib.sources import load_calibration
 from onnxprune import pipeline
-from onnxprune.pipeline import CompressOptions, compress
+from onnxprune.pipeline import compress
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.probe import fixed_batch
+from onnxprune.strategies import Global, Ratio, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, compress_dead, kill, run, same_outputs, session
 
 
@@ -63,7 +64,7 @@ def test_global_imitation_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
     np.save(tmp_path / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
     with pytest.raises(Exception, match="--method global .* fixes its batch .*static batch of 1"):
-        compress(model, calib, CompressOptions(target_ratio=0.8, method="global", provider="cpu", round_to=1))
+        compress(model, calib, options_from(Ratio(0.8), Global(), provider="cpu", round_to=1))
 
 
 # ----------------------------------------------------------------------------- shapes the exporter computes
@@ -160,7 +161,7 @@ def test_narrow_groups_are_pruned_in_finer_steps(tmp_path: Path) -> None:
     assert all(group_step(g.channels, 8) < 8 for g in analysis.prunable)
     np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32))
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
-    _, report = compress(model, calib, CompressOptions(target_ratio=0.85, provider="cpu"))
+    _, report = compress(model, calib, options_from(Ratio(0.85), provider="cpu"))
     assert report.macs_after <= 0.85 * report.macs_before
     assert report.layers and all(layer.step == {"a8": 2, "b8": 2, "c12": 2}[layer.group] for layer in report.layers)
     assert all(layer.kept % layer.step == 0 and layer.kept < layer.channels for layer in report.layers)
@@ -198,8 +199,8 @@ def test_squeeze_excite_refit_sees_the_gate_as_pruned(tmp_path: Path) -> None:
     model = _se_block()
     np.save(tmp_path / "c.npy", np.random.default_rng(3).standard_normal((24, 8, 8, 8)).astype(np.float32))
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
-    pruned, report = compress(model, calib, CompressOptions(target_ratio=0.7, allocation="uniform", round_to=1,
-                                                            min_channels=4, provider="cpu"))
+    pruned, report = compress(model, calib, options_from(Ratio(0.7), allocate=Uniform(), round_to=1, min_channels=4,
+                                                         provider="cpu"))
     assert [x.group for x in report.layers] == ["expand"]  # se_reduce (4 channels) stays whole
     names = ["se_reduce_out", "project_out"]
     outs = []

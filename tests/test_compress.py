@@ -15,7 +15,7 @@ from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from onnxprune.strategies import (
-    METHODS, RECONSTRUCTIONS, MACs, NoRefit, Ratio, Refit, Scale, Local, Random, Global, named, options_from,
+    METHODS, RECONSTRUCTIONS, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named, options_from,
 )
 from tests.onnx_builders import run, session
 

@@ -3,8 +3,10 @@
 Groups are pruned in graph order. At each group's cut (just before its first consumer) the
 calibration set has been pushed through the already-pruned prefix and, in lockstep, through the
 original network. The consumers' unfolded inputs (pruned prefix) and outputs (original network)
-are reduced to streamed statistics, from which the greedy chooses the channels and the
-reconstruction chooses the consumer weights.
+are reduced to streamed statistics, from which the selector chooses the channels and the
+reconstruction the consumer weights. The budget, the allocator, the selector and the reconstruction are
+the strategy objects of ``CompressOptions`` (``onnxprune.strategies``): the loop calls them, it never
+compares a name.
 """
 
 from __future__ import annotations
@@ -193,7 +195,7 @@ class Compressor:
             del values[name]
 
     def error_curves(
-        self, order: list[tuple[int, Group]], on_layer: Callable[[int, int, str], None] | None = None
+        self, order: list[tuple[int, Group]], on_layer: Progress | None = None
     ) -> dict[int, np.ndarray]:
         """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
         measured on the original network in one pass over ``curve_samples`` evenly spaced

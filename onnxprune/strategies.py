@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from numbers import Integral
 from dataclasses import asdict, dataclass, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,7 +33,7 @@ from onnxprune.imitation.omp import centred, group_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
-from onnxprune.runtime.ort import first_provider
+from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider
 
 if TYPE_CHECKING:
     from onnxprune.analysis import Analysis
@@ -402,6 +403,11 @@ class CompressOptions:
     def __post_init__(self) -> None:
         for name, kind in STRATEGY_KINDS.items():
             _kind(getattr(self, name), kind, name)
+        for name in ("min_channels", "round_to", "curve_samples", "batch_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise OptionError(f"{name}={value!r}: a whole number of at least 1 (--{name.replace('_', '-')})")
+        check_choice("provider", self.provider, ("auto", *PROVIDER_CHAINS))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: each strategy as its ``describe()`` ({"kind": "OMP", ...}), the knobs as they are."""

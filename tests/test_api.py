@@ -71,6 +71,8 @@ def test_recover_options_refuse_unknown_strategies(field: str, value: str, choic
     (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), L1(), Random()"),
     (lambda: options_from(Ratio(0.5), allocate=Refit()), "give one of Epsilon(), Uniform(), Curve()"),
     (lambda: options_from(Ratio(0.5), method="omp"), "compress option(s) method are not among"),
+    (lambda: options_from(Ratio(0.5), round_to=0), "round_to=0: a whole number of at least 1 (--round-to)"),
+    (lambda: options_from(Ratio(0.5), provider="gpu"), "provider 'gpu' is not one of auto, cpu, cuda, tensorrt"),
     (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, l1, random"),
 ])
 def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:

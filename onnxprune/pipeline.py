@@ -290,7 +290,9 @@ class Compressor:
 
     def generator(self, seed: int) -> np.random.Generator:
         """The generator of ``seed``, drawn on across groups."""
-        return self.generators.setdefault(seed, np.random.default_rng(seed))
+        if seed not in self.generators:
+            self.generators[seed] = np.random.default_rng(seed)
+        return self.generators[seed]
 
     def reference_outputs(self) -> dict[str, np.ndarray]:
         """The original network's outputs on the calibration set (computed once)."""

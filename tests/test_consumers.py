@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from onnxprune.analysis import consumers
 from onnxprune.analysis.graph import import_graph
 from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.ops.conv import conv_pads
 from tests.onnx_builders import run
 
 CASES = {
@@ -40,7 +41,7 @@ def _im2col(x: np.ndarray, node: gs.Node) -> np.ndarray:
     kh, kw = node.inputs[1].shape[2:]
     sh, sw = node.attrs.get("strides", [1, 1])
     dh, dw = node.attrs.get("dilations", [1, 1])
-    top, left, bottom, right = consumers._conv_pads(node)
+    top, left, bottom, right = conv_pads(node)
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
     ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1

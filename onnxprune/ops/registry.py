@@ -109,12 +109,6 @@ def _describe(entry: OpEntry) -> str:
     return ", ".join(f"{f}={name(getattr(entry, f))}" for f in fields if getattr(entry, f) is not None) or "empty"
 
 
-def register_each(op_types: Sequence[str], **fields: Any) -> None:
-    """Register one entry with the same ``fields`` for each of ``op_types``."""
-    for op in op_types:
-        register(OpEntry(op, **fields))
-
-
 @contextmanager
 def registered(entry: OpEntry) -> Iterator[OpEntry]:
     """``entry`` registered for the ``with`` block only (tests, experiments)."""

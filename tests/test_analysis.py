@@ -8,7 +8,7 @@ import pytest
 
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
-from onnxprune.analysis.ops import AttrSite, SliceSite
+from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run

@@ -75,7 +75,8 @@ def test_conv_unfold_matches_im2col_and_onnxruntime(name: str) -> None:
 
 
 def test_grouped_conv_consumer_is_blocked() -> None:
-    from onnxprune.analysis.ops import Blocked, role_of
+    from onnxprune.analysis.ops import role_of
+    from onnxprune.ops.roles import Blocked
 
     rng = np.random.default_rng(0)
     w = gs.Constant("w", rng.standard_normal((4, 2, 3, 3)).astype(np.float32))

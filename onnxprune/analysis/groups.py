@@ -16,7 +16,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.graph import static_shape
-from onnxprune.analysis.ops import (
+from onnxprune.analysis.ops import role_of
+from onnxprune.ops.registry import Having, lookup
+from onnxprune.ops.roles import (
     AttrSite,
     Blocked,
     Channelwise,
@@ -26,9 +28,7 @@ from onnxprune.analysis.ops import (
     Producer,
     ResizeSite,
     SliceSite,
-    role_of,
 )
-from onnxprune.ops.registry import Having, lookup
 
 PRODUCER_OPS = Having("mixing")  # the op types that create channels (``op in PRODUCER_OPS``)
 Witness = tuple[str, int, int]  # (tensor, axis, repeat) holding exactly a group's channels

@@ -1,27 +1,12 @@
 """What a node does with a channel space reaching one of its ports: its op's channel rule in the
-op registry (``onnxprune.ops``); the roles a rule answers are in ``onnxprune.ops.roles``."""
+op registry (``onnxprune.ops``), answering one of the roles of ``onnxprune.ops.roles``."""
 
 from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
 from onnxprune.ops.registry import lookup
-from onnxprune.ops.roles import (
-    AttrSite,
-    Blocked,
-    Channelwise,
-    Consumer,
-    Cut,
-    Port,
-    Producer,
-    ResizeSite,
-    Role,
-    SliceSite,
-    Span,
-)
-
-__all__ = ["AttrSite", "Blocked", "Channelwise", "Consumer", "Cut", "Port", "Producer", "ResizeSite", "Role",
-           "SliceSite", "Span", "role_of"]
+from onnxprune.ops.roles import Blocked, Port, Role, Span
 
 
 def role_of(node: gs.Node, port: Port, axis: int, repeat: int, span: Span = (0, 0)) -> Role:

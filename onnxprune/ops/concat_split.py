@@ -31,6 +31,15 @@ def _cut(node: gs.Node, sizes: list[int], span: Span, what: str) -> Cut | None:
     return Cut(inside, f"{node.op} {node.name} {what} inside the channel range") if inside else None
 
 
+def _piece(node: gs.Node, port: Port, side: str, sizes: list[int], span: Span, what: str) -> int | Cut:
+    """Which of the pieces on ``side`` (Concat inputs, Split outputs) the space is in: the port's own,
+    else the piece holding ``span``, or a Cut where the span straddles pieces."""
+    if port[0] == side:
+        return port[1]
+    cut = _cut(node, sizes, span, what)
+    return cut if cut is not None else _pieces(sizes, span)[0]
+
+
 def _concat_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     """On another axis: channel-wise. On the channel axis: input i's channels are the range of the
     output that starts at the sizes of inputs 0..i-1."""
@@ -44,13 +53,9 @@ def _concat_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     sizes = [channels_at(t, axis) for t in node.inputs]
     if repeat != 1 or None in sizes:
         return Blocked(f"Concat {node.name}: concatenates flattened channels or inputs of unknown size")
-    if port[0] == "in":
-        i = port[1]
-    else:
-        cut = _cut(node, sizes, span, "joins two inputs")
-        if cut is not None:
-            return cut
-        i = _pieces(sizes, span)[0]
+    i = _piece(node, port, "in", sizes, span, "joins two inputs")
+    if isinstance(i, Cut):
+        return i
     start = int(sum(sizes[:i]))
     return Channelwise({("in", i): (axis, 1), ("out", 0): (axis, 1)}, frames={("in", i): 0, ("out", 0): start})
 
@@ -81,13 +86,9 @@ def _split_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -
     sizes = split_sizes(node, channels_at(node.inputs[0], axis))
     if repeat != 1 or sizes is None:
         return Blocked(f"Split {node.name}: splits flattened channels, or its sizes are not constant")
-    if port[0] == "out":
-        j = port[1]
-    else:
-        cut = _cut(node, sizes, span, "splits")
-        if cut is not None:
-            return cut
-        j = _pieces(sizes, span)[0]
+    j = _piece(node, port, "out", sizes, span, "splits")
+    if isinstance(j, Cut):
+        return j
     bounds = tuple(int(b) for b in np.cumsum([0, *sizes]))
     return Channelwise({("in", 0): (axis, 1), ("out", j): (axis, 1)}, frames={("in", 0): bounds[j], ("out", j): 0},
                        resizes=[ResizeSite(node.name, node.inputs[0].name, axis, bounds)])

@@ -7,8 +7,8 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.consumers import bias_add
 from onnxprune.analysis.groups import Group, keep_index, kept_entries
-from onnxprune.analysis.ops import SliceSite
 from onnxprune.ops.registry import lookup
+from onnxprune.ops.roles import SliceSite
 
 
 def _sites(nodes: dict[str, gs.Node], group: Group) -> list[SliceSite]:

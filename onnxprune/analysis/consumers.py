@@ -75,7 +75,7 @@ class ColumnView:
 def group_view(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -> ColumnView:
     """Where ``group``'s channels sit among the consumer's columns in ``graph`` (pruned or original)."""
     full = matrix(node)
-    taps = full.k
+    taps = full.k  # kernel taps per channel column (1 for Gemm, MatMul)
     tensors = graph.tensors()
     width = group.width(tensors)
     entries = np.stack([group.entries(tensors, use.tensor, o, use.repeat) for o in group.offsets[use.tensor]])

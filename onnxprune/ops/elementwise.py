@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
-import onnx_graphsurgeon as gs
 
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span

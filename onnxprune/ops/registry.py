@@ -124,13 +124,13 @@ def lookup(op_type: str) -> OpEntry | None:
 
 
 class Having:
-    """The op types whose entry sets ``field`` (a live view: ``op in Having("macs")``)."""
+    """The op types whose entry sets the field ``name``, as registered now: ``op in Having("macs")``."""
 
     def __init__(self, name: str) -> None:
         self.name = name
 
-    def __contains__(self, op_type: object) -> bool:
-        entry = ENTRIES.get(op_type) if isinstance(op_type, str) else None
+    def __contains__(self, op_type: str) -> bool:
+        entry = ENTRIES.get(op_type)
         return entry is not None and getattr(entry, self.name) is not None
 
 

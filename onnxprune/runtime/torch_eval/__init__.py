@@ -10,7 +10,8 @@ per-channel mask (global imitation) and training the pruned model's weights (few
   floats and BatchNormalization statistics are buffers), ``Constant`` nodes are buffers.
 * ``write_back(model, torch_graph)`` copies the (trained) tensors back into the initializers.
 
-Semantics follow the ONNX spec as onnxruntime implements it, opsets 7-21.
+Semantics follow the ONNX spec as onnxruntime implements it, opsets 7-21 (where an attribute became an
+input, a kernel per opset range, or one that reads either place).
 """
 
 from onnxprune.runtime.torch_eval.engine import TorchGraph, write_back

@@ -8,7 +8,7 @@ import pytest
 
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
-from onnxprune.analysis.ops import AttrSite, SliceSite
+from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
@@ -433,12 +433,10 @@ def test_mac_model_matches_pruned_hand_graph() -> None:
         assert run(pruned, x=np.ones((3, 3, 16, 16), np.float32))[0].shape == (3, 5)
 
 
-def test_op_registries_refuse_a_second_entry_for_an_op() -> None:
-    from onnxprune.analysis.ops import RULES, rule
-    from onnxprune.runtime.torch_eval import OPS, register_op
+def test_the_op_registry_refuses_a_second_entry_for_an_op() -> None:
+    from onnxprune.ops import OpEntry, lookup, register
 
-    with pytest.raises(ValueError, match="Conv already has the rule"):
-        rule("Conv")(lambda *args: None)
-    with pytest.raises(ValueError, match="Conv already has the torch function"):
-        register_op("Conv")(lambda *args: None)
-    assert RULES["Conv"].__name__ != "<lambda>" and OPS["Conv"].fn.__name__ != "<lambda>"
+    conv = lookup("Conv")
+    with pytest.raises(ValueError, match=r"Conv is already registered \(channels=_conv_rule, .*torch=\{1: _conv\}"):
+        register(OpEntry("Conv", channels=lambda *args: None))
+    assert lookup("Conv") is conv

@@ -12,6 +12,7 @@ from onnx import TensorProto, helper
 from onnxprune.analysis import consumers
 from onnxprune.analysis.graph import import_graph
 from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.ops.conv import conv_pads
 from tests.onnx_builders import run
 
 CASES = {
@@ -40,7 +41,7 @@ def _im2col(x: np.ndarray, node: gs.Node) -> np.ndarray:
     kh, kw = node.inputs[1].shape[2:]
     sh, sw = node.attrs.get("strides", [1, 1])
     dh, dw = node.attrs.get("dilations", [1, 1])
-    top, left, bottom, right = consumers._conv_pads(node)
+    top, left, bottom, right = conv_pads(node)
     xp = np.pad(x, ((0, 0), (0, 0), (top, bottom), (left, right)))
     oh = (xp.shape[2] - (kh - 1) * dh - 1) // sh + 1
     ow = (xp.shape[3] - (kw - 1) * dw - 1) // sw + 1
@@ -74,7 +75,8 @@ def test_conv_unfold_matches_im2col_and_onnxruntime(name: str) -> None:
 
 
 def test_grouped_conv_consumer_is_blocked() -> None:
-    from onnxprune.analysis.ops import Blocked, role_of
+    from onnxprune.analysis.ops import role_of
+    from onnxprune.ops.roles import Blocked
 
     rng = np.random.default_rng(0)
     w = gs.Constant("w", rng.standard_normal((4, 2, 3, 3)).astype(np.float32))

@@ -16,7 +16,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.graph import static_shape
-from onnxprune.analysis.ops import (
+from onnxprune.analysis.ops import role_of
+from onnxprune.ops.registry import Having, lookup
+from onnxprune.ops.roles import (
     AttrSite,
     Blocked,
     Channelwise,
@@ -26,10 +28,9 @@ from onnxprune.analysis.ops import (
     Producer,
     ResizeSite,
     SliceSite,
-    role_of,
 )
 
-PRODUCER_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+PRODUCER_OPS = Having("mixing")  # the op types that create channels (``op in PRODUCER_OPS``)
 Witness = tuple[str, int, int]  # (tensor, axis, repeat) holding exactly a group's channels
 
 
@@ -164,13 +165,6 @@ def kept_entries(graph: gs.Graph, group: Group, keep: np.ndarray,
             starts = group.starts(tensors, name, unpruned=sizes is not None)
             out[name] = keep_index(int(size), starts, width, repeat, keep)
     return out
-
-
-def _producer_axis(node: gs.Node) -> int | None:
-    if node.op == "MatMul":
-        shape = static_shape(node.outputs[0])
-        return None if shape is None else len(shape) - 1
-    return 1
 
 
 def _port_tensors(node: gs.Node, port: Port) -> gs.Tensor:
@@ -311,7 +305,7 @@ def find_groups(graph: gs.Graph) -> list[Group]:
     for node in graph.nodes:
         if node.op not in PRODUCER_OPS or not node.outputs or node.outputs[0].name in assigned:
             continue
-        axis = _producer_axis(node)
+        axis = lookup(node.op).mixing.axis(node)
         shape = static_shape(node.outputs[0])
         if axis is None or shape is None or shape[axis] is None:
             continue

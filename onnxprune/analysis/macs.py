@@ -1,4 +1,5 @@
-"""MAC and parameter counts (Conv, ConvTranspose, Gemm, MatMul: the pruning papers' convention).
+"""MAC and parameter counts (the ops whose registry entry counts MACs: Conv, ConvTranspose, Gemm, MatMul,
+the pruning papers' convention).
 
 MACs are per sample (batch dimension excluded). ``MacModel`` also gives the exact count after
 pruning for any choice of group widths, which the width allocation uses.
@@ -11,11 +12,12 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.analysis.graph import static_shape
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import AnalysisError
+from onnxprune.ops.registry import Having, lookup
 
-MAC_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+MAC_OPS = Having("macs")  # the op types that count MACs (``op in MAC_OPS``)
 
 
 @dataclass(frozen=True)
@@ -32,13 +34,6 @@ class MacEntry:
     @property
     def groups(self) -> set[int]:
         return {gid for gid, _ in (*self.inputs, *self.outputs)}
-
-
-def _prod(dims: list[int | None], where: str) -> int:
-    if any(d is None for d in dims):
-        raise AnalysisError(f"{where}: MACs need static shapes; export the model with a fixed input "
-                            "size (only the batch dimension may be dynamic)")
-    return int(np.prod(dims)) if dims else 1
 
 
 def _inference_stop(node: gs.Node) -> gs.Node:
@@ -58,27 +53,21 @@ def _inference_stop(node: gs.Node) -> gs.Node:
 
 
 def node_macs(node: gs.Node) -> int:
-    """MACs of one node for a single sample."""
+    """MACs of one node for a single sample (0 for an op whose entry counts none)."""
+    entry = lookup(node.op)
+    if entry is None or entry.macs is None:
+        return 0
     out = static_shape(node.outputs[0])
     inp = static_shape(node.inputs[0])
-    where = f"{node.op} {node.name}"
     if out is None or inp is None:
+        where = f"{node.op} {node.name}"
         stop = _inference_stop(node)
         if stop is not node:
             domain = f" (domain {stop.domain})" if getattr(stop, "domain", None) else ""
             raise AnalysisError(f"{where}: unknown shapes: shape inference stops at {stop.op}{domain} {stop.name}; "
                                 "declare its output shape as value_info in the model")
         raise AnalysisError(f"{where}: unknown shapes; export the model with a fixed input size")
-    weight = const_value(node.inputs[1])
-    if node.op == "Conv":
-        w_shape = weight.shape if weight is not None else static_shape(node.inputs[1])
-        return _prod(out[1:], where) * _prod(list(w_shape[1:]), where)
-    if node.op == "ConvTranspose":
-        w_shape = weight.shape if weight is not None else static_shape(node.inputs[1])
-        return _prod(inp[1:], where) * _prod(list(w_shape[1:]), where)
-    # Gemm / MatMul: every output entry is a dot product over the reduced dimension.
-    k = inp[0] if node.op == "Gemm" and int(node.attrs.get("transA", 0)) else inp[-1]
-    return _prod(out[1:], where) * _prod([k], where)
+    return entry.macs(node, inp, out)
 
 
 def count_params(graph: gs.Graph) -> int:

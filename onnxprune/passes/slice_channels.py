@@ -7,7 +7,8 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.consumers import bias_add
 from onnxprune.analysis.groups import Group, keep_index, kept_entries
-from onnxprune.analysis.ops import ResizeSite, SliceSite
+from onnxprune.ops.registry import lookup
+from onnxprune.ops.roles import SliceSite
 
 
 def _sites(nodes: dict[str, gs.Node], group: Group) -> list[SliceSite]:
@@ -23,39 +24,23 @@ def _sites(nodes: dict[str, gs.Node], group: Group) -> list[SliceSite]:
         node = nodes[name]
         weight = next((s for s in sites if s.node == name and s.input_index == 1), None)
         where = {} if weight is None else {"tensor": weight.tensor, "offset": weight.offset}
-        if node.op in ("Conv", "ConvTranspose", "Gemm") and len(node.inputs) > 2 and (name, 2) not in known:
-            bias = node.inputs[2]
+        mixing = lookup(node.op).mixing
+        slot = None if mixing is None else mixing.bias_input
+        if slot is not None and len(node.inputs) > slot and (name, slot) not in known:
+            bias = node.inputs[slot]
             if isinstance(bias, gs.Constant) and np.asarray(bias.values).size > 1:
-                sites.append(SliceSite(name, 2, np.asarray(bias.values).ndim - 1, **where))
+                sites.append(SliceSite(name, slot, np.asarray(bias.values).ndim - 1, **where))
         add = bias_add(node)
         if add is not None and (add.name, 1) not in known:
             sites.append(SliceSite(add.name, 1, 0, **where))
     return sites
 
 
-def _resize(node: gs.Node, site: ResizeSite, group: Group, tensors: dict[str, gs.Tensor], opset: int) -> None:
-    """Rewrite a Split's sizes or a Slice's channel bounds for the current channel layout."""
-    bounds = [group.layout.current(tensors, site.tensor, b) for b in site.bounds]
-    if node.op == "Split":
-        sizes = np.diff(bounds).astype(np.int64)
-        if opset >= 13:
-            node.attrs.pop("num_outputs", None)
-            split = gs.Constant(f"{node.name}.split{group.id}", sizes)
-            node.inputs = [node.inputs[0], split]
-        else:
-            node.attrs["split"] = [int(s) for s in sizes]
-        return
-    rank = len(node.inputs[0].shape)
-    params = [np.array(np.asarray(t.values), dtype=np.int64).reshape(-1) for t in node.inputs[1:]]
-    axes = [int(a) % rank for a in params[2]] if len(params) > 2 else list(range(len(params[0])))
-    k = axes.index(site.axis)
-    params[0][k], params[1][k] = bounds
-    for i in (0, 1):
-        node.inputs[1 + i] = gs.Constant(f"{node.inputs[1 + i].name}.keep{group.id}", params[i])
-
-
 def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
-    """Slice every constant indexed by the group's channels to ``keep`` (sorted) and fix shapes."""
+    """Slice every constant indexed by the group's channels to ``keep`` (sorted) and fix shapes.
+
+    Mutates ``graph`` in place and returns the same graph (cleaned up and sorted), onnx-graphsurgeon's habit.
+    """
     keep = np.sort(np.asarray(keep, dtype=np.int64))
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
@@ -83,5 +68,7 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
         shape[axis] = int(len(index))
         tensors[name].shape = shape
     for site in group.resizes:
-        _resize(nodes[site.node], site, group, tensors, graph.opset)
+        node = nodes[site.node]
+        bounds = [group.layout.current(tensors, site.tensor, b) for b in site.bounds]
+        lookup(node.op).resize(node, site, bounds, group.id, graph.opset)
     return graph.cleanup().toposort()

@@ -1,0 +1,149 @@
+"""Gemm, MatMul, Einsum: channel rules, MACs, their weights as matrices, torch kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
+from onnxprune.ops.roles import Blocked, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
+from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, given
+
+# ---- channel rules
+
+
+def _gemm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    weight = const_value(node.inputs[1])
+    trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
+    if weight is None or trans_a:
+        return Blocked(f"Gemm {node.name}: non-constant weight or transA")
+    if port == ("out", 0):
+        slices = [SliceSite(node.name, 1, 0 if trans_b else 1)]
+        if len(node.inputs) > 2:
+            bias = const_value(node.inputs[2])
+            if bias is None:
+                return Blocked(f"Gemm {node.name}: non-constant bias")
+            if bias.size > 1 and bias.shape[-1] > 1:
+                slices.append(SliceSite(node.name, 2, bias.ndim - 1))
+        return Producer(slices)
+    if port == ("in", 0) and axis == 1:
+        return Consumer("gemm", [SliceSite(node.name, 1, 1 if trans_b else 0, repeat)])
+    return Blocked(f"Gemm {node.name}: channels reach an unsupported input")
+
+
+def _matmul_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    weight = const_value(node.inputs[1])
+    if weight is None or weight.ndim != 2:
+        return Blocked(f"MatMul {node.name}: weight is not a constant matrix")
+    rank = rank_of(node.outputs[0] if port[0] == "out" else node.inputs[0])
+    if rank is None or axis != rank - 1:
+        return Blocked(f"MatMul {node.name}: channels are not on the last axis")
+    if port == ("out", 0):
+        return Producer([SliceSite(node.name, 1, 1)])
+    if port == ("in", 0):
+        return Consumer("matmul", [SliceSite(node.name, 1, 0, repeat)])
+    return Blocked(f"MatMul {node.name}: channels reach the weight input")
+
+
+def _last_axis(node: gs.Node) -> int | None:
+    shape = static_shape(node.outputs[0])
+    return None if shape is None else len(shape) - 1
+
+
+def _dot_macs(node: gs.Node, inp: Shape, out: Shape) -> int:
+    """Every output entry is a dot product over the reduced dimension."""
+    k = inp[0] if int(node.attrs.get("transA", 0)) else inp[-1]
+    return product(out[1:], node) * product([k], node)
+
+
+# ---- the weights as matrices (see analysis.consumers)
+
+
+def _rows(node: gs.Node, y: torch.Tensor) -> torch.Tensor:
+    """(..., channels) -> (1, channels, positions)."""
+    return y.reshape(-1, y.shape[-1]).T.unsqueeze(0)
+
+
+def bias_add(node: gs.Node) -> gs.Node | None:
+    """The bias ``Add`` that ``write`` put after a MatMul consumer (a MatMul has no bias input), if any."""
+    out = node.outputs[0]
+    if node.op != "MatMul" or len(out.outputs) != 1:
+        return None
+    add = out.outputs[0]
+    if add.op != "Add" or add.name != f"{node.name}.bias_add" or add.inputs[0] is not out:
+        return None
+    return add
+
+
+def _gemm_matrix(node: gs.Node, w: np.ndarray) -> Linear:
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    w = alpha * (w if int(node.attrs.get("transB", 0)) else w.T)
+    bias = np.zeros(w.shape[0])
+    if len(node.inputs) > 2:
+        bias = bias + beta * const_value(node.inputs[2]).astype(np.float64).reshape(-1)
+    return Linear(w, bias, 1)
+
+
+def _matmul_matrix(node: gs.Node, w: np.ndarray) -> Linear:
+    add = bias_add(node)
+    bias = np.zeros(w.shape[1]) if add is None else const_value(add.inputs[1]).astype(np.float64)
+    return Linear(w.T, bias, 1)
+
+
+def _gemm_write(graph: gs.Graph, node: gs.Node, w: np.ndarray, b: np.ndarray) -> None:
+    trans_b = int(node.attrs.get("transB", 0))
+    node.inputs[1] = gs.Constant(f"{node.name}.weight", w if trans_b else np.ascontiguousarray(w.T))
+    node.attrs["alpha"], node.attrs["beta"] = 1.0, 1.0
+    set_bias(node, b)
+
+
+def _matmul_write(graph: gs.Graph, node: gs.Node, w: np.ndarray, b: np.ndarray) -> None:
+    """A MatMul has no bias input: a bias goes into an ``Add`` after it (``bias_add``)."""
+    name = node.name
+    node.inputs[1] = gs.Constant(f"{name}.weight", np.ascontiguousarray(w.T))
+    add = bias_add(node)
+    if add is not None:  # written before: update that bias rather than stacking a second Add
+        add.inputs[1] = gs.Constant(f"{name}.bias", b)
+    elif np.any(b != 0):
+        out = node.outputs[0]
+        # no shape: it would go stale when a later group slices this MatMul's output channels
+        mid = gs.Variable(f"{name}.matmul_out", dtype=out.dtype)
+        node.outputs[0] = mid
+        graph.nodes.append(gs.Node("Add", f"{name}.bias_add", inputs=[mid, gs.Constant(f"{name}.bias", b)],
+                                   outputs=[out]))
+
+
+# ---- torch kernels
+
+
+def _gemm(node: OpNode, x: Inputs) -> Tensor:
+    a, b, c = x[0], x[1], given(x, 2)
+    if node.get("transA", 0):
+        a = a.transpose(0, 1)
+    if node.get("transB", 0):
+        b = b.transpose(0, 1)
+    y = a @ b
+    alpha, beta = node.get("alpha", 1.0), node.get("beta", 1.0)
+    if alpha != 1.0:
+        y = alpha * y
+    if c is not None:
+        y = y + (c if beta == 1.0 else beta * c)
+    return y
+
+
+def _matmul(node: OpNode, x: Inputs) -> Tensor:
+    return torch.matmul(x[0], x[1])
+
+
+def _einsum(node: OpNode, x: Inputs) -> Tensor:
+    return torch.einsum(node.get("equation"), *x)
+
+
+register(OpEntry("Gemm", channels=_gemm_rule, macs=_dot_macs, mixing=Mixing(_gemm_matrix, _rows, _rows, _gemm_write),
+                 torch={1: _gemm}))
+register(OpEntry("MatMul", channels=_matmul_rule, macs=_dot_macs,
+                 mixing=Mixing(_matmul_matrix, _rows, _rows, _matmul_write, bias_input=None, axis=_last_axis),
+                 torch={1: _matmul}))
+register(OpEntry("Einsum", torch={1: _einsum}))

@@ -1,0 +1,154 @@
+"""Reductions along axes: Reduce*, ArgMax/ArgMin, TopK, CumSum, Softmax, LogSoftmax, Hardmax."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import onnx_graphsurgeon as gs
+import torch
+import torch.nn.functional as F
+
+from onnxprune.analysis.graph import const_value
+from onnxprune.ops.registry import OpEntry, register
+from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
+from onnxprune.runtime.torch_eval.kernel import Inputs, OpFn, OpNode, Tensor, axis_of, given, ints
+
+
+def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    rank = rank_of(node.inputs[0])
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1:
+        value = const_value(node.inputs[1])
+        axes = None if value is None else value.tolist()
+    if rank is None or axes is None or port != ("in", 0) or repeat != 1:
+        return Blocked(f"{node.op} {node.name}: reduces over all axes or unknown axes")
+    axes = [int(a) % rank for a in axes]
+    if axis in axes:
+        return Blocked(f"{node.op} {node.name}: reduces across channels")
+    keep = node.attrs.get("keepdims", 1)
+    out_axis = axis if keep else axis - sum(a < axis for a in axes)
+    return Channelwise({("in", 0): (axis, 1), ("out", 0): (out_axis, 1)})
+
+
+def _softmax_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    rank = rank_of(node.inputs[0])
+    if rank is None or int(node.attrs.get("axis", -1)) % rank == axis or repeat != 1:
+        return Blocked(f"{node.op} {node.name}: normalises across channels")
+    return Channelwise({("in", 0): (axis, 1), ("out", 0): (axis, 1)})
+
+
+def _reduce_axes(node: OpNode, x: Inputs, rank: int) -> tuple[int, ...] | None:
+    """Axes to reduce; None = identity (noop_with_empty_axes with no axes)."""
+    axes = node.get("axes")
+    if axes is None and given(x, 1) is not None:
+        axes = ints(x[1])
+    if not axes:
+        return None if node.get("noop_with_empty_axes", 0) else tuple(range(rank))
+    return tuple(sorted(axis_of(a, rank) for a in axes))
+
+
+def _reduce(f: Callable[[Tensor, tuple[int, ...], bool], Tensor]) -> OpFn:
+    def fn(node: OpNode, x: Inputs) -> Tensor:
+        t = x[0]
+        dims = _reduce_axes(node, x, t.dim())
+        if dims is None:
+            return t
+        return f(t, dims, bool(node.get("keepdims", 1)))
+
+    return fn
+
+
+def _prod(t: Tensor, dims: tuple[int, ...], keep: bool) -> Tensor:
+    for d in sorted(dims, reverse=True):
+        t = t.prod(d, keepdim=True)
+    return t if keep else t.squeeze(dims) if dims else t
+
+
+_REDUCERS: dict[str, Callable[[Tensor, tuple[int, ...], bool], Tensor]] = {
+    "ReduceMean": lambda t, d, k: t.mean(d, keepdim=k),
+    "ReduceSum": lambda t, d, k: t.sum(d, keepdim=k),
+    "ReduceMax": lambda t, d, k: t.amax(d, keepdim=k),
+    "ReduceMin": lambda t, d, k: t.amin(d, keepdim=k),
+    "ReduceProd": _prod,
+    "ReduceL1": lambda t, d, k: t.abs().sum(d, keepdim=k),
+    "ReduceL2": lambda t, d, k: t.square().sum(d, keepdim=k).sqrt(),
+    "ReduceSumSquare": lambda t, d, k: t.square().sum(d, keepdim=k),
+    "ReduceLogSum": lambda t, d, k: t.sum(d, keepdim=k).log(),
+    "ReduceLogSumExp": lambda t, d, k: torch.logsumexp(t, d, keepdim=k),
+}
+
+
+def _arg(largest: bool) -> OpFn:
+    def fn(node: OpNode, x: Inputs) -> Tensor:
+        t = x[0]
+        axis = axis_of(node.get("axis", 0), t.dim())
+        keep = bool(node.get("keepdims", 1))
+        f = torch.argmax if largest else torch.argmin
+        if node.get("select_last_index", 0):
+            return t.shape[axis] - 1 - f(t.flip(axis), axis, keepdim=keep)
+        return f(t, axis, keepdim=keep)
+
+    return fn
+
+
+def _top(node: OpNode, t: Tensor, k: int) -> list[Tensor]:
+    axis = axis_of(node.get("axis", -1), t.dim())
+    largest = bool(node.get("largest", 1))
+    # a stable sort: ties come lower index first, as in onnxruntime
+    values, indices = torch.sort(t, dim=axis, descending=largest, stable=True)
+    return [values.narrow(axis, 0, k), indices.narrow(axis, 0, k)]
+
+
+def _topk_1(node: OpNode, x: Inputs) -> list[Tensor]:
+    """TopK before opset 10: ``k`` is an attribute."""
+    return _top(node, x[0], node.get("k"))
+
+
+def _topk_10(node: OpNode, x: Inputs) -> list[Tensor]:
+    """TopK from opset 10: ``k`` is an input."""
+    return _top(node, x[0], ints(x[1])[0])
+
+
+def _cumsum(node: OpNode, x: Inputs) -> Tensor:
+    t = x[0]
+    axis = axis_of(ints(x[1])[0], t.dim())
+    if node.get("reverse", 0):
+        t = t.flip(axis)
+    y = t.cumsum(axis)
+    if node.get("exclusive", 0):
+        y = y - t
+    return y.flip(axis) if node.get("reverse", 0) else y
+
+
+def _coerced(f: Callable[[Tensor, int], Tensor]) -> OpFn:
+    """A softmax-like op before opset 13: over the input coerced to 2-D at ``axis`` (default 1)."""
+    def fn(node: OpNode, x: Inputs) -> Tensor:
+        t = x[0]
+        axis = axis_of(node.get("axis", 1), t.dim())
+        return f(t.reshape(math.prod(t.shape[:axis]), -1), 1).reshape(t.shape)
+
+    return fn
+
+
+def _along(f: Callable[[Tensor, int], Tensor]) -> OpFn:
+    """A softmax-like op from opset 13: along ``axis`` (default -1)."""
+    return lambda node, x: f(x[0], axis_of(node.get("axis", -1), x[0].dim()))
+
+
+def _hardmax(t: Tensor, axis: int) -> Tensor:
+    return F.one_hot(t.argmax(axis), t.shape[axis]).movedim(-1, axis).to(t.dtype)
+
+
+_REDUCE_CHANNELWISE = ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceL2", "ReduceL1", "ReduceProd",
+                       "ReduceLogSumExp", "ReduceSumSquare")
+for _op, _r in _REDUCERS.items():
+    register(OpEntry(_op, channels=_reduce_rule if _op in _REDUCE_CHANNELWISE else None, torch={1: _reduce(_r)},
+                     static_inputs=frozenset({1})))
+register(OpEntry("ArgMax", torch={1: _arg(True)}))
+register(OpEntry("ArgMin", torch={1: _arg(False)}))
+register(OpEntry("TopK", torch={1: _topk_1, 10: _topk_10}, static_inputs=frozenset({1})))
+register(OpEntry("CumSum", torch={1: _cumsum}, static_inputs=frozenset({1})))
+for _op, _f in {"Softmax": lambda t, a: torch.softmax(t, a), "LogSoftmax": lambda t, a: torch.log_softmax(t, a),
+                "Hardmax": _hardmax}.items():
+    register(OpEntry(_op, channels=_softmax_rule if _op != "Hardmax" else None, torch={1: _coerced(_f), 13: _along(_f)}))

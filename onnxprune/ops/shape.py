@@ -1,0 +1,195 @@
+"""Shape ops: Shape, Size, Reshape, Flatten, Squeeze, Unsqueeze, Transpose, Expand, Tile."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.ops.registry import OpEntry, register
+from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
+from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
+
+
+def _transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    perm = list(node.attrs.get("perm", []))
+    if not perm or repeat != 1:
+        return Blocked(f"Transpose {node.name}: no perm attribute or flattened channels")
+    in_axis = axis if port[0] == "in" else perm[axis]
+    return Channelwise({("in", 0): (in_axis, 1), ("out", 0): (perm.index(in_axis), 1)})
+
+
+def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """Shape ops are channel-wise when the channel axis survives as one axis (possibly merged with
+    the trailing spatial axes, which makes each channel own ``repeat`` consecutive entries)."""
+    if port not in (("in", 0), ("out", 0)):
+        return Blocked(f"{node.op} {node.name}: channels reach a shape input")
+    i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    if i_shape is None or o_shape is None:
+        return Blocked(f"{node.op} {node.name}: unknown shapes")
+    if port == ("out", 0):
+        return Blocked(f"{node.op} {node.name}: channels traced backwards through a reshape")
+    lead = i_shape[:axis]
+    inner = i_shape[axis + 1:]
+    # Case 1: only size-1 axes inserted/removed: the channel axis keeps its size.
+    non1_in = [(i, d) for i, d in enumerate(i_shape) if d != 1]
+    non1_out = [(i, d) for i, d in enumerate(o_shape) if d != 1]
+    if [d for _, d in non1_in] == [d for _, d in non1_out] and None not in [d for _, d in non1_in][1:]:
+        k = [i for i, _ in non1_in].index(axis) if axis in [i for i, _ in non1_in] else None
+        if k is not None:
+            out_axis = non1_out[k][0]
+            if node.op == "Reshape":
+                entry = _shape_entry(node.inputs[1], out_axis)
+                copied = entry == 0 and out_axis == axis and not node.attrs.get("allowzero", 0)
+                if entry is not None and entry != -1 and not copied:
+                    return Blocked(f"Reshape {node.name}: target shape fixes the channel count ({entry})")
+            return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
+    # Case 2: flatten of [*lead, C, *spatial] into [*lead, C*prod(spatial)].
+    if None in inner or len(o_shape) != axis + 1 or o_shape[:axis][1:] != lead[1:]:
+        return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
+    spatial = int(np.prod(inner)) if inner else 1
+    channels = i_shape[axis]
+    if channels is None or o_shape[axis] not in (None, channels * spatial):
+        return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
+    if node.op == "Reshape":
+        target = const_value(node.inputs[1])
+        if target is None or len(target) != axis + 1 or int(target[-1]) not in (-1,):
+            return Blocked(f"Reshape {node.name}: target shape must end in -1 to be re-sized")
+    return Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat * spatial)})
+
+
+def _shape_entry(tensor: gs.Tensor, index: int) -> int | None:
+    """Entry ``index`` of a shape vector that is a constant or a Concat of pieces, None if unknown."""
+    value = const_value(tensor)
+    if value is not None:
+        return int(value.reshape(-1)[index]) if index < value.size else None
+    node = tensor.inputs[0] if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1 else None
+    if node is None or node.op != "Concat":
+        return None
+    for piece in node.inputs:
+        shape = static_shape(piece)
+        if shape is None or len(shape) != 1 or shape[0] is None:
+            return None
+        if index < shape[0]:
+            return _shape_entry(piece, index)
+        index -= shape[0]
+    return None
+
+
+def _indices(node: gs.Node, length: int) -> list[int] | None:
+    """The entries of a length-``length`` vector that a Gather (axis 0) or Slice with constant
+    parameters reads from its first input, else None."""
+    if node.op == "Gather" and int(node.attrs.get("axis", 0)) == 0:
+        index = const_value(node.inputs[1])
+        return None if index is None else sorted({int(i) % length for i in index.reshape(-1)})
+    if node.op == "Slice" and len(node.inputs) >= 3:
+        params = [const_value(t) for t in node.inputs[1:]]
+        if any(v is None for v in params) or any(v.size != 1 for v in params):
+            return None
+        starts, ends = int(params[0][0]), int(params[1][0])
+        axes = int(params[2][0]) if len(params) > 2 else 0
+        steps = int(params[3][0]) if len(params) > 3 else 1
+        return None if axes not in (0, -1) or steps == 0 else list(range(length))[starts:ends:steps]
+    return None
+
+
+def _shape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """Shape reads sizes, not values: a member of the space when nothing reads the channel count
+    (e.g. the batch size of a ``Reshape(x, [Shape(x)[0], -1])``)."""
+    rank = rank_of(node.inputs[0])
+    if port != ("in", 0) or rank is None:
+        return Blocked(f"Shape {node.name}: unknown rank")
+    start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
+    start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else min(end, rank))
+    if start <= axis < end:
+        for user in node.outputs[0].outputs:
+            read = _indices(user, end - start) if user.inputs[0] is node.outputs[0] else None
+            if read is None or axis - start in read:
+                return Blocked(f"Shape {node.name}: the channel count is read by {user.op} {user.name}")
+    return Channelwise({("in", 0): (axis, repeat)})
+
+
+def _shape(node: OpNode, x: Inputs) -> Tensor:
+    dims = list(x[0].shape)
+    rank = len(dims)
+    start = node.get("start", 0)
+    end = node.get("end", rank)
+    start = min(max(axis_of(start, rank), 0), rank)
+    end = min(max(axis_of(end, rank), 0), rank)
+    return torch.tensor(dims[start:end], dtype=torch.int64, device=x[0].device)
+
+
+def _size(node: OpNode, x: Inputs) -> Tensor:
+    return torch.tensor(x[0].numel(), dtype=torch.int64, device=x[0].device)
+
+
+def _flatten(node: OpNode, x: Inputs) -> Tensor:
+    t = x[0]
+    axis = axis_of(node.get("axis", 1), t.dim())
+    return t.reshape(math.prod(t.shape[:axis]), math.prod(t.shape[axis:]))
+
+
+def _reshaped(node: OpNode, t: Tensor, shape: list[int]) -> Tensor:
+    if not node.get("allowzero", 0):
+        shape = [t.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return t.reshape(shape)
+
+
+def _reshape_1(node: OpNode, x: Inputs) -> Tensor:
+    """Reshape before opset 5: the shape is an attribute."""
+    return _reshaped(node, x[0], list(node.get("shape")))
+
+
+def _reshape_5(node: OpNode, x: Inputs) -> Tensor:
+    """Reshape from opset 5: the shape is an input."""
+    return _reshaped(node, x[0], ints(x[1]))
+
+
+def _transpose(node: OpNode, x: Inputs) -> Tensor:
+    t = x[0]
+    perm = node.get("perm") or list(reversed(range(t.dim())))
+    return t.permute(*perm)
+
+
+def _squeeze(node: OpNode, x: Inputs) -> Tensor:
+    t = x[0]
+    axes = node.get("axes")
+    if axes is None:
+        axes = ints(given(x, 1))
+    if not axes:
+        return t.squeeze()
+    return t.squeeze(tuple(axis_of(a, t.dim()) for a in axes))
+
+
+def _unsqueeze(node: OpNode, x: Inputs) -> Tensor:
+    t = x[0]
+    axes = node.get("axes")
+    if axes is None:
+        axes = ints(x[1])
+    rank = t.dim() + len(axes)
+    for a in sorted(axis_of(a, rank) for a in axes):
+        t = t.unsqueeze(a)
+    return t
+
+
+def _expand(node: OpNode, x: Inputs) -> Tensor:
+    shape = torch.broadcast_shapes(tuple(x[0].shape), tuple(ints(x[1])))
+    return x[0].expand(shape)
+
+
+def _tile(node: OpNode, x: Inputs) -> Tensor:
+    return x[0].repeat(ints(x[1]))
+
+
+register(OpEntry("Shape", channels=_shape_rule, torch={1: _shape}))
+register(OpEntry("Size", torch={1: _size}))
+register(OpEntry("Flatten", channels=_reshape_rule, torch={1: _flatten}))
+register(OpEntry("Reshape", channels=_reshape_rule, torch={1: _reshape_1, 5: _reshape_5}, static_inputs=frozenset({1})))
+register(OpEntry("Transpose", channels=_transpose_rule, torch={1: _transpose}))
+register(OpEntry("Squeeze", channels=_reshape_rule, torch={1: _squeeze}, static_inputs=frozenset({1})))
+register(OpEntry("Unsqueeze", channels=_reshape_rule, torch={1: _unsqueeze}, static_inputs=frozenset({1})))
+register(OpEntry("Expand", torch={1: _expand}, static_inputs=frozenset({1})))
+register(OpEntry("Tile", torch={1: _tile}, static_inputs=frozenset({1})))

@@ -5,6 +5,7 @@ The CLI parses its flags into these arguments and calls the same functions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -19,9 +20,12 @@ from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
 from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
 from onnxprune.deploy.bench import BenchResult, bench_many
+from onnxprune.deploy.export import (
+    TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
+)
 from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.pipeline import CompressReport, compress as _prune
-from onnxprune.errors import OptionError
+from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.ort import InputSpec, model_input_specs
@@ -70,6 +74,15 @@ class Result:
         model, report = _recover(self.model, self.original, self.calibration, options or RecoverOptions(),
                                  on_progress, held_set)
         return replace(self, model=model, recovery=report)
+
+
+def parse_macs(text: str) -> float:
+    """A MAC count as written on the command line: '245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
+    if not match:
+        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
+    return float(match.group(1)) * scale
 
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
@@ -278,3 +291,52 @@ def bench(
     Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters)."""
     return bench_many(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
                       min_seconds=min_seconds, input_shapes=input_shape, seed=seed)
+
+
+@dataclass
+class Exported:
+    """What ``export`` wrote: the TensorRT-ready ONNX, and the engine (None without TensorRT) with its timing
+    (None where it could not be timed, ``untimed`` saying why), or the ``trtexec`` command that builds it."""
+
+    onnx: Path
+    engine: Path | None = None
+    timing: dict | None = None
+    untimed: str | None = None
+    trtexec: str | None = None
+
+
+def export(model: str | Path, engine: str | Path, *, tensorrt: bool = True, fp16: bool = False,
+           workspace: int = 1024, input_shape: Sequence[str] | None = None) -> Exported:
+    """A TensorRT-ready copy of ``model`` (static shapes, constants folded) written beside ``engine``
+    (``model.engine`` → ``model.trt.onnx``), then, with ``tensorrt``, the engine built at ``engine`` and timed.
+
+    Arguments:
+        model: the ONNX model's path.
+        engine: where the engine goes; the TensorRT-ready ONNX is written beside it.
+        tensorrt: build and time the engine (needs the tensorrt package); False writes only the ONNX and
+            returns the ``trtexec`` command that builds the engine where TensorRT is (e.g. on a Jetson).
+        fp16: allow fp16 kernels.
+        workspace: the builder's workspace in MiB.
+        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
+
+    A failure leaves no file; an engine that is built but cannot be timed (no CUDA buffer library) is kept."""
+    engine = Path(engine)
+    ready = engine.with_suffix(".trt.onnx")
+    if tensorrt and not have_tensorrt():
+        raise TensorRTUnavailable("TensorRT is not installed (pip install onnxprune[tensorrt]): export with "
+                                  "tensorrt off to write only the TensorRT-ready ONNX and the trtexec command that "
+                                  "builds the engine on a machine with TensorRT", option="tensorrt")
+    written: list[Path] = []
+    try:
+        written.append(prepare_for_tensorrt(model, ready, input_shape))
+        if not tensorrt:
+            return Exported(ready, trtexec=trtexec_command(ready, engine, fp16, workspace, None))
+        written.append(build_engine(ready, engine, fp16=fp16, workspace_mb=workspace, shapes=input_shape))
+        try:
+            return Exported(ready, engine, timing=engine_latency(engine))
+        except TensorRTUnavailable as exc:  # the engine is built; only its timing needs CUDA buffers
+            return Exported(ready, engine, untimed=str(exc))
+    except OnnxPruneError:
+        for path in written:  # a failed export leaves no file
+            path.unlink(missing_ok=True)
+        raise

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -21,12 +20,11 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxprune import api
+from onnxprune.api import parse_macs
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.deploy.bench import BenchResult
 from onnxprune.deploy.cost import format_ms, parse_latency
-from onnxprune.deploy.export import (
-    TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
-)
+from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
 from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, check_output
@@ -45,18 +43,19 @@ err_console = Console(stderr=True)
 onnxruntime.set_default_logger_severity(3)  # constant folding's sessions warn about harmless graph rewrites
 
 
-def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+def error_line(error: str | OnnxPruneError) -> str:
+    """``error``'s message with the flag of the option at fault (the library names the option, not its flag)."""
+    message = str(error)
+    option = getattr(error, "option", None)
+    if option and f"--{option.replace('_', '-')}" not in message:
+        message += f" (--{option.replace('_', '-')})"
+    return message
+
+
+def _fail(error: str | OnnxPruneError) -> None:
+    """Print ``error`` as one line on stderr and exit 2."""
+    err_console.print(f"[bold red]error:[/] {escape(error_line(error))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
-
-
-def parse_count(text: str) -> float:
-    """'245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
-    if not match:
-        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
-    return float(match.group(1)) * scale
 
 
 def _preprocess(model: api.ModelSource, resize: int | None, crop: int | None, mean: str, std: str, layout: str,
@@ -131,7 +130,7 @@ def analyze_cmd(
     try:
         result = api.analyze(model, input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
@@ -254,13 +253,13 @@ def compress_cmd(
             pruned = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
                                    reconstruct=refit, preprocess=preprocess, round_to=round_to,
                                    batch_size=batch_size, provider=provider, best_effort=best_effort,
-                                   on_layer=lambda i, total, label: advance(i, total, label))
+                                   on_layer=advance)
         outcome = pruned if recover_steps < 1 else _recover(lambda on_progress: pruned.recover(
             RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed), held=held,
             on_progress=on_progress))
         _save(outcome, output, report, refuse=[model])
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     _print_compress(outcome.report, method, reconstruct, round_to, output)
     if outcome.recovery is not None:
         _print_recovery(outcome.recovery)
@@ -275,7 +274,7 @@ def _budget(target_flops: str | None, target_ratio: float | None, target_latency
     if (cost_table or save_cost_table) and not target_latency:
         raise TargetError("--cost-table and --save-cost-table go with --target-latency")
     if target_flops:
-        return MACs(parse_count(target_flops))
+        return MACs(parse_macs(target_flops))
     if target_ratio is not None:
         return Ratio(target_ratio)
     latency_ms, latency_ratio = parse_latency(target_latency)
@@ -477,7 +476,7 @@ def recover_cmd(
                                                           on_progress=on_progress))
         _save(result, output, report, refuse=[model, teacher])
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     _print_recovery(result.report)
     console.print(f"wrote {output}")
 
@@ -508,7 +507,7 @@ def eval_cmd(
         preprocess = _preprocess(model, resize, crop, mean, std, layout, bgr, input_shape)
         result = api.evaluate(model, images, ref, preprocess=preprocess, subset=subset, provider=provider)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -531,7 +530,7 @@ def bench_cmd(
         results = api.bench(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
                             input_shape=input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -557,42 +556,28 @@ def export_cmd(
     Without the tensorrt package, --tensorrt (the default) is an error that writes nothing.
 
     --no-tensorrt writes only the TensorRT-ready ONNX and prints the trtexec command that builds the engine."""
-    ready_path = output.with_suffix(".trt.onnx")
-    written: list[Path] = []
-    untimed = timing = None
     try:
-        _check_outputs((output if tensorrt else None, "-o"), (ready_path, "TensorRT-ready ONNX"), inputs=[model])
-        if tensorrt and not have_tensorrt():
+        _check_outputs((output if tensorrt else None, "-o"), (output.with_suffix(".trt.onnx"), "TensorRT-ready ONNX"),
+                       inputs=[model])
+        if tensorrt and not api.have_tensorrt():
             raise TensorRTUnavailable("TensorRT is not installed (pip install onnxprune[tensorrt]): add --no-tensorrt "
                                       "to write only the TensorRT-ready ONNX and the trtexec command that builds "
                                       "the engine on a machine with TensorRT")
-        try:
-            written.append(prepare_for_tensorrt(model, ready_path, input_shape))
-            if tensorrt:
-                written.append(build_engine(written[0], output, fp16=fp16, workspace_mb=workspace,
-                                            shapes=input_shape))
-                try:
-                    timing = engine_latency(output)
-                except TensorRTUnavailable as exc:  # the engine is built; only its timing needs CUDA buffers
-                    untimed = str(exc)
-        except OnnxPruneError:
-            for path in written:  # a failed export leaves no file
-                path.unlink(missing_ok=True)
-            raise
+        exported = api.export(model, output, tensorrt=tensorrt, fp16=fp16, workspace=workspace, input_shape=input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     # plain print: the paths and the command are copied as they are (no markup, no wrapping)
-    print(f"TensorRT-ready ONNX written to {ready_path}")
-    if not tensorrt:
+    print(f"TensorRT-ready ONNX written to {exported.onnx}")
+    if exported.trtexec is not None:
         print("no engine built (--no-tensorrt); build it where TensorRT is installed with:")
-        print(trtexec_command(ready_path, output, fp16, workspace, None))
+        print(exported.trtexec)
         return
     print(f"TensorRT engine written to {output}")
-    if untimed is not None:
-        err_console.print(f"[bold yellow]warning:[/] the engine is not timed: {escape(untimed)}", highlight=False,
-                          soft_wrap=True)
+    if exported.untimed is not None:
+        err_console.print(f"[bold yellow]warning:[/] the engine is not timed: {escape(exported.untimed)}",
+                          highlight=False, soft_wrap=True)
     else:
-        console.print_json(json.dumps(timing))
+        console.print_json(json.dumps(exported.timing))
 
 
 # ---------------------------------------------------------------- tables (rich stays in the CLI)

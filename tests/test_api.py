@@ -178,3 +178,9 @@ def test_result_recover_continues_compress(tiny) -> None:
     assert recovered.report is result.report and recovered.recovery is not None
     assert recovered.to_dict()["recovery"]["options"]["method"] == "block"
     assert result.to_dict()["recovery"] is None
+
+
+def test_export_without_tensorrt_returns_the_trtexec_command(tiny, tmp_path: Path) -> None:
+    exported = onnxprune.export(tiny.path, tmp_path / "m.engine", tensorrt=False, input_shape=["1x3x32x32"])
+    assert exported.onnx == tmp_path / "m.trt.onnx" and exported.onnx.is_file() and exported.engine is None
+    assert exported.trtexec.startswith("trtexec ") and "m.engine" in exported.trtexec

@@ -110,8 +110,7 @@ class RecoverOptions:
             check_choice(name, getattr(self, name), choices)
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
-                raise OptionError(f"{name} {getattr(self, name)} must be at least {least} "
-                                  f"(--{name.replace('_', '-')} on the command line)")
+                raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
 
 
 @dataclass
@@ -355,9 +354,20 @@ def recover(
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
-    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``)."""
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``).
+
+    Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
+    caller's state is left as it was)."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(options.seed)
+        return _recover(student, teacher, calib, options, on_progress, held)
+
+
+def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,
+             on_progress: Progress | None, held: CalibrationSet | None) -> tuple[onnx.ModelProto, RecoverReport]:
+    """``recover`` with torch's random state seeded."""
     start_time = time.perf_counter()
-    torch.manual_seed(options.seed)
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))

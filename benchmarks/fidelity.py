@@ -25,7 +25,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 
-from common import CLI, DEFAULT_DATA, evaluate, original_model, run
+from common import DEFAULT_DATA, compress, evaluate, macs as count_macs, original_model
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -129,7 +129,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     original = original_model(args.out)
     base = pool([evaluate(original, original, args.data, held) for _, held in folds])
-    base["macs"] = json.loads(run([*CLI, "analyze", str(original), "--json"]))["macs"]
+    base["macs"] = count_macs(original)
     rows = []
     for target in args.targets.split(","):
         for variant in args.variants.split(","):
@@ -137,8 +137,7 @@ def main() -> None:
             results, seconds, macs = [], [], []
             for calib, held in folds:
                 pruned, report = args.out / "pruned.onnx", args.out / "pruned.json"
-                run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", calib,
-                     "--target-flops", target, "--report", str(report), *flags])
+                compress(original, pruned, args.data, ["--subset", calib, "--target-flops", target, *flags], report)
                 results.append(evaluate(pruned, original, args.data, held))
                 rep = json.loads(report.read_text())
                 seconds.append(rep["seconds"])

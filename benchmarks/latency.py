@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from common import CLI, DEFAULT_DATA, original_model, run
+from common import DEFAULT_DATA, bench, compress, original_model
 
 
 def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int) -> dict:
@@ -30,8 +30,7 @@ def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int)
     calls = []
     for i in range(repeats):
         pair = [original, model] if i % 2 == 0 else [model, original]
-        out = json.loads(run([*CLI, "bench", *map(str, pair), "--provider", "cpu", "--batch", str(batch),
-                              "--runs", str(runs), "--json"]))
+        out = bench(pair, ["--provider", "cpu", "--batch", str(batch), "--runs", str(runs)])
         by_path = {Path(r["model"]).resolve(): r for r in out}
         calls.append((by_path[original.resolve()], by_path[model.resolve()]))
     speedups = [o["median_ms"] / p["median_ms"] for o, p in calls]
@@ -85,8 +84,7 @@ def main() -> None:
         models = []
         for target in args.targets.split(","):
             path = args.out / f"latency_{target}.onnx"
-            run([*CLI, "compress", str(original), "-o", str(path), "--calib", str(args.data), "--subset", calib,
-                 "--target-flops", target])
+            compress(original, path, args.data, ["--subset", calib, "--target-flops", target])
             models.append(path)
     load = os.getloadavg()
     rows = []

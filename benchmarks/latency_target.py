@@ -17,7 +17,7 @@ import json
 import os
 from pathlib import Path
 
-from common import CLI, DEFAULT_DATA, evaluate, original_model, run
+from common import DEFAULT_DATA, compress, evaluate, original_model
 from latency import bench_pair
 
 CALIB, HELD = "!0%5", "0%5"
@@ -45,9 +45,7 @@ def main() -> None:
     rows = []
     for i, (name, flags) in enumerate(variants.items()):
         model, report = work / f"model{i}.onnx", work / f"model{i}.json"
-        run([*CLI, "compress", str(original), "-o", str(model), "--calib", str(args.data), "--subset", CALIB,
-             "--report", str(report), *flags])
-        rep = json.loads(report.read_text())
+        rep = compress(original, model, args.data, ["--subset", CALIB, *flags], report)
         lat = rep["latency"]
         rows.append({
             "variant": name, "flags": flags, "macs": rep["macs_after"], "compress_seconds": rep["seconds"],

@@ -41,7 +41,9 @@ import torch
 import torch_pruning as tp
 from torch import nn
 
-from common import CLI, DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, evaluate, original_model, run
+from common import (
+    DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, evaluate, macs as count_macs, original_model, recover,
+)
 from fidelity import plot, pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's `models` package (not installed)
@@ -161,7 +163,7 @@ def prune_to(original: nn.Module, variant: Variant, budget: int,
 
 
 def onnx_macs(model: Path) -> int:
-    return json.loads(run([*CLI, "analyze", str(model), "--json"]))["macs"]
+    return count_macs(model)
 
 
 def markdown(rows: list[dict], original: dict) -> str:
@@ -317,10 +319,9 @@ def recover_best(rows: list[dict], target: str, kept: dict[tuple[str, str], Path
     name = best_variant(rows, target)
     pruned, recovered, report = kept[(target, name)], tmp / "recovered.onnx", tmp / "report.json"
     start = time.perf_counter()
-    run([*CLI, "recover", str(pruned), "--teacher", str(original), "--calib", str(data), "--subset", RECOVER_TRAIN,
-         "--held-subset", RECOVER_HELD, "-o", str(recovered), "--report", str(report), *extra])
+    rep = recover(pruned, original, recovered, data,
+                  ["--subset", RECOVER_TRAIN, "--held-subset", RECOVER_HELD, *extra], report)
     wall = time.perf_counter() - start
-    rep = json.loads(report.read_text())
     fold0 = next(r for r in rows if r["target"] == target and r["variant"] == name)["folds"][0]
     return [{"target": target, "variant": name, "recovery": "none", "source": "this run (fold 0)",
              "macs": onnx_macs(pruned), **fold0},

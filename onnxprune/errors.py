@@ -1,8 +1,17 @@
 """One error hierarchy: every message names the file/node/tensor at fault and the way out."""
 
+from __future__ import annotations
+
 
 class OnnxPruneError(Exception):
-    """Base class of every error onnxprune raises on purpose (the CLI prints it as one line)."""
+    """Base class of every error onnxprune raises on purpose (the CLI prints it as one line).
+
+    ``option``: the argument or option at fault, where one is (e.g. ``"input_shape"``); the message names it as
+    the library spells it, and the CLI adds its flag (``--input-shape``)."""
+
+    def __init__(self, *args: object, option: str | None = None) -> None:
+        super().__init__(*args)
+        self.option = option
 
 
 class ModelError(OnnxPruneError):
@@ -34,7 +43,6 @@ class OptionError(OnnxPruneError, ValueError):
 
 
 def check_choice(name: str, value: object, choices: tuple[str, ...]) -> None:
-    """OptionError listing ``choices`` unless ``value`` is one of them; the flag is ``--name`` (dashes)."""
+    """OptionError listing ``choices`` unless ``value`` is one of them (its ``option`` is ``name``)."""
     if value not in choices:
-        raise OptionError(f"{name} {value!r} is not one of {', '.join(choices)} "
-                          f"(--{name.replace('_', '-')} on the command line)")
+        raise OptionError(f"{name} {value!r} is not one of {', '.join(choices)}", option=name)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import onnx
@@ -18,6 +19,7 @@ from onnxprune.runtime.probe import fixed_batch
 
 EPS = 1e-12
 SAME_ORIGIN = "compare against the model this one was pruned from"
+Model = Union[str, Path, onnx.ModelProto]
 
 
 @dataclass
@@ -39,32 +41,35 @@ class EvalResult:
 
 
 def evaluate(
-    model: str | Path,
+    model: Model,
     images: str | Path,
     *,
-    ref: str | Path | None = None,
+    ref: Model | None = None,
     preprocess: Preprocess | None = None,
     subset: str | None = None,
+    limit: int | None = None,
+    labels: Callable[[Path], int | None] = label_from_name,
     batch_size: int = 32,
     provider: str = "auto",
 ) -> EvalResult:
-    """Run ``model`` on the images in ``images`` (after ``subset``) and measure it.
+    """Run ``model`` (a path or a ModelProto) on the images in ``images`` (after ``subset``, then the first
+    ``limit``) and measure it.
 
-    If the first output is 2-D (batch, classes) and every file name starts with its label, top-1/top-5
-    accuracy; with ``ref``, top-1 agreement and mean KL(softmax(ref) || softmax(model)) for such a
-    classifier, and for every output the relative L2 error over the whole set (the error's energy over the
-    reference's, so an image whose reference is ~0, e.g. a text detector's map of a photo without text, does
-    not blow it up) and the mean cosine similarity per image.
+    If the first output is 2-D (batch, classes) and ``labels`` gives every image's class (by default the
+    leading number of its file name), top-1/top-5 accuracy; with ``ref``, top-1 agreement and mean
+    KL(softmax(ref) || softmax(model)) for such a classifier, and for every output the relative L2 error over
+    the whole set (the error's energy over the reference's, so an image whose reference is ~0, e.g. a text
+    detector's map of a photo without text, does not blow it up) and the mean cosine similarity per image.
     """
     session, active = make_session(model, provider)
     ref_session = None
     if ref is not None:
         ref_session, _ = make_session(ref, provider)
-        _check_compatible(session, ref_session, model, ref)
-    data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset)
+        _check_compatible(session, ref_session, _name(model), _name(ref))
+    data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset, limit=limit)
     sample = next(data.batches(2))
     batch, ref_batch = (_batch_of(m, sample) for m in (model, ref))
-    labels = [label_from_name(p) for p in data.paths]
+    classes = [labels(p) for p in data.paths]
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
     kl = 0.0
@@ -77,14 +82,14 @@ def evaluate(
         ys = run_session(session, feed, batch)
         n = len(ys[0])
         classifier = ys[0].ndim == 2
-        if classifier and None not in labels:
-            top1, top5 = _hits(ys[0], np.asarray(labels[offset : offset + n]))
+        if classifier and None not in classes:
+            top1, top5 = _hits(ys[0], np.asarray(classes[offset : offset + n]))
             hits1, hits5 = hits1 + top1, hits5 + top5
         if ref_session is not None:
             refs = run_session(ref_session, feed, ref_batch)
             for name, y, r in zip(names, ys, refs):
                 if y.shape != r.shape:
-                    raise _mismatch(name, y.shape, r.shape, model, ref)
+                    raise _mismatch(name, y.shape, r.shape, _name(model), _name(ref))
                 err_sq, ref_sq, cos_sum = _similarity(y, r)
                 err[name] += err_sq
                 energy[name] += ref_sq
@@ -95,7 +100,7 @@ def evaluate(
                 kl += float((np.exp(log_p) * (log_p - log_q)).sum())
         offset += n
     result = EvalResult(images=offset, provider=active)
-    if classifier and None not in labels:
+    if classifier and None not in classes:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
         result.rel_l2 = {k: float(np.sqrt(err[k] / max(energy[k], EPS))) for k in names}
@@ -105,11 +110,18 @@ def evaluate(
     return result
 
 
-def _batch_of(model: str | Path | None, sample: dict[str, np.ndarray]) -> int | None:
+def _name(model: Model) -> str:
+    """How messages name ``model``: its path, or its graph's name."""
+    if isinstance(model, onnx.ModelProto):
+        return f"the in-memory model {model.graph.name!r}" if model.graph.name else "the in-memory model"
+    return str(model)
+
+
+def _batch_of(model: Model | None, sample: dict[str, np.ndarray]) -> int | None:
     """The batch ``model`` must run at (see ``fixed_batch``), None when it batches freely."""
     if model is None:
         return None
-    fixed = fixed_batch(onnx.load(str(model)), sample)
+    fixed = fixed_batch(model if isinstance(model, onnx.ModelProto) else onnx.load(str(model)), sample)
     return None if fixed is None else fixed.size
 
 

@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
+from PIL import Image
 from typer.testing import CliRunner
 
 import onnxprune
@@ -179,8 +180,56 @@ def test_readme_python_api_example_runs(tiny, tmp_path: Path, monkeypatch: pytes
     (example,) = re.findall(r"## Python API.*?```python\n(.*?)```", readme, re.S)
     shutil.copy(tiny.path, tmp_path / "tiny.onnx")
     shutil.copy(tiny.calib, tmp_path / "calib.npy")
+    (tmp_path / "photos").mkdir()
+    rng = np.random.default_rng(0)
+    for label in (0, 3, 7):
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / f"photos/{label:03d}_x.png")
     monkeypatch.chdir(tmp_path)
-    exec(compile(example, "README.md", "exec"), {})
+    namespace: dict = {}
+    exec(compile(example, "README.md", "exec"), namespace)
+    assert namespace["scores"].images == 3 and namespace["scores"].top1 is not None
+    assert namespace["scores"].agreement is not None and len(namespace["timings"]) == 2
     pruned = onnx.load("tiny-pruned.onnx")
     assert [i.name for i in pruned.graph.input] == ["input"] and len(pruned.graph.node) > 0
     assert onnxprune.analyze(pruned).macs.total <= 0.6 * onnxprune.analyze(tiny.path).macs.total
+
+
+def test_evaluate_and_bench_return_data(tiny, tmp_path: Path) -> None:
+    """``evaluate`` on a ModelProto with ``limit`` and ``labels``, its default preprocessing sized from the model
+    input; ``bench`` times several models, the first being the baseline."""
+    rng = np.random.default_rng(1)
+    (tmp_path / "photos").mkdir()
+    for i in range(4):
+        Image.fromarray(rng.integers(0, 256, (36, 40, 3), dtype=np.uint8)).save(tmp_path / f"photos/img{i}.png")
+    unlabelled = onnxprune.evaluate(tiny.model, tmp_path / "photos", tiny.path, limit=3)
+    assert unlabelled.images == 3 and unlabelled.top1 is None and unlabelled.agreement == 1.0
+    assert unlabelled.to_dict()["kl"] == pytest.approx(0.0, abs=1e-9)
+    labelled = onnxprune.evaluate(tiny.path, tmp_path / "photos", labels=lambda path: 0, subset="0:2")
+    assert labelled.images == 2 and labelled.top1 is not None and labelled.agreement is None
+    assert onnxprune.preprocess_for(tiny.path).crop == 32
+    assert onnxprune.preprocess_for(tiny.path, crop=24).resize == round(24 * 256 / 224)
+    timings = onnxprune.bench([tiny.path, tiny.path], provider="cpu", warmup=0, runs=2)
+    assert [t.runs for t in timings] == [2, 2] and timings[0].macs == timings[1].macs
+
+
+def test_recover_method_is_typed() -> None:
+    assert RecoverOptions().method is onnxprune.Method.BLOCK_DISTILL
+    assert RecoverOptions(method="distill").method is onnxprune.Method.DISTILL
+    assert [(m.block, m.distill) for m in onnxprune.Method] == [(True, True), (True, False), (False, True)]
+
+
+def test_result_recover_continues_compress(tiny) -> None:
+    """``Result.recover`` trains towards the model compress started from, on its calibration samples."""
+    result = onnxprune.compress(tiny.path, tiny.x, budget=Ratio(0.6))
+    with pytest.raises(OnnxPruneError, match="continues a result of compress"):
+        onnxprune.Result(result.model, result.report).recover()
+    recovered = result.recover(RecoverOptions(method="block", steps=2, batch_size=16))
+    assert recovered.report is result.report and recovered.recovery is not None
+    assert recovered.to_dict()["recovery"]["options"]["method"] == "block"
+    assert result.to_dict()["recovery"] is None
+
+
+def test_export_without_tensorrt_returns_the_trtexec_command(tiny, tmp_path: Path) -> None:
+    exported = onnxprune.export(tiny.path, tmp_path / "m.engine", tensorrt=False, input_shape=["1x3x32x32"])
+    assert exported.onnx == tmp_path / "m.trt.onnx" and exported.onnx.is_file() and exported.engine is None
+    assert exported.trtexec.startswith("trtexec ") and "m.engine" in exported.trtexec

@@ -70,7 +70,7 @@ def test_preprocess_flip_mirrors(tmp_path: Path) -> None:
 
 
 def test_preprocess_rejects_bad_settings() -> None:
-    with pytest.raises(CalibrationError, match="--layout"):
+    with pytest.raises(CalibrationError, match="layout"):
         Preprocess(layout="chw")  # type: ignore[arg-type]
     with pytest.raises(CalibrationError, match="3 values"):
         Preprocess(mean=(0.5,))
@@ -187,9 +187,9 @@ def test_image_folder_errors(tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="002_broken.jpg"):
         load_calibration(folder, SPECS, preprocess=Preprocess(crop=None))
     good = image_folder(tmp_path / "good", 2)
-    with pytest.raises(CalibrationError, match=r"'x' expects \[3, 32, 32\].*--crop"):
+    with pytest.raises(CalibrationError, match=r"'x' expects \[3, 32, 32\].*set the crop"):
         load_calibration(good, SPECS)  # default crop 224 vs a 32x32 input
-    with pytest.raises(CalibrationError, match="--layout"):
+    with pytest.raises(CalibrationError, match="layout"):
         load_calibration(good, SPECS, preprocess=Preprocess(crop=32, layout="nhwc"))
     two_inputs = SPECS + [("y", ["batch", 4], np.dtype(np.float32))]
     with pytest.raises(CalibrationError, match="x, y"):
@@ -198,7 +198,7 @@ def test_image_folder_errors(tmp_path: Path) -> None:
         load_calibration(tmp_path / "nowhere", SPECS)
     with pytest.raises(CalibrationError, match="accepted forms"):
         load_calibration(good, SPECS, preprocess=Preprocess(crop=None), subset="half")
-    with pytest.raises(CalibrationError, match="--limit"):
+    with pytest.raises(CalibrationError, match="limit must be positive"):
         load_calibration(good, SPECS, limit=0)
 
 

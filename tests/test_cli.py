@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
-import onnxprune.cli as cli
+import onnxprune.api as api
 from onnxprune.analysis import analyze
 from onnxprune.cli import app
 from onnxprune.deploy.export import TensorRTUnavailable, trtexec_command
@@ -158,7 +158,8 @@ BAD = {
     "empty-calib-folder": (lambda f, o: ["compress", str(f["tiny"]), "-o", o, "--calib", str(f["empty"]),
                                          "--target-ratio", "0.5"], ["no images", "empty"]),
     "images-do-not-fit": (lambda f, o: ["compress", str(f["static"]), "-o", o, "--calib", str(f["images"]),
-                                        "--crop", "224", "--target-ratio", "0.5"], ["224", "[3, 32, 32]"]),
+                                        "--crop", "224", "--target-ratio", "0.5"], ["224", "[3, 32, 32]", "(--crop)"]),
+    "bench-bad-batch": (lambda f, o: ["bench", str(f["tiny"]), "--batch", "0"], ["batch 0 is invalid", "(--batch)"]),
     "output-is-input": (lambda f, o: ["compress", str(f["tiny"]), "-o", str(f["tiny"]), "--calib", str(f["calib"]),
                                       "--target-ratio", "0.5"], ["is the input model"]),
     "missing-model": (lambda f, o: ["compress", str(Path(o).parent / "nope.onnx"), "-o", o, "--calib",
@@ -221,7 +222,7 @@ def _invoke_bad(files, tmp_path: Path, name: str):
 
 @pytest.mark.parametrize("name", list(BAD))
 def test_bad_input_exits_2_naming_the_cause(files, tmp_path: Path, monkeypatch, name: str) -> None:
-    monkeypatch.setattr(cli, "have_tensorrt", lambda: False)
+    monkeypatch.setattr(api, "have_tensorrt", lambda: False)
     result, words = _invoke_bad(files, tmp_path, name)
     lines = result.stderr.splitlines()
     assert result.stderr.count("\n") == 1 and lines[0].startswith("error: "), repr(result.stderr)
@@ -357,9 +358,9 @@ ENGINE_CASES = {
 def test_export_with_tensorrt(files, tmp_path: Path, monkeypatch, case: str) -> None:
     """The engine path with TensorRT stood in for: a failure after the ONNX is prepared leaves no file."""
     build, latency, code, left, words = ENGINE_CASES[case]
-    monkeypatch.setattr(cli, "have_tensorrt", lambda: True)
-    monkeypatch.setattr(cli, "build_engine", build)
-    monkeypatch.setattr(cli, "engine_latency", latency)
+    monkeypatch.setattr(api, "have_tensorrt", lambda: True)
+    monkeypatch.setattr(api, "build_engine", build)
+    monkeypatch.setattr(api, "engine_latency", latency)
     result = runner.invoke(app, ["export", str(files["tiny"]), "-o", str(tmp_path / "m.engine")])
     assert result.exit_code == code, (result.stdout, result.stderr)
     assert sorted(p.name for p in tmp_path.iterdir()) == left

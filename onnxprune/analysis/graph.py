@@ -275,17 +275,19 @@ def parse_input_shapes(specs: Iterable[str] | None) -> ShapeMap:
         key = name.strip() if sep else None
         dims = dims.strip().lower()
         if (sep and not key) or not _DIMS.match(dims):
-            raise OnnxPruneError(f"--input-shape {spec!r} is not a shape: {SHAPE_FORMS}")
+            raise OnnxPruneError(f"input shape {spec!r} is not a shape: {SHAPE_FORMS}", option="input_shape")
         values = [int(d) for d in re.split(r"[x,]", dims)]
         if any(v <= 0 for v in values):
-            raise OnnxPruneError(f"--input-shape {spec!r} has a zero dimension: every dimension must be >= 1")
+            raise OnnxPruneError(f"input shape {spec!r} has a zero dimension: every dimension must be >= 1",
+                                 option="input_shape")
         if key in shapes:
             what = f"input {key!r}" if key else "the unnamed input"
-            raise OnnxPruneError(f"--input-shape gives {what} twice: give each input's shape once")
+            raise OnnxPruneError(f"the input shapes give {what} twice: give each input's shape once",
+                                 option="input_shape")
         shapes[key] = values
     if None in shapes and len(shapes) > 1:
-        raise OnnxPruneError("--input-shape mixes an unnamed shape with named ones: with several inputs, "
-                             "name each one (NAME:NxCxHxW)")
+        raise OnnxPruneError("the input shapes mix an unnamed shape with named ones: with several inputs, "
+                             "name each one (NAME:NxCxHxW)", option="input_shape")
     return shapes
 
 
@@ -316,35 +318,36 @@ def resolve_input_shapes(
     names = [name for name, _, _ in specs]
     unknown = [k for k in given if k is not None and k not in names]
     if unknown:
-        raise OnnxPruneError(f"{source}: --input-shape names {', '.join(map(repr, unknown))}, which the model "
-                             f"does not have: its inputs are {', '.join(map(repr, names))}")
+        raise OnnxPruneError(f"{source}: the input shapes name {', '.join(map(repr, unknown))}, which the model "
+                             f"does not have: its inputs are {', '.join(map(repr, names))}", option="input_shape")
     if None in given and len(specs) != 1:
-        raise OnnxPruneError(f"{source}: an unnamed --input-shape needs a single-input model, but it has inputs "
-                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each")
+        raise OnnxPruneError(f"{source}: an unnamed input shape needs a single-input model, but it has inputs "
+                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each", option="input_shape")
     shapes: dict[str, list[int]] = {}
     for name, dims, _ in specs:
         want = given.get(name, given.get(None))
         if want is not None and len(want) != len(dims):
-            raise OnnxPruneError(f"{source}: --input-shape for input {name!r} has {len(want)} dims but the "
-                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims")
+            raise OnnxPruneError(f"{source}: the input shape for input {name!r} has {len(want)} dims but the "
+                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims",
+                                 option="input_shape")
         shape = []
         for axis, dim in enumerate(dims):
             static = isinstance(dim, int) and dim > 0
             if axis == 0 and batch is not None:
                 if static and dim != batch:
                     raise OnnxPruneError(
-                        f"{source}: input {name!r} has a static batch size of {dim} but --batch is {batch}: "
-                        f"use --batch {dim}, or re-export the model with a dynamic batch dimension")
+                        f"{source}: input {name!r} has a static batch size of {dim} but the batch is {batch}: "
+                        f"use batch {dim}, or re-export the model with a dynamic batch dimension", option="batch")
                 if want is not None and want[0] != batch:
                     raise OnnxPruneError(
-                        f"{source}: --input-shape sets the batch dim of input {name!r} to {want[0]} but --batch "
-                        f"is {batch}: make them agree (e.g. --batch {want[0]})")
+                        f"{source}: the input shape sets the batch dim of input {name!r} to {want[0]} but the "
+                        f"batch is {batch}: make them agree (e.g. batch {want[0]})", option="batch")
                 shape.append(batch)
             elif static:
                 if want is not None and want[axis] != dim:
                     raise OnnxPruneError(
-                        f"{source}: --input-shape gives dim {axis} of input {name!r} as {want[axis]} but the "
-                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there")
+                        f"{source}: the input shape gives dim {axis} of input {name!r} as {want[axis]} but the "
+                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there", option="input_shape")
                 shape.append(dim)
             elif want is not None:
                 shape.append(want[axis])
@@ -354,7 +357,8 @@ def resolve_input_shapes(
                 label = f" ({dim!r})" if isinstance(dim, str) else ""
                 raise OnnxPruneError(
                     f"{source}: input {name!r} {_show(dims)} has a dynamic dim {axis}{label} that needs a value: "
-                    f"pass --input-shape {name}:{'x'.join(str(d) for d in _example(dims, batch))}")
+                    f"give its input shape, e.g. {name}:{'x'.join(str(d) for d in _example(dims, batch))}",
+                    option="input_shape")
         shapes[name] = shape
     return shapes
 

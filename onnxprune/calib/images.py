@@ -45,9 +45,10 @@ class Preprocess:
 
     def __post_init__(self) -> None:
         if self.layout not in ("nchw", "nhwc"):
-            raise CalibrationError(f"unknown layout {self.layout!r}: use --layout nchw or --layout nhwc")
+            raise CalibrationError(f"unknown layout {self.layout!r}: use nchw or nhwc", option="layout")
         if len(self.mean) != 3 or len(self.std) != 3:
-            raise CalibrationError(f"mean {self.mean} and std {self.std} need 3 values each (R,G,B): fix --mean/--std")
+            raise CalibrationError(f"mean {self.mean} and std {self.std} need 3 values each (R,G,B)",
+                                   option="mean" if len(self.mean) != 3 else "std")
 
     @property
     def crop_hw(self) -> tuple[int, int] | None:
@@ -145,5 +146,6 @@ def select(items: Sequence[T], spec: str | None) -> list[T]:
     else:
         raise CalibrationError(f"bad subset {spec!r}: accepted forms are {SUBSET_FORMS}")
     if not chosen:
-        raise CalibrationError(f"subset {spec!r} selects none of the {len(items)} items: widen --subset")
+        raise CalibrationError(f"subset {spec!r} selects none of the {len(items)} items: widen it",
+                               option="subset")
     return chosen

@@ -56,7 +56,7 @@ class ImageFolderSet(CalibrationSet):
                 if x.shape != arrays[0].shape:
                     raise CalibrationError(
                         f"image {path} preprocesses to {x.shape}, {chunk[0][0]} to {arrays[0].shape}: "
-                        "set --crop so all images get the same size"
+                        "set a crop so all images get the same size", option="crop"
                     )
             yield {self.input_names[0]: np.stack(arrays).astype(self.dtype, copy=False)}
 
@@ -121,7 +121,7 @@ def load_calibration(
         return load_image_folder(spec, input_specs, preprocess=preprocess, subset=subset, limit=limit, flip=flip)
     _check_limit(limit)
     if flip:
-        raise CalibrationError(f"flip applies to image folders only, not {spec}: drop --flip")
+        raise CalibrationError(f"flip applies to image folders only, not {spec}: drop it", option="flip")
     if hasattr(spec, "get_next"):
         return _python_set(lambda: iter(spec.get_next, None), type(spec).__name__, input_specs, subset, limit)
     if isinstance(spec, np.ndarray):
@@ -162,7 +162,7 @@ def preprocess_for(
 def _check_limit(limit: int | None) -> None:
     """CalibrationError unless ``limit`` is None or positive."""
     if limit is not None and limit <= 0:
-        raise CalibrationError(f"calibration limit must be positive, got {limit}: fix --limit")
+        raise CalibrationError(f"calibration limit must be positive, got {limit}", option="limit")
 
 
 def _single_input(input_specs: list[InputSpec], source: str) -> InputSpec:
@@ -216,7 +216,7 @@ def load_image_folder(
     if not _fits(sample.shape, shape):
         raise CalibrationError(
             f"images in {folder} preprocess to {list(sample.shape)} ({preprocess.layout}) but input {name!r} expects "
-            f"{list(shape[1:])}: set --crop to the model's H,W and/or --layout nchw|nhwc"
+            f"{list(shape[1:])}: set the crop to the model's H,W and/or the layout (nchw|nhwc)", option="crop"
         )
     return ImageFolderSet(paths, name, preprocess, dtype, flip)
 

@@ -115,11 +115,13 @@ def bench_many(
     (MobileNetV2's 20 group subgraphs at batch 1 took 74 ms in rounds vs 14 ms one by one).
     """
     if batch < 1:
-        raise OnnxPruneError(f"--batch {batch} is invalid: use a batch size >= 1")
+        raise OnnxPruneError(f"batch {batch} is invalid: use a batch size >= 1", option="batch")
     if threads is not None and threads < 1:
-        raise OnnxPruneError(f"--threads {threads} is invalid: use >= 1, or leave it out for onnxruntime's default")
+        raise OnnxPruneError(f"threads {threads} is invalid: use >= 1, or None for onnxruntime's default",
+                             option="threads")
     if runs < 1 or warmup < 0:
-        raise OnnxPruneError(f"--runs {runs} / --warmup {warmup} are invalid: use runs >= 1 and warmup >= 0")
+        raise OnnxPruneError(f"runs {runs} / warmup {warmup} are invalid: use runs >= 1 and warmup >= 0",
+                             option="runs" if runs < 1 else "warmup")
     targets = [_prepare(Path(p), provider, batch, threads, input_shapes, seed) for p in paths]
     times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds)
     for t, seconds in zip(targets, times):

@@ -1,4 +1,5 @@
-"""Graph-surgeon passes, one per module, each ``Graph -> Graph`` ending in cleanup().toposort()."""
+"""Graph-surgeon passes, one per module, each ``Graph -> Graph`` ending in cleanup().toposort(); each one's
+docstring says whether it modifies its input graph in place (returning the same graph)."""
 
 from onnxprune.passes.refit_consumer import refit_consumer
 from onnxprune.passes.scale_columns import scale_columns

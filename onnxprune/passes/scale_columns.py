@@ -13,7 +13,11 @@ from onnxprune.analysis.groups import Group
 
 
 def scale_columns(graph: gs.Graph, group: Group, scale: np.ndarray) -> gs.Graph:
-    """``scale`` has one factor per channel the group has NOW (after any slicing)."""
+    """Multiply the group's input columns of every consumer weight by ``scale``, one factor per channel the
+    group has NOW (after any slicing).
+
+    In place: ``graph`` is modified (each scaled weight becomes a new constant on its node, then cleanup and
+    toposort); returns the same graph, for chaining. Copy it first (``graph.copy()``) to keep the original."""
     consumers = {c.node for c in group.consumers}
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()

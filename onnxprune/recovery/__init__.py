@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 
 import numpy as np
 import onnx
@@ -43,7 +44,27 @@ from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 TRAIN = ("segment", "changed")
-METHODS = ("block+distill", "block", "distill")
+
+
+class Method(StrEnum):
+    """The recovery stages to run: block-wise reconstruction, distillation, or both in this order."""
+
+    BLOCK_DISTILL = "block+distill"
+    BLOCK = "block"
+    DISTILL = "distill"
+
+    @property
+    def block(self) -> bool:
+        """Whether the block-wise reconstruction stage runs."""
+        return self in (Method.BLOCK_DISTILL, Method.BLOCK)
+
+    @property
+    def distill(self) -> bool:
+        """Whether the distillation stage runs."""
+        return self in (Method.BLOCK_DISTILL, Method.DISTILL)
+
+
+METHODS = tuple(m.value for m in Method)
 Progress = Callable[[str, int, int, float | None], None]
 Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
 
@@ -57,7 +78,11 @@ def writeback_tolerance(device: torch.device) -> float:
 
 @dataclass
 class RecoverOptions:
-    method: str = "block+distill"
+    """The recovery's settings, checked when built (a bad value raises OptionError naming the field).
+
+    ``method`` is a ``Method`` or its value ('block+distill', 'block', 'distill'); it is stored as a ``Method``."""
+
+    method: Method | str = Method.BLOCK_DISTILL
     steps: int = 200  # Adam steps per trainable segment (block stage)
     lr: float = 1e-3
     distill_steps: int = 600  # Adam steps of the distillation stage
@@ -79,12 +104,13 @@ class RecoverOptions:
                             "cpu" if self.device == "auto" else self.device)
 
     def __post_init__(self) -> None:
-        for name, choices in (("method", METHODS), ("train", TRAIN), ("mix", MIXES), ("layout", ("nchw", "nhwc"))):
+        check_choice("method", self.method, METHODS)
+        self.method = Method(self.method)
+        for name, choices in (("train", TRAIN), ("mix", MIXES), ("layout", ("nchw", "nhwc"))):
             check_choice(name, getattr(self, name), choices)
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
-                raise OptionError(f"{name} {getattr(self, name)} must be at least {least} "
-                                  f"(--{name.replace('_', '-')} on the command line)")
+                raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
 
 
 @dataclass
@@ -328,9 +354,20 @@ def recover(
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
-    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``)."""
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``).
+
+    Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
+    caller's state is left as it was)."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(options.seed)
+        return _recover(student, teacher, calib, options, on_progress, held)
+
+
+def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,
+             on_progress: Progress | None, held: CalibrationSet | None) -> tuple[onnx.ModelProto, RecoverReport]:
+    """``recover`` with torch's random state seeded."""
     start_time = time.perf_counter()
-    torch.manual_seed(options.seed)
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))
@@ -353,11 +390,11 @@ def recover(
                                                                         teacher_verdict)
 
     recovered, trained_held = s_model, None
-    if "block" in options.method:
+    if options.method.block:
         recovered, cur = _block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
                                       on_progress)
         trained_held = [cur[name][held_idx] for name in outputs]
-    if "distill" in options.method:
+    if options.method.distill:
         recovered, trained_held, report.distill = _distill_stage(recovered, teacher, t_graph, segments, values,
                                                                  train_idx, held_idx, teacher_held, options,
                                                                  on_progress)
@@ -376,4 +413,4 @@ def recover(
     return (recovered if report.improved else student), report
 
 
-__all__ = ["METHODS", "TRAIN", "RecoverOptions", "RecoverReport", "Segment", "recover", "writeback_tolerance"]
+__all__ = ["METHODS", "Method", "TRAIN", "RecoverOptions", "RecoverReport", "Segment", "recover", "writeback_tolerance"]

@@ -31,12 +31,12 @@ def _chain(provider: str) -> list[str]:
     if provider == "auto":
         return PROVIDER_CHAINS["cuda"] if CUDA in available_providers() else PROVIDER_CHAINS["cpu"]
     if provider not in PROVIDER_CHAINS:
-        raise OnnxPruneError(f"unknown provider {provider!r}: use --provider auto, cpu, cuda or tensorrt")
+        raise OnnxPruneError(f"unknown provider {provider!r}: use auto, cpu, cuda or tensorrt", option="provider")
     chain = PROVIDER_CHAINS[provider]
     if chain[0] not in available_providers():
         raise OnnxPruneError(
             f"{chain[0]} is not available in this onnxruntime (has {', '.join(available_providers())}): "
-            "install onnxruntime-gpu with a matching CUDA, or use --provider cpu"
+            "install onnxruntime-gpu with a matching CUDA, or use the cpu provider", option="provider"
         )
     return [p for p in chain if p in available_providers()]
 
@@ -84,7 +84,7 @@ def make_session(
     if active != chain[0] and provider != "auto":
         raise OnnxPruneError(
             f"{chain[0]} was requested but onnxruntime fell back to {active} (missing CUDA/cuDNN/TensorRT "
-            "libraries?): fix the GPU install or use --provider cpu"
+            "libraries?): fix the GPU install or use the cpu provider", option="provider"
         )
     return session, active
 

@@ -56,7 +56,7 @@ def test_dynamic_size_without_input_shape_is_a_one_line_error(dyn, tmp_path: Pat
             "compress": ["compress", str(dyn["model"]), "-o", str(out), "--calib", str(dyn["npy"]),
                          "--target-ratio", "0.6"]}[command]
     line = _one_line_error(runner.invoke(app, argv))
-    assert "'input'" in line and "--input-shape input:1x3x<H>x<W>" in line and "dynamic dim 2" in line
+    assert "'input'" in line and "e.g. input:1x3x<H>x<W> (--input-shape)" in line and "dynamic dim 2" in line
     assert not out.exists()
 
 
@@ -178,7 +178,7 @@ def test_reshape_to_a_constant_channel_count_blocks_the_group() -> None:
 def test_nudenet_yolov8n_needs_input_shape_then_analyses() -> None:
     path = wheel_file("nudenet", "320n.onnx")
     line = _one_line_error(runner.invoke(app, ["analyze", str(path)]))
-    assert "'images'" in line and "--input-shape images:1x3x<height>x<width>" in line
+    assert "'images'" in line and "e.g. images:1x3x<height>x<width> (--input-shape)" in line
     result = runner.invoke(app, ["analyze", "--json", "--input-shape", "1x3x320x320", str(path)])
     assert result.exit_code == 0, result.stderr
     data = json.loads(result.stdout)

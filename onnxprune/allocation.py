@@ -40,11 +40,11 @@ def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_
                           "nothing to prune (lower the target)")
     floor = lowest_macs(cost, groups, min_channels, round_to)
     if target < floor:
-        hint = (f"; --round-to {round_to} keeps at least {round_to} channels per group of {4 * round_to} or more"
+        hint = (f"; rounding to {round_to} keeps at least {round_to} channels per group of {4 * round_to} or more"
                 if round_to > 1 else "")
         raise TargetError(f"target {cost.show(target)} is unreachable: the prunable groups allow at "
                           f"least {cost.show(floor)} ({floor / cost.total:.1%} of the original){hint}; "
-                          "--best-effort prunes to that instead")
+                          "best effort prunes to that instead", option="best_effort")
 
 
 def _step(width: int, channels: int, round_to: int) -> int:
@@ -159,7 +159,7 @@ def curve_widths(
                 best, best_price, best_cost = (g.id, narrower), price, trial
         if best is None:
             raise TargetError(f"target {cost.show(target)} needs more than the floor of {floor:.0%} "
-                              "of each group's channels allows: use --allocation uniform")
+                              "of each group's channels allows: use the uniform allocation", option="allocation")
         widths[best[0]] = best[1]
         current = best_cost
     return fill(cost, groups, widths, target, round_to)

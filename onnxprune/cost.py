@@ -134,7 +134,7 @@ def this_machine() -> dict[str, object]:
 
 
 def _threads(n: int | None) -> str:
-    return f"--threads {n}" if n else "onnxruntime's default threads"
+    return f"{n} intra-op threads" if n else "onnxruntime's default threads"
 
 
 def _dims_text(inputs: dict[str, list]) -> str:
@@ -199,10 +199,10 @@ class CostTable:
             data = json.loads(path.read_text())
             table = cls(**{**data, "groups": [GroupCost(**g) for g in data["groups"]]})
         except FileNotFoundError:
-            raise ModelError(f"cost table {path} not found: write one with --save-cost-table") from None
+            raise ModelError(f"cost table {path} not found: measure one and save it", option="save_cost_table") from None
         except (OSError, ValueError, TypeError, KeyError) as e:
-            raise ModelError(f"{path} is not a cost table written by --save-cost-table ({e}): "
-                             "measure a new one (leave out --cost-table)") from None
+            raise ModelError(f"{path} is not a cost table written by onnxprune ({e}): measure a new one instead "
+                             "of reading this file", option="cost_table") from None
         if table.version != TABLE_VERSION:
             raise ModelError(f"cost table {path} has version {table.version}, this onnxprune reads "
                              f"{TABLE_VERSION}: measure a new one")
@@ -223,24 +223,24 @@ class CostTable:
                              threads: int | None) -> None:
         """ModelError naming the first thing the table was measured for that differs from this run: the batch,
         threads, execution provider, input dims or graph (structure and weights) of ``model``."""
-        new = "measure a new table (leave out --cost-table)"
+        new = "measure a new table instead of reading this one"
         inputs, digest = input_dims(model), graph_sha256(model)
         short = {chain[0]: name for name, chain in PROVIDER_CHAINS.items()}
-        for differs, what in (
-            (self.batch != batch, f"at batch {self.batch}, not --latency-batch {batch}: use --latency-batch "
-                                  f"{self.batch} or {new}"),
+        for differs, what, option in (
+            (self.batch != batch, f"at batch {self.batch}, not {batch}: time at batch {self.batch} or {new}",
+             "latency_batch"),
             (self.threads != threads, f"with {_threads(self.threads)}, not {_threads(threads)}: "
-                                      f"{'use ' + _threads(self.threads) if self.threads else 'leave out --threads'} "
-                                      f"or {new}"),
-            (self.provider != provider, f"on {self.provider}, not {provider}: use --provider "
-                                        f"{short.get(self.provider, self.provider)} or {new}"),
+                                      f"use {_threads(self.threads)} or {new}", "threads"),
+            (self.provider != provider, f"on {self.provider}, not {provider}: use the "
+                                        f"{short.get(self.provider, self.provider)} provider or {new}", "provider"),
             (self.inputs != inputs, f"for inputs {_dims_text(self.inputs)}, not this model's {_dims_text(inputs)}: "
-                                    f"{new}"),
+                                    f"{new}", "cost_table"),
             (self.graph_sha256 != digest, f"for another model with the same groups (other weights or graph: sha256 "
-                                          f"{self.graph_sha256[:12]}, this model's {digest[:12]}): {new}"),
+                                          f"{self.graph_sha256[:12]}, this model's {digest[:12]}): {new}",
+             "cost_table"),
         ):
             if differs:
-                raise ModelError(f"cost table {path} was measured {what}")
+                raise ModelError(f"cost table {path} was measured {what}", option=option)
 
     def other_machine(self) -> str | None:
         """What differs between the machine that measured the table and this one (None: nothing)."""

@@ -485,12 +485,13 @@ def _check_batch(fixed: FixedBatch | None, options: CompressOptions) -> None:
     if fixed is None:
         return
     if options.select.stacks_candidates_in_batch:
-        raise AnalysisError(f"--method global evaluates many candidates in one batch, but this graph fixes its batch "
-                            f"({fixed.reason}): use --method omp, or re-export the model with a dynamic batch")
+        raise AnalysisError(f"global imitation evaluates many candidates in one batch, but this graph fixes its batch "
+                            f"({fixed.reason}): select with omp, or re-export the model with a dynamic batch",
+                            option="method")
     batch = options.budget.timing_batch()
     if batch is not None and batch != fixed.size:
-        raise TargetError(f"--latency-batch {batch}: this graph runs only at batch {fixed.size} "
-                          f"({fixed.reason}): use --latency-batch {fixed.size}")
+        raise TargetError(f"latency batch {batch}: this graph runs only at batch {fixed.size} "
+                          f"({fixed.reason}): time it at batch {fixed.size}", option="latency_batch")
 
 
 __all__ = ["CompressOptions", "CompressReport", "LatencyReport", "compress"]

@@ -135,7 +135,7 @@ class MACs(Budget):
 
     def __post_init__(self) -> None:
         if not self.count > 0:
-            raise OptionError(f"MACs({self.count}): the MAC budget must be positive (--target-flops)")
+            raise OptionError(f"MACs({self.count}): the MAC budget must be positive", option="target_flops")
 
     def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
         return MacSpend(MacCost(ctx.analysis.macs), float(self.count))
@@ -149,7 +149,7 @@ class Ratio(Budget):
 
     def __post_init__(self) -> None:
         if not 0 < self.value < 1:
-            raise OptionError(f"Ratio({self.value}): the MAC ratio must lie strictly between 0 and 1 (--target-ratio)")
+            raise OptionError(f"Ratio({self.value}): the MAC ratio must lie strictly between 0 and 1", option="target_ratio")
 
     def resolve(self, ctx: Context, groups: list[Group], on_layer: Progress | None) -> Spend:
         return MacSpend(MacCost(ctx.analysis.macs), self.value * ctx.analysis.macs.total)
@@ -170,13 +170,15 @@ class Latency(Budget):
 
     def __post_init__(self) -> None:
         if (self.ms is None) == (self.ratio is None):
-            raise OptionError("Latency needs exactly one of ms=... or ratio=... (--target-latency 3.5ms or 0.8x)")
+            raise OptionError("Latency needs exactly one of ms=... or ratio=... (a latency in ms or a fraction of the "
+                              "original's)", option="target_latency")
         if self.ms is not None and not self.ms > 0:
-            raise OptionError(f"Latency(ms={self.ms}) must be positive (--target-latency)")
+            raise OptionError(f"Latency(ms={self.ms}) must be positive", option="target_latency")
         if self.ratio is not None and not 0 < self.ratio < 1:
-            raise OptionError(f"Latency(ratio={self.ratio}) must lie strictly between 0 and 1 (--target-latency)")
+            raise OptionError(f"Latency(ratio={self.ratio}) must lie strictly between 0 and 1", option="target_latency")
         if self.batch < 1 or (self.threads is not None and self.threads < 1):
-            raise OptionError(f"--latency-batch {self.batch} / --threads {self.threads} must be at least 1")
+            raise OptionError(f"Latency(batch={self.batch}, threads={self.threads}): the batch and the thread count "
+                              "must be at least 1", option="latency_batch" if self.batch < 1 else "threads")
         for name in ("cost_table", "save_cost_table"):  # a Path is kept as its text (reports are JSON)
             if getattr(self, name) is not None:
                 object.__setattr__(self, name, str(getattr(self, name)))
@@ -229,8 +231,8 @@ class Local(Selector):
 
     def __post_init__(self) -> None:
         if self.imitate not in TARGETS:
-            raise OptionError(f"Local(imitate={self.imitate!r}): imitate is not one of {', '.join(TARGETS)} "
-                              "(--target on the command line)")
+            raise OptionError(f"Local(imitate={self.imitate!r}): imitate is not one of {', '.join(TARGETS)}",
+                              option="target")
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
         n = group.channels
@@ -263,8 +265,8 @@ class Global(Selector):
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
         if group.partial:
-            raise AnalysisError(f"--method global cannot prune {group.name}: its channels share a tensor with "
-                                "others (Concat/Split); use --method omp")
+            raise AnalysisError(f"global imitation cannot prune {group.name}: its channels share a tensor with "
+                                "others (Concat/Split); select with omp instead", option="method")
         objective = DownstreamObjective(
             gs.export_onnx(ctx.graph), ctx.values_p,
             [(use.tensor, group.tensors[use.tensor][0]) for use in group.consumers], ctx.reference_outputs(),

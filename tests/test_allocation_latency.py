@@ -119,8 +119,9 @@ def test_curve_allocation_narrows_the_group_that_saves_more_latency() -> None:
 def test_unreachable_latency_names_the_lowest_reachable() -> None:
     t = _table()
     assert lowest_macs(t, GROUPS, round_to=4) == pytest.approx(10.0 - 1.2 - 0.12)
-    with pytest.raises(TargetError, match=r"unreachable.*at least 8\.68 ms.*--best-effort"):
+    with pytest.raises(TargetError, match=r"unreachable.*at least 8\.68 ms.*best effort prunes") as info:
         check_target(t, GROUPS, 5.0, 4, 4)
+    assert info.value.option == "best_effort"
     with pytest.raises(TargetError, match="not below the model's 10 ms"):
         check_target(t, GROUPS, 12.0, 4, 4)
 
@@ -285,20 +286,21 @@ LATENCY_BAD = {
     "two-targets": (["--target-latency", "0.9x", "--target-ratio", "0.5"], ["exactly one", "--target-latency"]),
     "table-without-target": (["--target-ratio", "0.5", "--cost-table", "{table}"], ["go with --target-latency"]),
     "table-other-batch": (["--target-latency", "0.9x", "--cost-table", "{table}", "--latency-batch", "8"],
-                          ["measured at batch 1", "--latency-batch 1"]),
+                          ["measured at batch 1, not 8", "time at batch 1", "(--latency-batch)"]),
     "table-other-model": (["--target-latency", "0.9x", "--cost-table", "{other}"], ["does not fit this model"]),
     "table-other-threads": (["--target-latency", "0.9x", "--cost-table", "{table}", "--threads", "2"],
-                            ["measured with onnxruntime's default threads, not --threads 2", "leave out --threads",
-                             "leave out --cost-table"]),
+                            ["measured with onnxruntime's default threads, not 2 intra-op threads",
+                             "use onnxruntime's default threads", "(--threads)"]),
     "table-other-provider": (["--target-latency", "0.9x", "--cost-table", "{cuda}"],
-                             ["measured on CUDAExecutionProvider, not CPUExecutionProvider", "--provider cuda",
-                              "leave out --cost-table"]),
+                             ["measured on CUDAExecutionProvider, not CPUExecutionProvider", "use the cuda provider",
+                              "(--provider)"]),
     "table-other-input-size": (["--target-latency", "0.9x", "--cost-table", "{larger}"],
                                ["measured for inputs input:batchx3x64x64, not this model's input:batchx3x32x32",
-                                "leave out --cost-table"]),
+                                "instead of reading this one (--cost-table)"]),
     # the same architecture with other weights: same groups, another graph hash
     "table-other-weights": (["--target-latency", "0.9x", "--cost-table", "{seed1}"],
-                            ["measured for another model with the same groups (other weights", "leave out --cost-table"]),
+                            ["measured for another model with the same groups (other weights",
+                             "instead of reading this one (--cost-table)"]),
 }
 
 

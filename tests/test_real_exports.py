@@ -18,6 +18,7 @@ from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import specialise_inputs
 from onnxprune.calib.sources import load_calibration
+from onnxprune.errors import AnalysisError
 from onnxprune import pipeline
 from onnxprune.pipeline import compress
 from onnxprune.runtime.ort import model_input_specs
@@ -63,8 +64,9 @@ def test_global_imitation_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
     model = _detector(1, [1, 6, -1])
     np.save(tmp_path / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
     calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
-    with pytest.raises(Exception, match="--method global .* fixes its batch .*static batch of 1"):
+    with pytest.raises(AnalysisError, match="global imitation .* fixes its batch .*static batch of 1") as info:
         compress(model, calib, options_from(Ratio(0.8), Global(), provider="cpu", round_to=1))
+    assert info.value.option == "method"
 
 
 # ----------------------------------------------------------------------------- shapes the exporter computes

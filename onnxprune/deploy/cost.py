@@ -18,8 +18,9 @@ def parse_latency(text: str) -> tuple[float | None, float | None]:
     value, unit = float(match.group(1)), match.group(2)
     if unit == "x":
         if not 0 < value < 1:
-            raise TargetError(f"--target-latency {text}: a ratio must lie strictly between 0 and 1 (e.g. 0.8x)")
+            raise TargetError(f"latency {text}: a ratio must lie strictly between 0 and 1 (e.g. 0.8x)",
+                              option="target_latency")
         return None, value
     if value <= 0:
-        raise TargetError(f"--target-latency {text} must be positive")
+        raise TargetError(f"latency {text} must be positive", option="target_latency")
     return value * {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3}[unit], None

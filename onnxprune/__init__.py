@@ -14,7 +14,8 @@ The Python API (the CLI parses its flags into the same calls)::
 calibration data is what ``--calib`` accepts, or arrays; ``bench`` times models, ``export`` writes a
 TensorRT-ready ONNX and engine. Image folders go
 through one ``Preprocess`` (``preprocess_for(model)`` derives it from the model's input). The
-strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.strategies``. The
+strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.strategies``; a subclass of
+``Selector``, ``Allocator``, ``Reconstruction`` or ``Budget`` is a strategy of one's own. The
 pruning loop itself is ``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
 """
 
@@ -27,14 +28,15 @@ from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult
 from onnxprune.recovery import Method, RecoverOptions
 from onnxprune.strategies import (
-    L1, MACs, OMP, Curve, Epsilon, Global, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Uniform,
+    L1, MACs, OMP, Allocator, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Random, Ratio, Reconstruction,
+    Refit, Scale, Selector, Uniform,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "L1", "MACs", "OMP", "BenchResult", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
-    "Method", "NoRefit", "OnnxPruneError", "OptionError", "Preprocess", "Random", "Ratio", "RecoverOptions", "Refit",
-    "Result", "Scale", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
+    "L1", "MACs", "OMP", "Allocator", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
+    "Method", "NoRefit", "OnnxPruneError", "OptionError", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
+    "Refit", "Result", "Scale", "Selector", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
     "preprocess_for", "recover",
 ]

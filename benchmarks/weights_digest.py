@@ -1,0 +1,58 @@
+"""Digests of the weights of pruned MobileNetV2s, to show a refactor changes no pruned model.
+
+Run it at two commits and compare the JSON files (same machine):
+
+    python benchmarks/weights_digest.py --out before.json   # at the old commit
+    python benchmarks/weights_digest.py --out after.json    # at the new one
+    diff before.json after.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+from pathlib import Path
+
+import onnx
+from onnx import numpy_helper
+
+import onnxprune
+from common import DEFAULT_DATA, original_model
+from onnxprune.strategies import L1, Curve, Local, MACs, NoRefit, Ratio, Scale, Uniform
+
+RUNS = {
+    "omp245": dict(budget=MACs(245e6)),
+    "local245": dict(budget=MACs(245e6), select=Local()),
+    "omp170_curve": dict(budget=MACs(170e6), allocate=Curve()),
+    "l1_uniform_scale": dict(budget=Ratio(0.7), select=L1(), allocate=Uniform(), reconstruct=Scale()),
+    "omp_norefit": dict(budget=Ratio(0.8), reconstruct=NoRefit()),
+}
+
+
+def digest(model: onnx.ModelProto) -> str:
+    """SHA-256 (16 hex digits) of the initializers' values in name order."""
+    h = hashlib.sha256()
+    for t in sorted(model.graph.initializer, key=lambda t: t.name):
+        h.update(numpy_helper.to_array(t).tobytes())
+    return h.hexdigest()[:16]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--models", type=Path, default=Path("artifacts"), help="where the original is built")
+    parser.add_argument("--subset", default="0:64", help="calibration photos")
+    parser.add_argument("--out", type=Path, required=True)
+    a = parser.parse_args()
+    original = original_model(a.models)
+    out = {}
+    for name, kw in RUNS.items():
+        r = onnxprune.compress(original, str(a.data), subset=a.subset, **kw)
+        out[name] = [digest(r.model), r.report.macs_after]
+        print(name, *out[name], flush=True)
+    a.out.write_text(json.dumps(out, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -279,7 +279,7 @@ LATENCY_BAD = {
     "unreachable": (["--target-latency", "0.0001ms", "--cost-table", "{table}"], ["unreachable", "at least", "ms",
                                                                                   "--best-effort"]),
     "no-provider": (["--target-latency", "0.9x", "--provider", "cuda"], ["CUDAExecutionProvider is not available",
-                                                                        "--provider cpu"]),
+                                                                        "use the cpu provider (--provider)"]),
     "two-targets": (["--target-latency", "0.9x", "--target-ratio", "0.5"], ["exactly one", "--target-latency"]),
     "table-without-target": (["--target-ratio", "0.5", "--cost-table", "{table}"], ["go with --target-latency"]),
     "table-other-batch": (["--target-latency", "0.9x", "--cost-table", "{table}", "--latency-batch", "8"],

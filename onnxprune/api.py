@@ -19,7 +19,8 @@ from onnxprune.analysis.graph import load_model, specialise_inputs
 from onnxprune.analysis.graph import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
 from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
-from onnxprune.deploy.bench import BenchResult, bench_many
+from onnxprune.deploy.bench import BenchResult
+from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
@@ -260,37 +261,6 @@ def evaluate(
     apply is None (or empty)."""
     return _evaluate(model, images, ref=reference, subset=subset, limit=limit, labels=labels, batch_size=batch_size,
                      preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider)
-
-
-def bench(
-    models: Sequence[str | Path],
-    *,
-    provider: str = "auto",
-    batch: int = 1,
-    threads: int | None = None,
-    warmup: int = 10,
-    runs: int = 50,
-    min_seconds: float | None = None,
-    input_shape: Sequence[str] | None = None,
-    seed: int = 0,
-) -> list[BenchResult]:
-    """The latency of ``models`` with onnxruntime on random inputs, timed in rounds (one run of each model per
-    round, so a drifting machine affects all alike).
-
-    Arguments:
-        models: ONNX model paths; the first is the baseline a table compares the others with.
-        provider: 'auto' (the best available), 'cpu', 'cuda' or 'tensorrt'.
-        batch: the batch size of the inputs.
-        threads: onnxruntime's intra-op threads (default: onnxruntime's).
-        warmup: untimed runs of each model first.
-        runs: timed rounds, at least.
-        min_seconds: go on with more rounds until this much time has passed.
-        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
-        seed: seed of the random inputs.
-
-    Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters)."""
-    return bench_many(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
-                      min_seconds=min_seconds, input_shapes=input_shape, seed=seed)
 
 
 @dataclass

@@ -189,9 +189,9 @@ def test_bench_dynamic_spatial_dims_need_input_shape(tmp_path: Path) -> None:
         bench(path, provider="cpu", runs=1, warmup=0)
     msg = str(e.value)
     assert "input shape" in msg and "'x'" in msg and "dim 2" in msg and "dyn.onnx" in msg
-    r = bench(path, provider="cpu", batch=2, runs=2, warmup=0, input_shapes=["x:2x3x16x16"])
+    r = bench(path, provider="cpu", batch=2, runs=2, warmup=0, input_shape=["x:2x3x16x16"])
     assert r.macs == 4 * 16 * 16 * 27 + 5 * 4
-    r = bench(path, provider="cpu", batch=1, runs=1, warmup=0, input_shapes=parse_input_shapes(["1x3x8x8"]))
+    r = bench(path, provider="cpu", batch=1, runs=1, warmup=0, input_shape=parse_input_shapes(["1x3x8x8"]))
     assert r.batch == 1
 
 
@@ -201,13 +201,13 @@ def test_bench_shape_conflicts(tmp_path: Path, tiny: Path) -> None:
         bench(static, provider="cpu", batch=4)
     assert bench(static, provider="cpu", batch=2, runs=1, warmup=0).batch == 2
     with pytest.raises(OnnxPruneError, match="batch"):
-        bench(tiny, provider="cpu", batch=1, input_shapes=["4x3x8x8"])
+        bench(tiny, provider="cpu", batch=1, input_shape=["4x3x8x8"])
     with pytest.raises(OnnxPruneError, match="fixes it to 8"):
-        bench(tiny, provider="cpu", input_shapes=["1x3x9x9"])
+        bench(tiny, provider="cpu", input_shape=["1x3x9x9"])
     with pytest.raises(OnnxPruneError, match="does not have"):
-        bench(tiny, provider="cpu", input_shapes=["images:1x3x8x8"])
+        bench(tiny, provider="cpu", input_shape=["images:1x3x8x8"])
     with pytest.raises(OnnxPruneError, match="4 dims"):
-        bench(tiny, provider="cpu", input_shapes=["1x3x8"])
+        bench(tiny, provider="cpu", input_shape=["1x3x8"])
 
 
 def test_bench_unknown_provider(tiny: Path) -> None:

@@ -103,16 +103,26 @@ def bench_many(
     warmup: int = 10,
     runs: int = 50,
     min_seconds: float | None = None,
-    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
+    input_shape: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
     seed: int = 0,
 ) -> list[BenchResult]:
-    """Time several models with the same settings (the first is the baseline of the table).
+    """The latency of ``paths`` with onnxruntime on random inputs, timed in rounds (one run of each model per
+    round, so a drifting machine affects all alike); ``onnxprune.bench``.
 
-    ``warmup`` untimed runs each, then timed ``session.run`` calls taken in rounds, one per model, so
-    that a machine whose speed drifts (shared cores, clocks) affects every model alike; at least
-    ``runs`` rounds, continuing until ``min_seconds`` of timing have passed when given. The sessions'
-    threads sleep between runs rather than spin: a spinning session slowed the next one in the round
-    (MobileNetV2's 20 group subgraphs at batch 1 took 74 ms in rounds vs 14 ms one by one).
+    Arguments:
+        paths: ONNX model paths; the first is the baseline a table compares the others with.
+        provider: 'auto' (the best available), 'cpu', 'cuda' or 'tensorrt'.
+        batch: the batch size of the inputs.
+        threads: onnxruntime's intra-op threads (default: onnxruntime's).
+        warmup: untimed runs of each model first.
+        runs: timed rounds, at least.
+        min_seconds: go on with more rounds until this much time has passed.
+        input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
+        seed: seed of the random inputs.
+
+    Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters). The
+    sessions' threads sleep between runs rather than spin: a spinning session slowed the next one in the
+    round (MobileNetV2's 20 group subgraphs at batch 1 took 74 ms in rounds vs 14 ms one by one).
     """
     if batch < 1:
         raise OnnxPruneError(f"batch {batch} is invalid: use a batch size >= 1", option="batch")
@@ -122,7 +132,7 @@ def bench_many(
     if runs < 1 or warmup < 0:
         raise OnnxPruneError(f"runs {runs} / warmup {warmup} are invalid: use runs >= 1 and warmup >= 0",
                              option="runs" if runs < 1 else "warmup")
-    targets = [_prepare(Path(p), provider, batch, threads, input_shapes, seed) for p in paths]
+    targets = [_prepare(Path(p), provider, batch, threads, input_shape, seed) for p in paths]
     times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds)
     for t, seconds in zip(targets, times):
         t.times = seconds

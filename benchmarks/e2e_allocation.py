@@ -86,22 +86,22 @@ def allocate(model, table: dict, groups: dict, target: float) -> dict[int, int]:
     """Greedy: narrow the group whose next width adds the least KL per MAC saved, until ``target``."""
     macs = onnxprune.analyze(model).macs
     widths = {gid: g.channels for gid, g in groups.items()}
-    current = {gid: 0.0 for gid in groups}
-    while macs.macs(widths) > target:
+    added = {gid: 0.0 for gid in groups}  # each group's KL at its current width
+    while (current_macs := macs.macs(widths)) > target:
         best = None
         for gid, row in table.items():
             narrower = [w for w in row if w < widths[gid]]
             if not narrower:
                 continue
             w = max(narrower)
-            saved = macs.macs(widths) - macs.macs({**widths, gid: w})
-            price = (row[w] - current[gid]) / max(saved, 1.0)
+            saved = current_macs - macs.macs({**widths, gid: w})
+            price = (row[w] - added[gid]) / max(saved, 1.0)
             if best is None or price < best[0]:
                 best = (price, gid, w)
         if best is None:
             raise SystemExit(f"target {target:.0f} unreachable with these candidate widths")
         _, gid, w = best
-        widths[gid], current[gid] = w, table[gid][w]
+        widths[gid], added[gid] = w, table[gid][w]
     return widths
 
 

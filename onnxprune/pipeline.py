@@ -38,6 +38,9 @@ from onnxprune.runtime.segments import Liveness, run_segment
 from onnxprune.strategies import CompressOptions
 
 Progress = Callable[[int, int, str], None]
+# Integer/quantized ops that stand where float Conv/MatMul would: a quantized model has no float channels to prune.
+QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
+                           "QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLSTM"})
 # A consumer's Gram matrix costs D² multiply-adds per position (D = input channels x kernel taps); past
 # these budgets its statistics take every k-th position (counted across samples, so all contribute). The error
 # curves of the allocation need the shape of each layer's loss, the refit more: MobileNetV2's largest
@@ -116,8 +119,11 @@ def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]
     order.sort(key=lambda item: item[0])
     if not order:
         if not skipped:
+            quantized = sorted({n.op for n in analysis.graph.nodes if n.op in QUANTIZED_OPS})
+            hint = (f"; the model is quantized ({', '.join(quantized)}): prune the float model, then quantize it"
+                    if quantized else "")
             raise AnalysisError("no prunable channel group in this graph: no channels run from a Conv, ConvTranspose, "
-                                "Gemm or MatMul to another")
+                                f"Gemm or MatMul to another{hint}")
         reasons = list(dict.fromkeys(s["reason"] for s in skipped))
         shown = "; ".join(reasons[:3]) + (f"; and {len(reasons) - 3} more" if len(reasons) > 3 else "")
         groups = f"{len(skipped)} group" + "s" * (len(skipped) > 1)

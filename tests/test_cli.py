@@ -36,6 +36,12 @@ def files(tiny, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     f["relu"] = d / "relu.onnx"
     onnx.save(b.model([b.op("Relu", ["input"], "relu")]), f["relu"])
     b = GraphBuilder({"input": ["batch", 3, 32, 32]})
+    q = b.op("DynamicQuantizeLinear", ["input"], "quant", outputs=3)
+    w = b.const("w", np.ones((8, 3, 3, 3)), dtype=np.uint8)
+    y = b.op("ConvInteger", [q, w, "quant_out2"], "conv_int")
+    f["quantized"] = d / "quantized.onnx"  # dynamically quantized, as onnxruntime's quantize_dynamic writes
+    onnx.save(b.model([b.op("Cast", [y], "cast", to=onnx.TensorProto.FLOAT)]), f["quantized"])
+    b = GraphBuilder({"input": ["batch", 3, 32, 32]})
     f["conv"] = d / "conv.onnx"
     onnx.save(b.model([b.conv("input", "conv", 3, 8)]), f["conv"])
     f["empty"] = d / "empty"
@@ -149,6 +155,10 @@ BAD = {
                                 "--target-ratio", "0.5"], ["truncated.onnx", "truncated"]),
     "no-group-relu": (lambda f, o: ["compress", str(f["relu"]), "-o", o, "--calib", str(f["calib"]),
                                     "--target-ratio", "0.5"], ["no prunable channel group", "no channels run from"]),
+    "no-group-quantized": (lambda f, o: ["compress", str(f["quantized"]), "-o", o, "--calib", str(f["calib"]),
+                                         "--target-ratio", "0.5"], ["no prunable channel group",
+                                                                    "quantized (ConvInteger, DynamicQuantizeLinear)",
+                                                                    "prune the float model"]),
     "no-group-conv": (lambda f, o: ["compress", str(f["conv"]), "-o", o, "--calib", str(f["calib"]),
                                     "--target-ratio", "0.5"], ["no prunable channel group in this graph (1 group: ", "graph output"]),
     "ratio-unreachable": (lambda f, o: ["compress", str(f["tiny"]), "-o", o, "--calib", str(f["calib"]),

@@ -95,7 +95,7 @@ def _compress_flags() -> argparse.ArgumentParser:
     for flag in ("--target-flops", "--target-latency", "--cost-table", "--save-cost-table", "--subset"):
         p.add_argument(flag)
     p.add_argument("--target-ratio", type=float)
-    for flag, default in (("--method", "omp"), ("--allocation", "epsilon"), ("--target", "original"),
+    for flag, default in (("--method", "omp"), ("--allocation", "output"), ("--target", "original"),
                           ("--reconstruct", "full")):
         p.add_argument(flag, default=default)
     for flag, default in (("--latency-batch", 1), ("--round-to", 8), ("--batch-size", 32), ("--seed", 0)):
@@ -104,6 +104,7 @@ def _compress_flags() -> argparse.ArgumentParser:
     p.add_argument("--limit", type=int)
     p.add_argument("--flip", action="store_true")
     p.add_argument("--best-effort", action="store_true")
+    p.add_argument("--residual-streams", action=argparse.BooleanOptionalAction, default=False)
     return p
 
 
@@ -129,7 +130,7 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     result = onnxprune.compress(model, str(data), budget=budget, select=select, allocate=allocate,
                                 reconstruct=reconstruct, preprocess=_preprocess(model, a), subset=a.subset,
                                 limit=a.limit, flip=a.flip, round_to=a.round_to, batch_size=a.batch_size, provider=a.provider,
-                                best_effort=a.best_effort)
+                                best_effort=a.best_effort, residual_streams=a.residual_streams)
     result.save(output, refuse=[original])
     if report is not None:
         atomic_write(report, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))

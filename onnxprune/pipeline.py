@@ -80,19 +80,22 @@ class CompressReport:
     requested_macs: float | None = None  # the budget asked for, when best_effort raised it to the lowest reachable
     latency: LatencyReport | None = None  # with a latency target (target_macs: the MACs its widths come to)
     fixed_batch: dict | None = None  # {"size", "reason"}: the graph fixes its batch, calibration ran at that batch
+    allocation: dict | None = None  # what the allocator measured: the output allocation's probes and their time
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]], list[dict]]:
+def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple[list[tuple[int, Group]], list[dict]]:
     """Prunable groups with their cut (position of the first consumer), and those left alone.
 
-    A group can be pruned layer-wise when all of its producers run before its first consumer, or when
-    those that run later are gates (squeeze-excite: one value per channel and sample, computed from the
-    group's pooled channels by its first consumer); residual streams, tied across several layers, cannot
-    yet. Consumers that read the channels later (through a Concat or the gate) are fed by running ahead
-    from the cut (``peek``).
+    A group is pruned at its cut. Producers that run after it are either gates (squeeze-excite: one value
+    per channel and sample, computed from the group's pooled channels by its first consumer) or, in a
+    residual stream (the outputs of several blocks summed by ``Add``s), the later blocks' projections: their
+    rows are sliced at the cut, and the consumers that read the stream later are refitted when the loop
+    reaches them (``Compressor.refit_pending``). A stream that is a piece of a Concat/Split, or mixes gates
+    with other later producers, is left alone. Consumers that read the channels later are fed by running
+    ahead from the cut (``peek``). Residual streams are pruned only with ``streams``.
     """
     order, skipped = [], []
     nodes = {n.name: n for n in analysis.graph.nodes}
@@ -101,14 +104,22 @@ def schedule(analysis: Analysis, live: Liveness) -> tuple[list[tuple[int, Group]
             skipped.append({"group": g.name, "channels": g.channels, "reason": g.reason})
             continue
         cut = min(live.position[c.node] for c in g.consumers)
-        if any(live.position[p] >= cut and not _is_gate(nodes[p]) for p in g.producers):
+        later = [p for p in g.producers if live.position[p] >= cut]
+        gates = [p for p in later if _is_gate(nodes[p])]
+        if gates and len(gates) < len(later) or later and not gates and g.partial:
             skipped.append({"group": g.name, "channels": g.channels,
-                            "reason": "coupled across layers (residual/SE): not pruned by this release"})
+                            "reason": "coupled across layers through a Concat/Split or a gate: not pruned by this "
+                                      "release"})
+            continue
+        if later and not gates and not streams:
+            skipped.append({"group": g.name, "channels": g.channels,
+                            "reason": "a residual stream (several blocks' outputs summed by Adds): pruned only "
+                                      "with --residual-streams"})
             continue
         order.append((cut, g))
     # An SE reducer's own group is cut at the gate producer, after the gated group sliced that producer's
     # rows: its statistics would no longer match the original's outputs.
-    gates = {p: g for cut, g in order for p in g.producers if live.position[p] >= cut}
+    gates = {p: g for cut, g in order for p in g.producers if live.position[p] >= cut and _is_gate(nodes[p])}
     for cut, g in list(order):
         gated = next((gates[c.node] for c in g.consumers if c.node in gates and gates[c.node] is not g), None)
         if gated is not None:
@@ -151,6 +162,17 @@ def _residual_partner(node: gs.Node) -> str | None:
 
 
 @dataclass
+class Pending:
+    """A residual stream's consumer to refit when the loop reaches it, and the stream's layer report."""
+
+    position: int
+    group: Group
+    use: ConsumerUse
+    layer: LayerReport
+    tally: list[float]  # summed output error and energy of the stream's consumers refitted so far
+
+
+@dataclass
 class ConsumerData:
     use: ConsumerUse
     folds: tuple[ConsumerStats, ConsumerStats]  # alternate batches, for choosing the refit's ridge
@@ -180,6 +202,9 @@ class Compressor:
         self.run_batch = options.batch_size if self.fixed_batch is None else self.fixed_batch.size
         self.provider = options.provider
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
+        self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
+        self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
+        self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
 
     def _load(self, calib: CalibrationSet) -> dict[str, np.ndarray]:
         parts: dict[str, list[np.ndarray]] = {}
@@ -263,6 +288,9 @@ class Compressor:
             full_p, full_o = consumers.matrix(node_p), consumers.matrix(node_o)
             view = consumers.group_view(self.graph, node_p, group, use)
             current = view.linear(full_p)
+            rows = self.kept_rows.get(use.node)  # a stream producer whose outputs were sliced already
+            if rows is not None:
+                full_o = consumers.Linear(full_o.weight[rows], full_o.bias[rows], full_o.k)
             original = consumers.group_view(self.original, node_o, group, use).linear(full_o)
             w_o = torch.from_numpy(full_o.weight.astype(np.float32))
             b_o = torch.from_numpy(full_o.bias.astype(np.float32))
@@ -285,7 +313,8 @@ class Compressor:
                     t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
                 x = view.take(x)
                 if partner is not None:
-                    shift = reference[partner][s : s + bs] - prefix[partner][s : s + bs]
+                    ref = reference[partner][s : s + bs]
+                    shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s : s + bs]
                     t += _thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
                 folds[(s // bs) % 2].update(x, t)
             stats = ConsumerStats(*current.weight.shape[::-1])
@@ -310,7 +339,8 @@ class Compressor:
 
     def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
         """Bring both networks to ``cut``, then select ``width`` channels of ``group`` and reconstruct its
-        consumers (None: the group keeps all its channels)."""
+        consumers (None: the group keeps all its channels). A residual stream's consumers that run later are
+        refitted when the loop reaches them (``refit_pending``)."""
         t0 = time.perf_counter()
         self.advance(self.graph, self.values_p, cut)
         self.advance(self.original, self.values_o, cut)
@@ -320,15 +350,45 @@ class Compressor:
         data = self.collect(group, self.peek(self.graph, self.values_p, need),
                             self.peek(self.original, self.values_o, need))
         keep, fold, rel = self.options.select.select(self, group, data, width)
-        err_fold, err, ridges = self.apply(group, data, keep, fold)
+        nodes = {n.name: n for n in self.graph.nodes}
+        later = [p for p in group.producers if self.live.position[p] >= cut]
+        stream = bool(later) and not _is_gate(nodes[later[0]])
+        deferred = [d for d in data if self.live.position[d.use.node] > cut] if (
+            stream and self.options.reconstruct.refits_after_gate) else []
+        if stream:
+            rows = kept_entries(self.graph, group, keep)
+            self.kept_rows.update({p: rows[nodes[p].outputs[0].name] for p in later})
+        now = [d for d in data if d not in deferred]
+        err_fold, err, ridges = self.apply(group, now, keep, fold)
         self.slice_cache(group, keep)
-        gates = [self.live.position[p] for p in group.producers if self.live.position[p] >= cut]
-        again = (self.refit_after_gate(group, data, keep, min(gates))
-                 if gates and self.options.reconstruct.refits_after_gate else None)
+        again = (self.refit_after_gate(group, data, keep, min(self.live.position[p] for p in later))
+                 if later and not stream and self.options.reconstruct.refits_after_gate else None)
         if again is not None:
             err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
-        return LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
-                           err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to))
+        layer = LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
+                            err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to))
+        tally = [err * sum(centred_energy(d.stats) for d in now), sum(centred_energy(d.stats) for d in now)]
+        self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
+        return layer
+
+    def refit_pending(self, upto: int) -> None:
+        """Refit the residual streams' later consumers that run before position ``upto``, on their inputs as
+        pruned so far (their columns were sliced at the stream's cut)."""
+        due = sorted((p for p in self.pending if p.position < upto), key=lambda p: p.position)
+        for p in due:
+            t0 = time.perf_counter()
+            self.pending.remove(p)
+            self.advance(self.graph, self.values_p, p.position)
+            self.advance(self.original, self.values_o, p.position)
+            need = {p.use.tensor}
+            fresh = self.collect(p.group, self.peek(self.graph, self.values_p, need),
+                                 self.peek(self.original, self.values_o, need), [p.use])
+            ridges, err = self.refit(p.group, fresh, np.arange(p.layer.kept), [d.current.weight for d in fresh])
+            p.tally[0] += err
+            p.tally[1] += sum(centred_energy(d.stats) for d in fresh)
+            p.layer.error = p.tally[0] / (p.tally[1] or 1.0)
+            p.layer.ridges += ridges
+            p.layer.seconds += time.perf_counter() - t0
 
     def apply(
         self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
@@ -438,7 +498,7 @@ def compress(
     start = time.perf_counter()
     run = Compressor(model, calib, options)
     _check_batch(run.fixed_batch, options)
-    order, skipped = schedule(run.analysis, run.live)
+    order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)
     target_macs, requested_macs = spend.recorded(widths, target, requested)
@@ -446,13 +506,15 @@ def compress(
         macs_before=run.analysis.macs.total, macs_after=0, params_before=run.analysis.params, params_after=0,
         target_macs=target_macs, options=options.to_dict(), provider="",
         calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
-        fixed_batch=run.fixed_batch and asdict(run.fixed_batch),
+        fixed_batch=run.fixed_batch and asdict(run.fixed_batch), allocation=run.allocation,
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
+        run.refit_pending(cut + 1)
         layer = run.prune(cut, group, widths[group.id])
         if layer is not None:
             report.layers.append(layer)
+    run.refit_pending(len(run.graph.nodes) + 1)
     _progress(on_layer, len(order), len(order), "")
     pruned = run.export()
     after = analyze(pruned)
@@ -475,7 +537,7 @@ def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_
         lowest = options.allocate.lowest(spend.cost, groups, options.min_channels, options.round_to)
         if target < lowest:
             requested, target = target, lowest
-    curves = run.error_curves(order, on_layer) if options.allocate.needs_curves else {}
+    curves, run.allocation = options.allocate.curves(run, order, on_layer)
     widths = options.allocate.widths(spend.cost, groups, curves, target, options.min_channels, options.round_to)
     return widths, target, requested
 

@@ -24,6 +24,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, lowest_macs, uniform_widths
 from onnxprune.analysis.groups import Group
+from onnxprune.sensitivity import output_curves
 from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
 from onnxprune.errors import AnalysisError, OptionError, check_choice
 from onnxprune.imitation.downstream import DownstreamObjective
@@ -57,6 +58,9 @@ class Context(Protocol):
 
     def generator(self, seed: int) -> np.random.Generator:
         """The run's generator of ``seed`` (one per seed, drawn on across groups)."""
+
+    def error_curves(self, order: list[tuple[int, Group]], on_layer: Progress | None) -> dict[int, np.ndarray]:
+        """Each group's relative local-imitation loss by width, on the original network."""
 
     def reference_outputs(self) -> dict[str, np.ndarray]:
         """The original network's outputs on the calibration set."""
@@ -104,6 +108,12 @@ class Allocator(Strategy):
     """How many channels each group keeps."""
 
     needs_curves = True  # reads each group's error curve (``widths``' ``curves``)
+
+    def curves(self, ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None
+               ) -> tuple[dict[int, np.ndarray], dict[str, Any] | None]:
+        """The curves ``widths`` reads (``order``: the groups with their cuts), and what the report records of
+        measuring them (None: nothing). By default each group's local-imitation loss, if ``needs_curves``."""
+        return (ctx.error_curves(order, on_layer) if self.needs_curves else {}), None
 
     def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
                min_channels: int, round_to: int) -> dict[int, int]:
@@ -337,6 +347,39 @@ class Curve(Allocator):
 
 
 @dataclass(frozen=True)
+class Output(Allocator):
+    """Judged on the network's output: each group alone is pruned (OMP and refit, on ``fit_samples``
+    calibration samples) to each of ``ratios`` of its channels, the output's discrepancy to the original's
+    measured on ``probe_samples`` others (``onnxprune.sensitivity``); the greedy then narrows where the
+    interpolated discrepancy grows least per unit of cost saved, never below the narrowest ratio."""
+
+    ratios: tuple[float, ...] = (0.75, 0.5, 0.25)
+    fit_samples: int = 64
+    probe_samples: int = 32
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
+        if not self.ratios or not all(0 < r < 1 for r in self.ratios):
+            raise OptionError(f"Output(ratios={self.ratios}): each ratio must lie strictly between 0 and 1",
+                              option="allocation")
+        if self.fit_samples < 2 or self.probe_samples < 1:
+            raise OptionError(f"Output(fit_samples={self.fit_samples}, probe_samples={self.probe_samples}): at "
+                              "least 2 samples to fit on and 1 to probe on", option="allocation")
+
+    def curves(self, ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None
+               ) -> tuple[dict[int, np.ndarray], dict[str, Any] | None]:
+        curves, sensitivity = output_curves(ctx, order, self.ratios, self.fit_samples, self.probe_samples, on_layer)
+        return curves, asdict(sensitivity)
+
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return curve_widths(cost, groups, curves, target, min_channels, round_to, floor=min(self.ratios))
+
+    def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
+        return lowest_macs(cost, groups, min_channels, round_to, share=min(self.ratios))
+
+
+@dataclass(frozen=True)
 class NoRefit(Reconstruction):
     """Keep the consumers' weights, folding the selector's per-channel factors (the paper's N·a_i)."""
 
@@ -393,7 +436,7 @@ class CompressOptions:
 
     budget: Budget
     select: Selector = OMP()
-    allocate: Allocator = Epsilon()
+    allocate: Allocator = Output()
     reconstruct: Reconstruction = Refit()
     min_channels: int = 1
     round_to: int = 8
@@ -401,6 +444,7 @@ class CompressOptions:
     batch_size: int = 32
     provider: str = "auto"
     best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
+    residual_streams: bool = False  # also prune the channels that residual Adds sum across blocks, jointly
 
     def __post_init__(self) -> None:
         for name, kind in STRATEGY_KINDS.items():
@@ -421,7 +465,7 @@ STRATEGY_KINDS: dict[str, type[Strategy]] = {"budget": Budget, "select": Selecto
                                              "reconstruct": Reconstruction}
 
 
-def options_from(budget: Budget, select: Selector = OMP(), allocate: Allocator = Epsilon(),
+def options_from(budget: Budget, select: Selector = OMP(), allocate: Allocator = Output(),
                  reconstruct: Reconstruction = Refit(), **rest: Any) -> CompressOptions:
     """The ``CompressOptions`` of one strategy of each kind; ``rest`` sets the other fields
     (``round_to``, ``batch_size``, ``provider``, ``best_effort``, ...)."""
@@ -434,7 +478,7 @@ def options_from(budget: Budget, select: Selector = OMP(), allocate: Allocator =
 
 
 SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Global, "l1": L1, "random": Random}
-ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve}
+ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve, "output": Output}
 RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"full": Refit, "scale": Scale, "none": NoRefit}
 METHODS, ALLOCATIONS, RECONSTRUCTIONS = tuple(SELECTORS), tuple(ALLOCATORS), tuple(RECONSTRUCTORS)
 

@@ -183,8 +183,9 @@ def masked_original(graph: gs.Graph, group: Group, mask: np.ndarray) -> onnx.Mod
         for start in group.starts(tensors, use.tensor):  # the group's range(s) in a concatenated input
             factor[start * repeat : (start + len(mask)) * repeat] = np.repeat(np.asarray(mask, np.float32), repeat)
         factor = factor.reshape(shape)
-        out = gs.Variable(f"{use.tensor}.masked{k}", dtype=np.float32, shape=src.shape)
-        g.nodes.append(gs.Node("Mul", f"mask{k}", inputs=[src, gs.Constant(f"mask{k}.c", factor)], outputs=[out]))
+        tag = f"mask{group.id}_{k}"  # unique across groups: a graph may be masked group after group
+        out = gs.Variable(f"{use.tensor}.{tag}", dtype=np.float32, shape=src.shape)
+        g.nodes.append(gs.Node("Mul", tag, inputs=[src, gs.Constant(f"{tag}.c", factor)], outputs=[out]))
         node.inputs = [out if t is src else t for t in node.inputs]
     return gs.export_onnx(g.cleanup().toposort())
 

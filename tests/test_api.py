@@ -22,7 +22,7 @@ from onnxprune.errors import OnnxPruneError
 from onnxprune.pipeline import CompressOptions
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
-    OMP, Curve, Epsilon, MACs, Latency, Local, NoRefit, Random, Ratio, Refit, Scale, Selector, Uniform, named,
+    OMP, Curve, Epsilon, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector, Uniform, named,
     options_from,
 )
 
@@ -83,7 +83,7 @@ def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:
 
 
 def test_strategies_map_to_the_names_the_cli_gives() -> None:
-    assert options_from(Ratio(0.6)) == CompressOptions(Ratio(0.6), OMP(), Epsilon(), Refit())
+    assert options_from(Ratio(0.6)) == CompressOptions(Ratio(0.6), OMP(), Output(), Refit())
     assert named("local", "uniform", "scale", target="paper") == (Local("paper"), Uniform(), Scale())
     assert named("random", "curve", "none", seed=3) == (Random(3), Curve(), NoRefit())
     options = options_from(Latency(ratio=0.8, batch=4, threads=2, cost_table=Path("t.json")),
@@ -93,7 +93,7 @@ def test_strategies_map_to_the_names_the_cli_gives() -> None:
                    "save_cost_table": None},
         "select": {"kind": "Random", "seed": 3}, "allocate": {"kind": "Curve"}, "reconstruct": {"kind": "NoRefit"},
         "min_channels": 1, "round_to": 1, "curve_samples": 128, "batch_size": 32, "provider": "auto",
-        "best_effort": False}
+        "best_effort": False, "residual_streams": False}
 
 
 # ---------------------------------------------------------------- onnxprune.compress on the tiny model

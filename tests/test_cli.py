@@ -17,6 +17,7 @@ from onnxprune.analysis import analyze
 from onnxprune.cli import app
 from onnxprune.deploy.export import TensorRTUnavailable, trtexec_command
 from onnxprune.errors import ModelError
+from onnxprune.strategies import Output
 from tests.onnx_builders import GraphBuilder, export_tiny, session
 
 runner = CliRunner()
@@ -119,7 +120,7 @@ def test_best_effort_prunes_to_the_lowest_reachable_macs(files, tmp_path: Path) 
 
     analysis = analyze(onnx.load(str(files["tiny"])))
     groups = [g for _, g in schedule(analysis, Liveness(analysis.graph))[0]]
-    floor = lowest_macs(analysis.macs, groups, round_to=8)
+    floor = lowest_macs(analysis.macs, groups, round_to=8, share=min(Output().ratios))  # the default allocation's
     argv = ["compress", str(files["tiny"]), "--calib", str(files["calib"]), "--target-ratio", "0.001"]
     refused = runner.invoke(app, [*argv, "-o", str(tmp_path / "refused.onnx")])
     assert refused.exit_code == 2 and "unreachable" in refused.stderr and "--best-effort" in refused.stderr

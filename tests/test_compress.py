@@ -15,7 +15,8 @@ from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from onnxprune.strategies import (
-    METHODS, RECONSTRUCTIONS, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named, options_from,
+    METHODS, RECONSTRUCTIONS, Epsilon, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named,
+    options_from,
 )
 from tests.onnx_builders import run, session
 
@@ -47,12 +48,16 @@ def _rel(y: np.ndarray, ref: np.ndarray) -> float:
 
 
 def test_tiny_model_schedule(tiny) -> None:
-    """The tiny model has 5 layer-wise prunable groups; its residual stream is skipped as coupled."""
+    """The tiny model has 5 layer-wise prunable groups and a residual stream (12 channels, two producers),
+    scheduled at its first consumer when asked; the logits are left alone."""
     run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(RATIO), provider="cpu"))
     order, skipped = schedule(run_.analysis, run_.live)
     assert [g.channels for _, g in order] == [16, 8, 32, 48, 64]
     reasons = {s["channels"]: s["reason"] for s in skipped}
-    assert "coupled" in reasons[12] and "graph output" in reasons[10]
+    assert "--residual-streams" in reasons[12] and "graph output" in reasons[10]
+    order, skipped = schedule(run_.analysis, run_.live, streams=True)
+    assert [g.channels for _, g in order] == [16, 8, 32, 12, 48, 64] and len(order[3][1].producers) == 2
+    assert [s["channels"] for s in skipped] == [10]
 
 
 def _keep_all(tiny, reconstruct) -> tuple[onnx.ModelProto, list[tuple[float, float]]]:
@@ -63,7 +68,9 @@ def _keep_all(tiny, reconstruct) -> tuple[onnx.ModelProto, list[tuple[float, flo
     for cut, group in order:
         run_.advance(run_.graph, run_.values_p, cut)
         run_.advance(run_.original, run_.values_o, cut)
-        data = run_.collect(group, run_.values_p, run_.values_o)
+        need = {use.tensor for use in group.consumers}  # a stream's later consumers read ahead of the cut
+        data = run_.collect(group, run_.peek(run_.graph, run_.values_p, need),
+                            run_.peek(run_.original, run_.values_o, need))
         n = group.channels
         keep, a = np.arange(n), np.full(n, 1.0 / n)
         errors.append(tuple(run_.apply(group, data, keep, n * a)[:2]))  # (error_fold, error, ...)
@@ -144,7 +151,7 @@ def test_target_macs_absolute(tiny) -> None:
 
 def test_paper_target_runs(tiny, pruned) -> None:
     model, report = compress(tiny.model, _calib(tiny),
-                             options_from(Ratio(RATIO), Local("paper"), reconstruct=NoRefit(), provider="cpu",
+                             options_from(Ratio(RATIO), Local("paper"), Epsilon(), NoRefit(), provider="cpu",
                                           round_to=1))
     assert report.macs_after == pruned("local", "none")[1].macs_after
     assert all(layer.imitation_loss is None or layer.imitation_loss >= -1e-9 for layer in report.layers)
@@ -196,7 +203,8 @@ def test_full_refit_of_consumers_without_bias_input(builder, last_input: str, tm
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     np.save(tmp_path / "calib.npy", x)
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    options = options_from(Ratio(0.5), reconstruct=Refit(), provider="cpu", round_to=1)
+    # the ε widths: the oracle's 2% margin for the refit's ridge was set on them
+    options = options_from(Ratio(0.5), allocate=Epsilon(), reconstruct=Refit(), provider="cpu", round_to=1)
     pruned_model, report = compress(model, calib, options)
     assert len(report.layers) >= 2
     onnx.checker.check_model(pruned_model, full_check=True)

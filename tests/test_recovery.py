@@ -14,7 +14,7 @@ from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import find_segments
 from onnxprune.runtime.ort import model_input_specs
-from onnxprune.strategies import Local, NoRefit, Ratio, options_from
+from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import run
 
 FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16, "provider": "cpu"}
@@ -23,7 +23,7 @@ FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16
 @pytest.fixture(scope="module")
 def student(tiny) -> onnx.ModelProto:
     """The tiny model at 50% of its MACs, channels and fold from local imitation, no refit: plenty to recover."""
-    options = options_from(Ratio(0.5), Local(), reconstruct=NoRefit(), provider="cpu", round_to=1)
+    options = options_from(Ratio(0.5), Local(), Epsilon(), NoRefit(), provider="cpu", round_to=1)
     return compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)), options)[0]
 
 

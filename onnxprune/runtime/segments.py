@@ -8,7 +8,7 @@ as an onnxruntime sub-model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -52,9 +52,38 @@ def run_segment(
     last chunk is padded with copies of its last sample, dropped from the results.
     Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
+    chunks, ran = run_chunks(graph, values, outputs, provider=provider, batch_size=batch_size, exact=exact)
+    n = len(next(iter(values.values()))) if values else 0
+    result: dict[str, np.ndarray] = {}
+    start = 0
+    for m, arrays in chunks:
+        for name, array in arrays.items():
+            if array.ndim == 0 or len(array) != m:
+                raise AnalysisError(
+                    f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
+                    "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
+            if name not in result:
+                result[name] = np.empty((n, *array.shape[1:]), dtype=array.dtype)
+            result[name][start : start + m] = array
+        start += m
+    return result, ran
+
+
+def run_chunks(
+    graph: gs.Graph,
+    values: dict[str, np.ndarray],
+    outputs: Iterable[str],
+    *,
+    provider: str,
+    batch_size: int,
+    exact: bool = False,
+) -> tuple[Iterator[tuple[int, dict[str, np.ndarray]]], str | None]:
+    """``run_segment`` chunk by chunk: (samples in the chunk, the ``outputs`` as the graph returns them) for
+    each chunk of ``batch_size`` samples, and the execution provider. An output whose leading axis is the
+    chunk's samples has a padded chunk's extra samples dropped; any other output is as computed."""
     outputs = sorted(set(outputs))
     if not outputs:
-        return {}, None
+        return iter(()), None
     g = graph.copy()
     tensors = g.tensors()
     inputs = [tensors[name] for name in values if name in tensors]
@@ -71,19 +100,16 @@ def run_segment(
     session, ran = make_session(gs.export_onnx(g), provider, arena=False)
     feed_names = [t.name for t in g.inputs]
     n = len(next(iter(values.values())))
-    result: dict[str, np.ndarray] = {}
-    for start in range(0, n, batch_size):
-        feed = {name: values[name][start : start + batch_size] for name in feed_names}
-        m = min(batch_size, n - start)
-        if exact and m < batch_size:
-            feed = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - m, axis=0)]) for k, v in feed.items()}
-        for name, array in zip(outputs, session.run(outputs, feed)):
-            array = array[:m] if exact and m < batch_size and array.ndim else array
-            if array.ndim == 0 or len(array) != m:
-                raise AnalysisError(
-                    f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
-                    "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
-            if name not in result:
-                result[name] = np.empty((n, *array.shape[1:]), dtype=array.dtype)
-            result[name][start : start + len(array)] = array
-    return result, ran
+
+    def chunks() -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+        for start in range(0, n, batch_size):
+            feed = {name: values[name][start : start + batch_size] for name in feed_names}
+            m = min(batch_size, n - start)
+            padded = exact and m < batch_size
+            if padded:
+                feed = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - m, axis=0)]) for k, v in feed.items()}
+            arrays = session.run(outputs, feed)
+            yield m, {name: array[:m] if padded and array.ndim and len(array) == batch_size else array
+                      for name, array in zip(outputs, arrays)}
+
+    return chunks(), ran

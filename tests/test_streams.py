@@ -1,0 +1,98 @@
+"""Residual streams pruned jointly: every producer's rows, every Add and every consumer's columns at once.
+
+A stream (the outputs of several blocks summed by ``Add``s) is pruned at its first consumer; the consumers
+that read it later are refitted when the loop reaches them. Checked against the ORIGINAL network with the
+dropped channels masked at every consumer and, with the refit, the pruned consumers' weights written in.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+
+from onnxprune.analysis import analyze, consumers
+from onnxprune.analysis.graph import infer_shapes
+from onnxprune.calib.sources import load_calibration
+from onnxprune.pipeline import compress, schedule
+from onnxprune.runtime.ort import model_input_specs
+from onnxprune.runtime.segments import Liveness
+from onnxprune.strategies import Allocator, MACs, NoRefit, Refit, Selector, options_from
+from tests.onnx_builders import masked_original, run
+
+
+@dataclass(frozen=True)
+class FirstChannels(Selector):
+    """The first ``width`` channels, unscaled: which channels stay is then known to the test."""
+
+    def select(self, ctx, group, data, width):
+        return np.arange(width), np.ones(width), None
+
+
+@dataclass(frozen=True)
+class StreamsOnly(Allocator):
+    """Half of every residual stream's channels; every other group whole."""
+
+    needs_curves = False
+
+    def widths(self, cost, groups, curves, target, min_channels, round_to):
+        return {g.id: g.channels // 2 if g.coupled else g.channels for g in groups}
+
+
+def _streams(model: onnx.ModelProto) -> list:
+    analysis = analyze(model)
+    order, _ = schedule(analysis, Liveness(analysis.graph), streams=True)
+    return [g for _, g in order if g.coupled]
+
+
+def _prune_streams(model: onnx.ModelProto, tmp_path, reconstruct) -> tuple[onnx.ModelProto, object, np.ndarray]:
+    shape = model_input_specs(model)[0][1]
+    x = np.random.default_rng(0).standard_normal((24, *shape[1:])).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x)
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    options = options_from(MACs(analyze(model).macs.total - 1), FirstChannels(), StreamsOnly(), reconstruct,
+                           provider="cpu", round_to=1, residual_streams=True)
+    pruned, report = compress(model, calib, options)
+    return pruned, report, x
+
+
+def _reference(model: onnx.ModelProto, pruned: onnx.ModelProto, streams: list, refit: bool) -> onnx.ModelProto:
+    """The original with each stream's dropped channels masked at its consumers and, after a refit, each
+    consumer's weights (its columns of the kept channels, zero for the dropped) and bias from the pruned model."""
+    graph = analyze(model).graph.copy()  # as the pipeline reads it (shapes inferred, constants folded)
+    if refit:
+        mine = {n.name: n for n in graph.nodes}
+        theirs = {n.name: n for n in gs.import_onnx(pruned).nodes}
+        for use in (use for group in streams for use in group.consumers):
+            original, refitted = consumers.matrix(mine[use.node]), consumers.matrix(theirs[use.node])
+            rows, cols = refitted.weight.shape  # the kept channels come first (FirstChannels)
+            weight, bias = original.weight.copy(), original.bias.copy()
+            weight[:rows], bias[:rows] = 0.0, refitted.bias
+            weight[:rows, :cols] = refitted.weight
+            consumers.write(graph, mine[use.node], consumers.Linear(weight, bias, original.k))
+    for group in streams:
+        masked = masked_original(graph, group, np.arange(group.channels) < group.channels // 2)
+        graph = gs.import_onnx(infer_shapes(masked))
+    return gs.export_onnx(graph)
+
+
+@pytest.mark.parametrize("name", ["tiny", "mobilenet_v2", "resnet34", "resnet50"])
+@pytest.mark.parametrize("reconstruct", [NoRefit(), Refit()], ids=["masked", "refit"])
+def test_pruned_streams_equal_the_masked_original(name: str, reconstruct, tiny, zoo, tmp_path) -> None:
+    model = tiny.model if name == "tiny" else zoo.model(name)
+    streams = _streams(model)
+    assert streams, "the model has residual streams to prune"
+    pruned, report, x = _prune_streams(model, tmp_path, reconstruct)
+    onnx.checker.check_model(pruned, full_check=True)
+    assert {layer.group for layer in report.layers} == {g.name for g in streams}
+    assert all(layer.kept == layer.channels // 2 for layer in report.layers)
+    if isinstance(reconstruct, Refit):  # every consumer refitted, the later ones when the loop reached them
+        assert [len(layer.ridges) for layer in report.layers] == [len(g.consumers) for g in streams]
+    reference = _reference(model, pruned, streams, isinstance(reconstruct, Refit))
+    (got,) = run(pruned, input=x[:8])
+    (want,) = run(reference, input=x[:8])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+    assert analyze(pruned).macs.total == report.macs_after < report.macs_before

@@ -26,8 +26,7 @@ from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.omp import centred, group_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
-from onnxprune.passes import refit_consumer
-from onnxprune.runtime.segments import run_chunks
+from onnxprune.runtime.segments import cut_graph, run_chunks, run_cut
 
 if TYPE_CHECKING:
     from onnxprune.pipeline import Compressor
@@ -140,17 +139,24 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
     a, b, e = zip(*(centred(d.stats.xx, d.stats.xt, d.stats.sx, d.stats.st, d.stats.tt, d.stats.count)
                     for d in data))
     path = group_omp(list(a), list(b), list(e), [d.current.k for d in data], widths[0], ridge=OMP_RIDGE)
+    downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
+    nodes = {n.name: n for n in run.original.nodes}
+    mine = {n.name: n for n in downstream.nodes}
     out = {}
     for width in widths:
         keep = path.support(width)
-        graph = run.original.copy()
         for d in data:
             cols = expand(keep, d.current.k)
             w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
-            full = np.zeros_like(d.current.weight)
-            full[:, cols] = w
-            graph = refit_consumer(graph, d.use.node, consumers.Linear(full, bias, d.current.k), group, d.use)
-        out[width] = output_discrepancy(reference, _outputs(run, graph, at_cut, reference[0].keys()))
+            full = consumers.matrix(nodes[d.use.node])
+            view = consumers.group_view(run.original, nodes[d.use.node], group, d.use).cols
+            full.weight[:, view] = 0.0
+            full.weight[:, view[cols]] = w
+            consumers.write(downstream, mine[d.use.node], consumers.Linear(full.weight, bias, full.k))
+        downstream.cleanup().toposort()  # a MatMul's first bias adds a node
+        chunks, _ = run_cut(downstream, at_cut, provider=run.options.provider, batch_size=run.run_batch,
+                            exact=run.fixed_batch is not None)
+        out[width] = output_discrepancy(reference, [arrays for _, arrays in chunks])
     return out
 
 

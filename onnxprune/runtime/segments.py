@@ -81,9 +81,13 @@ def run_chunks(
     """``run_segment`` chunk by chunk: (samples in the chunk, the ``outputs`` as the graph returns them) for
     each chunk of ``batch_size`` samples, and the execution provider. An output whose leading axis is the
     chunk's samples has a padded chunk's extra samples dropped; any other output is as computed."""
-    outputs = sorted(set(outputs))
-    if not outputs:
+    if not set(outputs):
         return iter(()), None
+    return run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size, exact=exact)
+
+
+def cut_graph(graph: gs.Graph, values: dict[str, np.ndarray], outputs: Iterable[str]) -> gs.Graph:
+    """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names."""
     g = graph.copy()
     tensors = g.tensors()
     inputs = [tensors[name] for name in values if name in tensors]
@@ -92,13 +96,20 @@ def run_chunks(
         array = values[tensor.name]
         tensor.dtype, tensor.shape = array.dtype, ["N", *array.shape[1:]]
     g.inputs = inputs
-    g.outputs = [tensors[name] for name in outputs]
+    g.outputs = [tensors[name] for name in sorted(set(outputs))]
     for tensor in g.outputs:
         if tensor.dtype is None:
             tensor.dtype = np.float32
-    g.cleanup(remove_unused_graph_inputs=True)
+    return g.cleanup(remove_unused_graph_inputs=True)
+
+
+def run_cut(
+    g: gs.Graph, values: dict[str, np.ndarray], *, provider: str, batch_size: int, exact: bool = False
+) -> tuple[Iterator[tuple[int, dict[str, np.ndarray]]], str | None]:
+    """Run a ``cut_graph`` on ``values`` chunk by chunk (see ``run_chunks``)."""
     session, ran = make_session(gs.export_onnx(g), provider, arena=False)
     feed_names = [t.name for t in g.inputs]
+    outputs = [t.name for t in g.outputs]
     n = len(next(iter(values.values())))
 
     def chunks() -> Iterator[tuple[int, dict[str, np.ndarray]]]:

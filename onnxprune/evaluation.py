@@ -96,7 +96,7 @@ def evaluate(
                 cos[name] += cos_sum
             if classifier:
                 agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
-                log_p, log_q = _log_softmax(refs[0]), _log_softmax(ys[0])
+                log_p, log_q = log_softmax(refs[0]), log_softmax(ys[0])
                 kl += float((np.exp(log_p) * (log_p - log_q)).sum())
         offset += n
     result = EvalResult(images=offset, provider=active)
@@ -139,7 +139,7 @@ def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float, float]:
     return float(((y - r) ** 2).sum()), float((nr**2).sum()), float(cos.sum())
 
 
-def _log_softmax(x: np.ndarray) -> np.ndarray:
+def log_softmax(x: np.ndarray) -> np.ndarray:
     """Row-wise log-softmax in float64."""
     x = x.astype(np.float64)
     x = x - x.max(axis=1, keepdims=True)

@@ -106,10 +106,15 @@ def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple
         cut = min(live.position[c.node] for c in g.consumers)
         later = [p for p in g.producers if live.position[p] >= cut]
         gates = [p for p in later if _is_gate(nodes[p])]
-        if gates and len(gates) < len(later) or later and not gates and g.partial:
+        if gates and len(gates) < len(later):
             skipped.append({"group": g.name, "channels": g.channels,
-                            "reason": "coupled across layers through a Concat/Split or a gate: not pruned by this "
-                                      "release"})
+                            "reason": "coupled across layers through a gate and other later producers: not pruned "
+                                      "by this release"})
+            continue
+        if later and not gates and g.partial:
+            skipped.append({"group": g.name, "channels": g.channels,
+                            "reason": "a residual stream that is a piece of a Concat/Split (e.g. inside YOLO's C2f): "
+                                      "not pruned by this release"})
             continue
         if later and not gates and not streams:
             skipped.append({"group": g.name, "channels": g.channels,

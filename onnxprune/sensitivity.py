@@ -23,7 +23,8 @@ from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
 from onnxprune.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
-from onnxprune.imitation.omp import centred, group_omp
+from onnxprune.evaluation import log_softmax
+from onnxprune.imitation.omp import stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
 from onnxprune.runtime.segments import cut_graph, run_chunks, run_cut
@@ -32,7 +33,6 @@ if TYPE_CHECKING:
     from onnxprune.pipeline import Compressor
 
 Progress = Callable[[int, int, str], None]
-OMP_RIDGE = 1e-4  # as the OMP selector's
 
 
 @dataclass
@@ -43,13 +43,6 @@ class Sensitivity:
     fit_samples: int = 0
     probe_samples: int = 0
     seconds: float = 0.0
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64."""
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
 
 def output_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
@@ -136,9 +129,7 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
     if not widths:
         return {}
     data = run.collect(group, fitted, fitted)
-    a, b, e = zip(*(centred(d.stats.xx, d.stats.xt, d.stats.sx, d.stats.st, d.stats.tt, d.stats.count)
-                    for d in data))
-    path = group_omp(list(a), list(b), list(e), [d.current.k for d in data], widths[0], ridge=OMP_RIDGE)
+    path = stats_omp([d.stats for d in data], [d.current.k for d in data], widths[0])
     downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
     nodes = {n.name: n for n in run.original.nodes}
     mine = {n.name: n for n in downstream.nodes}

@@ -30,7 +30,7 @@ from onnxprune.errors import AnalysisError, OptionError, check_choice
 from onnxprune.imitation.downstream import DownstreamObjective
 from onnxprune.imitation.global_ import greedy_global
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.omp import centred, group_omp
+from onnxprune.imitation.omp import stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
     from onnxprune.pipeline import ConsumerData
 
 TARGETS = ("original", "paper")  # what Local imitates (--target)
-OMP_RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
 Progress = Callable[[int, int, str], None]
 Choice = tuple[np.ndarray, np.ndarray, "float | None"]  # kept channels (sorted), fold factors, relative loss
 
@@ -225,9 +224,7 @@ class OMP(Selector):
     """Group orthogonal matching pursuit: greedy forward selection on the refitted consumers' output error."""
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
-        A, B, e = zip(*(centred(d.stats.xx, d.stats.xt, d.stats.sx, d.stats.st, d.stats.tt, d.stats.count)
-                        for d in data))
-        path = group_omp(list(A), list(B), list(e), [d.current.k for d in data], width, ridge=OMP_RIDGE)
+        path = stats_omp([d.stats for d in data], [d.current.k for d in data], width)
         keep = path.support(width)
         return keep, np.ones(width), float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
 

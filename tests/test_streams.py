@@ -100,3 +100,17 @@ def test_pruned_streams_equal_the_masked_original(name: str, kind: str, tiny, zo
     (want,) = run(reference, input=x[:8])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
     assert analyze(pruned).macs.total == report.macs_after < report.macs_before
+
+
+def test_a_stream_inside_a_split_piece_is_left_alone_and_says_why(tmp_path) -> None:
+    """YOLO's C2f sums a bottleneck's output with one Split piece of its input: a stream that is a range of a
+    tensor is not pruned (yet), and the schedule names the reason for each."""
+    from models.yolo import Detector
+    from tests.onnx_builders import export_torch
+
+    model = onnx.load(str(export_torch(Detector(classes=2, w=4), tmp_path / "yolo.onnx", (1, 3, 64, 64))))
+    analysis = analyze(model)
+    order, skipped = schedule(analysis, Liveness(analysis.graph), streams=True)
+    pieces = [s for s in skipped if "piece of a Concat/Split" in s["reason"]]
+    assert len(pieces) == 4 and all(s["group"].endswith("]") for s in pieces)
+    assert not [g for _, g in order if g.coupled]

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from onnxprune.imitation.stats import ConsumerStats
+
 REL_TOL = 1e-10
 """Schur-complement eigenvalues below REL_TOL × (largest diagonal of the candidate's block of A+λI)
 count as 0: such directions already lie in the span of the selected columns and reduce nothing."""
@@ -162,3 +164,12 @@ def group_omp(
         order[step] = c
         curve[step + 1] = curve[step] - sum(cons.add(c) for cons in consumers)
     return OmpPath(order, curve)
+
+
+RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)
+
+
+def stats_omp(stats: list[ConsumerStats], ks: list[int], width: int, ridge: float = RIDGE) -> OmpPath:
+    """``group_omp`` of consumers given by their streamed statistics (``ks``: columns per channel of each)."""
+    a, b, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
+    return group_omp(list(a), list(b), list(e), ks, width, ridge=ridge)

@@ -168,11 +168,11 @@ SelectMethodOpt = Annotated[str, typer.Option(
          "paper's second method; needs a GPU for real models: ~30 s per exact step of a 960-channel "
          "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")]
 AllocationOpt = Annotated[str, typer.Option(
-    help="Per-layer widths: 'epsilon' (one threshold on every layer's relative imitation loss, the "
-         "paper's rule, searched to meet the budget), 'uniform' keep ratio, or 'curve' (greedy on the "
-         "error curves, each layer ≥ 25%), or 'output' (judged on the network's output: each layer alone "
-         "pruned to 75/50/25% on 64 calibration samples, the output's KL or relative error measured on 32 "
-         "others; the budget goes where the output degrades least per MAC saved, each layer ≥ 25%).")]
+    help="Per-layer widths: 'output' (default; judged on the network's output: each layer alone pruned to "
+         "75/50/25% on 64 calibration samples, the output's KL or relative error measured on 32 others; the "
+         "budget goes where the output degrades least per MAC saved, each layer ≥ 25%), 'epsilon' (one "
+         "threshold on every layer's relative imitation loss, the paper's rule, searched to meet the budget), "
+         "'uniform' keep ratio, or 'curve' (greedy on the local error curves, each layer ≥ 25%).")]
 ImitationTargetOpt = Annotated[str, typer.Option(
     help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
          "error) or 'paper' (the layer's own output on the pruned prefix).")]

@@ -377,3 +377,14 @@ def test_export_with_tensorrt(files, tmp_path: Path, monkeypatch, case: str) -> 
     assert sorted(p.name for p in tmp_path.iterdir()) == left
     for word in words:
         assert word in " ".join((result.stdout + result.stderr).split()), word
+
+
+def test_too_few_samples_for_the_output_allocation_name_the_way_out(files, tmp_path: Path) -> None:
+    """The default allocation probes on two disjoint halves of the calibration set: 4 samples are one line,
+    exit 2, naming --allocation; the ε allocation takes them."""
+    argv = ["compress", str(files["tiny"]), "--calib", str(files["calib"]), "--limit", "4", "--target-ratio", "0.7"]
+    refused = runner.invoke(app, [*argv, "-o", str(tmp_path / "refused.onnx")])
+    assert refused.exit_code == 2 and "at least 6 calibration samples" in refused.stderr
+    assert "(--allocation)" in refused.stderr and not (tmp_path / "refused.onnx").exists()
+    taken = runner.invoke(app, [*argv, "-o", str(tmp_path / "eps.onnx"), "--allocation", "epsilon"])
+    assert taken.exit_code == 0, taken.stderr

@@ -372,7 +372,8 @@ class Compressor:
             err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
         layer = LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
                             err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to))
-        tally = [err * sum(centred_energy(d.stats) for d in now), sum(centred_energy(d.stats) for d in now)]
+        energy = sum(centred_energy(d.stats) for d in now)
+        tally = [err * energy, energy]
         self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
         return layer
 

@@ -12,7 +12,7 @@ budget on, sensitivities summed as if independent.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -27,7 +27,7 @@ from onnxprune.evaluation import log_softmax
 from onnxprune.imitation.omp import stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
-from onnxprune.runtime.segments import cut_graph, run_chunks, run_cut
+from onnxprune.runtime.segments import cut_graph, run_cut
 
 if TYPE_CHECKING:
     from onnxprune.pipeline import Compressor
@@ -104,7 +104,8 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
     if not floats:
         raise AnalysisError("the output allocation compares float outputs, and this graph has none: allocate with "
                             "epsilon", option="allocation")
-    reference = _outputs(run, run.original, {k: v[len(fit):] for k, v in values.items()}, floats)
+    probe_values = {k: v[len(fit):] for k, v in values.items()}
+    reference = _run(run, cut_graph(run.original, probe_values, floats), probe_values)
     report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe))
     curves = {}
     for i, (cut, group) in enumerate(order):
@@ -133,28 +134,30 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
     downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
     nodes = {n.name: n for n in run.original.nodes}
     mine = {n.name: n for n in downstream.nodes}
+    # each consumer's whole matrix with the group's columns cleared, and where those columns are
+    bases = []
+    for d in data:
+        base = consumers.matrix(nodes[d.use.node])
+        view = consumers.group_view(run.original, nodes[d.use.node], group, d.use).cols
+        base.weight[:, view] = 0.0
+        bases.append((base, view))
     out = {}
     for width in widths:
         keep = path.support(width)
-        for d in data:
+        for d, (base, view) in zip(data, bases):
             cols = expand(keep, d.current.k)
             w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
-            full = consumers.matrix(nodes[d.use.node])
-            view = consumers.group_view(run.original, nodes[d.use.node], group, d.use).cols
-            full.weight[:, view] = 0.0
-            full.weight[:, view[cols]] = w
-            consumers.write(downstream, mine[d.use.node], consumers.Linear(full.weight, bias, full.k))
+            weight = base.weight.copy()
+            weight[:, view[cols]] = w
+            consumers.write(downstream, mine[d.use.node], consumers.Linear(weight, bias, base.k))
         downstream.cleanup().toposort()  # a MatMul's first bias adds a node
-        chunks, _ = run_cut(downstream, at_cut, provider=run.options.provider, batch_size=run.run_batch,
-                            exact=run.fixed_batch is not None)
-        out[width] = output_discrepancy(reference, [arrays for _, arrays in chunks])
+        out[width] = output_discrepancy(reference, _run(run, downstream, at_cut))
     return out
 
 
-def _outputs(run: Compressor, graph: gs.Graph, values: dict[str, np.ndarray], names: Iterable[str]
-             ) -> list[dict[str, np.ndarray]]:
-    """The outputs ``names`` computed from ``values``, chunk by chunk as the graph runs (an output need not
-    have the samples on its first axis: a sequence-first recogniser's does not)."""
-    chunks, _ = run_chunks(graph, values, names, provider=run.options.provider, batch_size=run.run_batch,
-                           exact=run.fixed_batch is not None)
+def _run(run: Compressor, cut: gs.Graph, values: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+    """The outputs of the ``cut_graph`` ``cut`` on ``values``, chunk by chunk as the graph runs (an output need
+    not have the samples on its first axis: a sequence-first recogniser's does not)."""
+    chunks, _ = run_cut(cut, values, provider=run.options.provider, batch_size=run.run_batch,
+                        exact=run.fixed_batch is not None)
     return [arrays for _, arrays in chunks]

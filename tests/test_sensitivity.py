@@ -9,7 +9,8 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
-from onnxprune.sensitivity import _outputs, _probe, candidate_widths, curve_of, output_discrepancy, split
+from onnxprune.runtime.segments import cut_graph
+from onnxprune.sensitivity import _probe, _run, candidate_widths, curve_of, output_discrepancy, split
 from onnxprune.strategies import Output, Ratio, options_from
 from tests.onnx_builders import run
 
@@ -75,7 +76,7 @@ def test_a_probe_keeping_every_channel_reproduces_the_original_output(tiny) -> N
     order, _ = schedule(run_.analysis, run_.live)
     values = dict(run_.inputs)
     names = {t.name for t in run_.original.outputs}
-    reference = _outputs(run_, run_.original, values, names)
+    reference = _run(run_, cut_graph(run_.original, values, names), values)
     cut, group = order[2]
     run_.advance(run_.original, values, cut)
     ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})

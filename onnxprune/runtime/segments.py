@@ -52,8 +52,12 @@ def run_segment(
     last chunk is padded with copies of its last sample, dropped from the results.
     Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
-    chunks, ran = run_chunks(graph, values, outputs, provider=provider, batch_size=batch_size, exact=exact)
-    n = len(next(iter(values.values()))) if values else 0
+    outputs = sorted(set(outputs))
+    if not outputs:
+        return {}, None
+    chunks, ran = run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size,
+                          exact=exact)
+    n = len(next(iter(values.values())))
     result: dict[str, np.ndarray] = {}
     start = 0
     for m, arrays in chunks:
@@ -67,23 +71,6 @@ def run_segment(
             result[name][start : start + m] = array
         start += m
     return result, ran
-
-
-def run_chunks(
-    graph: gs.Graph,
-    values: dict[str, np.ndarray],
-    outputs: Iterable[str],
-    *,
-    provider: str,
-    batch_size: int,
-    exact: bool = False,
-) -> tuple[Iterator[tuple[int, dict[str, np.ndarray]]], str | None]:
-    """``run_segment`` chunk by chunk: (samples in the chunk, the ``outputs`` as the graph returns them) for
-    each chunk of ``batch_size`` samples, and the execution provider. An output whose leading axis is the
-    chunk's samples has a padded chunk's extra samples dropped; any other output is as computed."""
-    if not set(outputs):
-        return iter(()), None
-    return run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size, exact=exact)
 
 
 def cut_graph(graph: gs.Graph, values: dict[str, np.ndarray], outputs: Iterable[str]) -> gs.Graph:
@@ -106,7 +93,10 @@ def cut_graph(graph: gs.Graph, values: dict[str, np.ndarray], outputs: Iterable[
 def run_cut(
     g: gs.Graph, values: dict[str, np.ndarray], *, provider: str, batch_size: int, exact: bool = False
 ) -> tuple[Iterator[tuple[int, dict[str, np.ndarray]]], str | None]:
-    """Run a ``cut_graph`` on ``values`` chunk by chunk (see ``run_chunks``)."""
+    """Run a ``cut_graph`` on ``values`` chunk by chunk: (samples in the chunk, the outputs as the graph returns
+    them) for each chunk of ``batch_size`` samples, and the execution provider. With ``exact`` a short last
+    chunk is padded; an output whose leading axis is the padded batch has the extra samples dropped, any other
+    output is as computed."""
     session, ran = make_session(gs.export_onnx(g), provider, arena=False)
     feed_names = [t.name for t in g.inputs]
     outputs = [t.name for t in g.outputs]

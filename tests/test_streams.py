@@ -114,3 +114,21 @@ def test_a_stream_inside_a_split_piece_is_left_alone_and_says_why(tmp_path) -> N
     pieces = [s for s in skipped if "piece of a Concat/Split" in s["reason"]]
     assert len(pieces) == 4 and all(s["group"].endswith("]") for s in pieces)
     assert not [g for _, g in order if g.coupled]
+
+
+@pytest.mark.parametrize("name", ["tiny", "mobilenet_v2"])
+def test_streams_and_the_blocks_on_them_pruned_together(name: str, tiny, zoo, tmp_path) -> None:
+    """Every group pruned, streams included: a later block's projection (a stream producer whose rows were
+    sliced) is refitted towards the original's kept rows, so its layer's error stays a fraction of its output."""
+    from onnxprune.strategies import Uniform
+
+    model = tiny.model if name == "tiny" else zoo.model(name)
+    shape = model_input_specs(model)[0][1]
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((24, *shape[1:])).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    options = options_from(MACs(0.6 * analyze(model).macs.total), allocate=Uniform(), provider="cpu", round_to=1,
+                           residual_streams=True)
+    pruned, report = compress(model, calib, options)
+    onnx.checker.check_model(pruned, full_check=True)
+    assert {g.name for g in _streams(model)} <= {layer.group for layer in report.layers}
+    assert all(0 <= layer.error < 1 for layer in report.layers), [(lay.group, lay.error) for lay in report.layers]

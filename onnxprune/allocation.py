@@ -32,16 +32,19 @@ def lowest_macs(cost: MacModel | Cost, groups: list[Group], min_channels: int = 
 
 
 def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_channels: int,
-                 round_to: int = 1) -> None:
-    """TargetError unless ``target`` lies between the lowest reachable cost and the original's."""
+                 round_to: int = 1, share: float = 0.0) -> None:
+    """TargetError unless ``target`` lies between the lowest reachable cost (each group keeping at least
+    ``share`` of its channels) and the original's."""
     cost = as_cost(cost)
     if target >= cost.total:
         raise TargetError(f"target {cost.show(target)} is not below the model's {cost.show(cost.total)}: "
                           "nothing to prune (lower the target)")
-    floor = lowest_macs(cost, groups, min_channels, round_to)
+    floor = lowest_macs(cost, groups, min_channels, round_to, share)
     if target < floor:
         hint = (f"; rounding to {round_to} keeps at least {round_to} channels per group of {4 * round_to} or more"
                 if round_to > 1 else "")
+        if share:
+            hint += f"; this allocation keeps at least {share:.0%} of each group (the uniform one goes lower)"
         raise TargetError(f"target {cost.show(target)} is unreachable: the prunable groups allow at "
                           f"least {cost.show(floor)} ({floor / cost.total:.1%} of the original){hint}; "
                           "best effort prunes to that instead", option="best_effort")
@@ -140,7 +143,7 @@ def curve_widths(
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
     relative loss per unit of cost saved, never below ``floor`` of its channels."""
     cost = as_cost(cost)
-    check_target(cost, groups, target, min_channels, round_to)
+    check_target(cost, groups, target, min_channels, round_to, floor)
     widths = {g.id: g.channels for g in groups}
     lowest = _curve_lowest(groups, min_channels, round_to, floor)
     unit = {g.id: group_step(g.channels, round_to) for g in groups}

@@ -126,6 +126,18 @@ def test_unreachable_latency_names_the_lowest_reachable() -> None:
         check_target(t, GROUPS, 12.0, 4, 4)
 
 
+def test_curve_allocation_names_its_own_floor_as_the_lowest_reachable() -> None:
+    """The curve/output allocations keep ≥ 25% per group: an unreachable target names that floor's cost (what
+    best effort prunes to), not the lower one of groups cut to a single channel."""
+    t = CostTable(10.0, "CPUExecutionProvider", 1, None, "0" * 64, {"x": ["N", 3, 8, 8]}, [
+        GroupCost(0, "a", 16, [1, 4, 8, 16], [2.0, 2.4, 2.8, 3.6]), GroupCost(1, "b", 16, [1, 4, 16], [0.9, 1.0, 1.12])])
+    curves = {g.id: np.concatenate([[np.inf], np.linspace(1, 0, 16)]) for g in GROUPS}
+    floor, single = lowest_macs(t, GROUPS, share=0.25), lowest_macs(t, GROUPS)
+    assert floor > single
+    with pytest.raises(TargetError, match=rf"unreachable.*at least {floor:.3g} ms.*keeps at least 25%.*best effort"):
+        curve_widths(t, GROUPS, curves, (floor + single) / 2)
+
+
 # ---------------------------------------------------------------- parsing and the saved table
 
 

@@ -105,6 +105,7 @@ def _compress_flags() -> argparse.ArgumentParser:
     p.add_argument("--flip", action="store_true")
     p.add_argument("--best-effort", action="store_true")
     p.add_argument("--residual-streams", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--remove-blocks", action=argparse.BooleanOptionalAction, default=False)
     return p
 
 
@@ -125,7 +126,8 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     _echo("compress", original, "-o", output, "--calib", data, *flags, *(("--report", report) if report else ()))
     a = _compress_flags().parse_args(flags)
     budget = _budget(a)
-    select, allocate, reconstruct = strategies.named(a.method, a.allocation, a.reconstruct, a.target, a.seed)
+    select, allocate, reconstruct = strategies.named(a.method, a.allocation, a.reconstruct, a.target, a.seed,
+                                                            a.remove_blocks)
     model = onnxprune.load(original, a.input_shape)
     result = onnxprune.compress(model, str(data), budget=budget, select=select, allocate=allocate,
                                 reconstruct=reconstruct, preprocess=_preprocess(model, a), subset=a.subset,

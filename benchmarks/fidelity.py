@@ -32,6 +32,7 @@ EPS = ["--allocation", "epsilon"]
 VARIANTS: dict[str, list[str]] = {
     "default": [],
     "output + streams": ["--residual-streams"],
+    "output + blocks": ["--remove-blocks"],
     "epsilon allocation": EPS,
     "epsilon + streams": [*EPS, "--residual-streams"],
     "local": ["--method", "local", *EPS],

@@ -9,6 +9,7 @@ over the calls and its range. Writes `<out>/latency.json` and `<out>/latency.md`
 
     python benchmarks/latency.py                       # build 270M, 245M, 220M, 170M and time them
     python benchmarks/latency.py --models artifacts/   # time the models already in a folder
+    python benchmarks/latency.py --extra "--remove-blocks"   # build them with other compress flags
     python benchmarks/latency.py --quick               # tiny configuration, used by the test suite
 """
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from pathlib import Path
 
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--runs", default="100,15", help="timed rounds per bench call, per batch size")
     parser.add_argument("--repeats", type=int, default=4, help="bench calls per model and batch (order alternates)")
+    parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--remove-blocks'")
     parser.add_argument("--quick", action="store_true", help="tiny run: one 245M model from 16 photos, batch 1")
     args = parser.parse_args()
     calib = "!0%5"
@@ -84,7 +87,7 @@ def main() -> None:
         models = []
         for target in args.targets.split(","):
             path = args.out / f"latency_{target}.onnx"
-            compress(original, path, args.data, ["--subset", calib, "--target-flops", target])
+            compress(original, path, args.data, ["--subset", calib, "--target-flops", target, *shlex.split(args.extra)])
             models.append(path)
     load = os.getloadavg()
     rows = []

@@ -58,12 +58,13 @@ def _step(width: int, channels: int, round_to: int) -> int:
 
 def fill(cost: MacModel | Cost, groups: list[Group], widths: dict[int, int], target: float,
          round_to: int = 1) -> dict[int, int]:
-    """Spend the budget left by rounding: widen the relatively narrowest groups first."""
+    """Spend the budget left by rounding: widen the relatively narrowest groups first (a removed block, at
+    width 0, stays removed)."""
     cost = as_cost(cost)
     widths = dict(widths)
     while True:
         for g in sorted(groups, key=lambda g: (widths[g.id] / g.channels, g.id)):
-            if widths[g.id] < g.channels:
+            if 0 < widths[g.id] < g.channels:
                 old = widths[g.id]
                 widths[g.id] = _step(old, g.channels, round_to)
                 if cost(widths) <= target:
@@ -141,7 +142,8 @@ def curve_widths(
     min_channels: int = 1, round_to: int = 1, floor: float = CURVE_FLOOR,
 ) -> dict[int, int]:
     """Greedy on the error curves: repeatedly narrow the group whose next step costs the least
-    relative loss per unit of cost saved, never below ``floor`` of its channels."""
+    relative loss per unit of cost saved, never below ``floor`` of its channels; a group whose curve is
+    finite at width 0 (a removable block, probed) may also go to 0 in one step from any width."""
     cost = as_cost(cost)
     check_target(cost, groups, target, min_channels, round_to, floor)
     widths = {g.id: g.channels for g in groups}
@@ -153,13 +155,13 @@ def curve_widths(
         best, best_price, best_cost = None, np.inf, current
         for g in groups:
             w = widths[g.id]
-            if w <= lowest[g.id]:
-                continue
-            narrower = max(lowest[g.id], w - step[g.id])
-            trial = cost({**widths, g.id: narrower})
-            price = (curves[g.id][narrower] - curves[g.id][w]) / max(current - trial, 1e-9)
-            if price < best_price:
-                best, best_price, best_cost = (g.id, narrower), price, trial
+            moves = [max(lowest[g.id], w - step[g.id])] if w > lowest[g.id] else []
+            moves += [0] if w and np.isfinite(curves[g.id][0]) else []
+            for narrower in moves:
+                trial = cost({**widths, g.id: narrower})
+                price = (curves[g.id][narrower] - curves[g.id][w]) / max(current - trial, 1e-9)
+                if price < best_price:
+                    best, best_price, best_cost = (g.id, narrower), price, trial
         if best is None:
             raise TargetError(f"target {cost.show(target)} needs more than the floor of {floor:.0%} "
                               "of each group's channels allows: use the uniform allocation", option="allocation")

@@ -138,7 +138,8 @@ def analyze_cmd(
     for col in ("id", "group (first producer)", "channels", "producers", "consumers", "prunable"):
         table.add_column(col)
     for g in result.groups:
-        status = "[green]yes[/]" if g.prunable else f"[red]no[/]: {g.reason}"
+        status = (f"[green]yes[/]{' (a removable block)' * (g.id in result.blocks)}" if g.prunable
+                  else f"[red]no[/]: {g.reason}")
         table.add_row(str(g.id), g.name, str(g.channels), str(len(g.producers)), str(len(g.consumers)), status)
     console.print(table)
     console.print(f"MACs {_mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
@@ -201,6 +202,12 @@ ResidualStreamsOpt = Annotated[bool, typer.Option(
     help="Also prune residual streams (the channels that several blocks sum with Add, e.g. MobileNetV2's stage "
          "outputs), each jointly across all its producers and consumers; off by default (on MobileNetV2 the "
          "output allocation leaves them whole anyway, and the epsilon allocation loses accuracy with them).")]
+RemoveBlocksOpt = Annotated[bool, typer.Option(
+    "--remove-blocks/--no-remove-blocks",
+    help="Let the output allocation also remove whole residual blocks (a block whose inner channels feed one "
+         "Conv into the residual Add, e.g. MobileNetV2's inverted residuals with a shortcut, ResNet's basic "
+         "blocks): probed like a width, the block becomes its shortcut plus a fitted constant, and the later "
+         "layers' refits absorb it.")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
 
@@ -238,6 +245,7 @@ def compress_cmd(
     recover_held_subset: RecoverHeldSubsetOpt = None,
     best_effort: BestEffortOpt = False,
     residual_streams: ResidualStreamsOpt = False,
+    remove_blocks: RemoveBlocksOpt = False,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
 ) -> None:
@@ -253,7 +261,7 @@ def compress_cmd(
                          save_cost_table)
         if recover_held_subset is not None and recover_steps < 1:
             raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-        select, allocate, refit = named(method, allocation, reconstruct, target, seed)
+        select, allocate, refit = named(method, allocation, reconstruct, target, seed, remove_blocks)
         onnx_model = api.load(model, input_shape)
         preprocess = _preprocess(onnx_model, resize, crop, mean, std, layout, bgr)
         data, held = _calibration(calib, onnx_model, preprocess, subset, limit, flip, recover_held_subset)
@@ -310,7 +318,8 @@ def _print_compress(result: CompressReport, method: str, reconstruct: str, round
         table.add_column(col)
     for layer in result.layers:
         greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
-        table.add_row(layer.group, f"{layer.kept}/{layer.channels}", greedy, f"{layer.error_fold:.3f}",
+        kept = f"{layer.kept}/{layer.channels}" if layer.kept else f"block removed (0/{layer.channels})"
+        table.add_row(layer.group, kept, greedy, f"{layer.error_fold:.3f}",
                       f"{layer.error:.3f}", f"{layer.seconds:.1f}")
     console.print(table)
     for s in result.skipped:

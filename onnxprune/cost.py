@@ -20,7 +20,7 @@ import hashlib
 import json
 import os
 import platform
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -311,8 +311,11 @@ def measure_cost_table(
     warmup: int = 3,
     runs: int = 15,
     on_group: Callable[[int, int, str], None] | None = None,
+    removable: Collection[int] = (),
 ) -> CostTable:
-    """Time ``model`` whole and each group's subgraph (cut from its analysed ``graph``) at a few widths."""
+    """Time ``model`` whole and each group's subgraph (cut from its analysed ``graph``) at a few widths; a
+    group in ``removable`` (a residual block, ``analysis.blocks``) costs nothing at width 0, its whole subgraph
+    gone."""
     (model_ms,), active = median_latencies([model], provider=provider, batch=batch, threads=threads,
                                            warmup=warmup, runs=runs)
     table = CostTable(model_ms, active, batch, threads, graph_sha256(model), input_dims(model))
@@ -325,7 +328,9 @@ def measure_cost_table(
         narrowed = [_timing_model(sub if w == group.channels else slice_channels(sub.copy(), group, np.arange(w)),
                                   model) for w in widths]
         ms, _ = median_latencies(narrowed, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs)
-        table.groups.append(GroupCost(group.id, group.name, group.channels, widths, ms))
+        zero = [(0, 0.0)] if group.id in removable else []
+        table.groups.append(GroupCost(group.id, group.name, group.channels, [w for w, _ in zero] + widths,
+                                      [m for _, m in zero] + ms))
     return table
 
 

@@ -32,7 +32,7 @@ from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
-from onnxprune.passes import refit_consumer, scale_columns, slice_channels
+from onnxprune.passes import refit_consumer, remove_block, scale_columns, slice_channels
 from onnxprune.runtime.probe import FixedBatch, fixed_batch
 from onnxprune.runtime.segments import Liveness, run_segment
 from onnxprune.strategies import CompressOptions
@@ -223,7 +223,9 @@ class Compressor:
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
         live = self.live.live(cut)
-        new, ran = run_segment(graph, values, live - set(values), provider=self.options.provider,
+        tensors = graph.tensors()  # a removed block's tensors are gone from the pruned graph
+        new, ran = run_segment(graph, values, {t for t in live - set(values) if t in tensors},
+                               provider=self.options.provider,
                                batch_size=self.run_batch, exact=self.fixed_batch is not None)
         self.provider = ran or self.provider
         values.update(new)
@@ -344,8 +346,8 @@ class Compressor:
 
     def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
         """Bring both networks to ``cut``, then select ``width`` channels of ``group`` and reconstruct its
-        consumers (None: the group keeps all its channels). A residual stream's consumers that run later are
-        refitted when the loop reaches them (``refit_pending``)."""
+        consumers (None: the group keeps all its channels; width 0 removes a removable block). A residual
+        stream's consumers that run later are refitted when the loop reaches them (``refit_pending``)."""
         t0 = time.perf_counter()
         self.advance(self.graph, self.values_p, cut)
         self.advance(self.original, self.values_o, cut)
@@ -354,6 +356,8 @@ class Compressor:
         need = {c.tensor for c in group.consumers}
         data = self.collect(group, self.peek(self.graph, self.values_p, need),
                             self.peek(self.original, self.values_o, need))
+        if width == 0:
+            return self.remove(group, data, t0)
         keep, fold, rel = self.options.select.select(self, group, data, width)
         nodes = {n.name: n for n in self.graph.nodes}
         later = [p for p in group.producers if self.live.position[p] >= cut]
@@ -376,6 +380,18 @@ class Compressor:
         tally = [err * energy, energy]
         self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
         return layer
+
+    def remove(self, group: Group, data: list[ConsumerData], t0: float) -> LayerReport:
+        """Replace the group's residual block by its shortcut plus the mean of its consumer's target (the refit
+        with no channel left; its relative error is 1 by definition)."""
+        (d,) = data
+        self.graph = remove_block(self.graph, self.analysis.blocks[group.id], d.stats.st / max(d.stats.count, 1))
+        for name in group.tensors:
+            self.values_p.pop(name, None)
+        names = {n.name for n in self.graph.nodes}
+        self.pending = [p for p in self.pending if p.use.node in names]
+        return LayerReport(group.name, group.channels, 0, [d.use.node], None, 1.0, 1.0, [], time.perf_counter() - t0,
+                           group_step(group.channels, self.options.round_to))
 
     def refit_pending(self, upto: int) -> None:
         """Refit the residual streams' later consumers that run before position ``upto``, on their inputs as

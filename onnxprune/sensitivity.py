@@ -12,7 +12,7 @@ budget on, sensitivities summed as if independent.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -73,12 +73,14 @@ def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int) ->
 
 def curve_of(channels: int, probes: Mapping[int, float]) -> np.ndarray:
     """The discrepancy at every width 0..channels: 0 at full width, linear between probed widths, the
-    narrowest probe's value below it (non-increasing in width: a probe lower than a narrower one's is raised)."""
-    xs = np.array([*sorted(probes), channels], dtype=float)
-    ys = np.array([probes[w] for w in sorted(probes)] + [0.0])
+    narrowest probe's value below it (non-increasing in width: a probe lower than a narrower one's is raised).
+    At width 0: the probe of the block's removal, if there is one, else infinite (not a choice)."""
+    widths = sorted(w for w in probes if w > 0)
+    xs = np.array([*widths, channels], dtype=float)
+    ys = np.array([probes[w] for w in widths] + [0.0])
     ys = np.maximum.accumulate(ys[::-1])[::-1]
     curve = np.interp(np.arange(channels + 1), xs, ys)
-    curve[0] = np.inf
+    curve[0] = max(probes[0], curve[1]) if 0 in probes else np.inf
     return curve
 
 
@@ -94,8 +96,10 @@ def split(n: int, fit: int, probe: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple[float, ...], fit_samples: int,
-                  probe_samples: int, on_layer: Progress | None = None) -> tuple[dict[int, np.ndarray], Sensitivity]:
-    """Each group's output-discrepancy curve (``curve_of``) from probes at ``ratios`` of its channels."""
+                  probe_samples: int, on_layer: Progress | None = None, removable: Collection[int] = ()
+                  ) -> tuple[dict[int, np.ndarray], Sensitivity]:
+    """Each group's output-discrepancy curve (``curve_of``) from probes at ``ratios`` of its channels, and at
+    width 0 (the block removed) for the groups in ``removable``."""
     t0 = time.perf_counter()
     n = len(next(iter(run.inputs.values())))
     fit, probe = split(n, fit_samples, probe_samples)
@@ -115,8 +119,8 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
         ahead = run.peek(run.original, values, {use.tensor for use in group.consumers})
         fitted = {k: v[: len(fit)] for k, v in ahead.items()}
         at_cut = {k: v[len(fit):] for k, v in values.items()}
-        probes = _probe(run, group, fitted, at_cut, reference, candidate_widths(group.channels, ratios,
-                                                                                run.options.round_to))
+        widths = candidate_widths(group.channels, ratios, run.options.round_to) + [0] * (group.id in removable)
+        probes = _probe(run, group, fitted, at_cut, reference, widths)
         report.probes[group.name] = probes
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
@@ -125,12 +129,13 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
 
 def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
            reference: list[dict[str, np.ndarray]], widths: list[int]) -> dict[int, float]:
-    """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``), run
-    from the tensors ``at_cut`` of the probe samples."""
+    """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``; width 0:
+    only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples."""
     if not widths:
         return {}
     data = run.collect(group, fitted, fitted)
-    path = stats_omp([d.stats for d in data], [d.current.k for d in data], widths[0])
+    top = max(widths)
+    path = stats_omp([d.stats for d in data], [d.current.k for d in data], top) if top else None
     downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
     nodes = {n.name: n for n in run.original.nodes}
     mine = {n.name: n for n in downstream.nodes}
@@ -143,12 +148,15 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
         bases.append((base, view))
     out = {}
     for width in widths:
-        keep = path.support(width)
+        keep = path.support(width) if width else np.zeros(0, dtype=np.int64)
         for d, (base, view) in zip(data, bases):
             cols = expand(keep, d.current.k)
-            w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
             weight = base.weight.copy()
-            weight[:, view[cols]] = w
+            if width:
+                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
+                weight[:, view[cols]] = w
+            else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
+                bias = d.stats.st / max(d.stats.count, 1)
             consumers.write(downstream, mine[d.use.node], consumers.Linear(weight, bias, base.k))
         downstream.cleanup().toposort()  # a MatMul's first bias adds a node
         out[width] = output_discrepancy(reference, _run(run, downstream, at_cut))

@@ -213,7 +213,7 @@ class Latency(Budget):
             return table
         table = measure_cost_table(ctx.model, ctx.original, groups, provider=options.provider, batch=self.batch,
                                    threads=self.threads, floor=options.min_channels, round_to=options.round_to,
-                                   on_group=on_layer)
+                                   on_group=on_layer, removable=ctx.analysis.blocks)
         if self.save_cost_table:
             table.save(self.save_cost_table)
         return table
@@ -348,11 +348,14 @@ class Output(Allocator):
     """Judged on the network's output: each group alone is pruned (OMP and refit, on ``fit_samples``
     calibration samples) to each of ``ratios`` of its channels, the output's discrepancy to the original's
     measured on ``probe_samples`` others (``onnxprune.sensitivity``); the greedy then narrows where the
-    interpolated discrepancy grows least per unit of cost saved, never below the narrowest ratio."""
+    interpolated discrepancy grows least per unit of cost saved, never below the narrowest ratio. With
+    ``remove_blocks``, removing a residual block whole (``analysis.blocks``) is probed too and is one more
+    step the greedy may take."""
 
     ratios: tuple[float, ...] = (0.75, 0.5, 0.25)
     fit_samples: int = 64
     probe_samples: int = 32
+    remove_blocks: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ratios", tuple(float(r) for r in self.ratios))
@@ -365,7 +368,8 @@ class Output(Allocator):
 
     def curves(self, ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None
                ) -> tuple[dict[int, np.ndarray], dict[str, Any] | None]:
-        curves, sensitivity = output_curves(ctx, order, self.ratios, self.fit_samples, self.probe_samples, on_layer)
+        curves, sensitivity = output_curves(ctx, order, self.ratios, self.fit_samples, self.probe_samples, on_layer,
+                                            ctx.analysis.blocks if self.remove_blocks else ())
         return curves, asdict(sensitivity)
 
     def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
@@ -480,14 +484,18 @@ RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"full": Refit, "scale": Scale
 METHODS, ALLOCATIONS, RECONSTRUCTIONS = tuple(SELECTORS), tuple(ALLOCATORS), tuple(RECONSTRUCTORS)
 
 
-def named(method: str, allocation: str, reconstruct: str, target: str = "original", seed: int = 0
-          ) -> tuple[Selector, Allocator, Reconstruction]:
+def named(method: str, allocation: str, reconstruct: str, target: str = "original", seed: int = 0,
+          remove_blocks: bool = False) -> tuple[Selector, Allocator, Reconstruction]:
     """The strategies named as on the command line: ``target`` goes to ``Local``, ``seed`` to ``Random`` and
-    ``Global``; an unknown name is an OptionError listing the valid ones."""
+    ``Global``, ``remove_blocks`` to ``Output``; an unknown name is an OptionError listing the valid ones."""
     check_choice("method", method, METHODS)
     check_choice("target", target, TARGETS)
     check_choice("allocation", allocation, ALLOCATIONS)
     check_choice("reconstruct", reconstruct, RECONSTRUCTIONS)
+    if remove_blocks and ALLOCATORS[allocation] is not Output:
+        raise OptionError(f"block removal is chosen by the output allocation, not by {allocation}: use "
+                          "--allocation output with --remove-blocks", option="remove_blocks")
     kind = SELECTORS[method]
     select = kind(target) if kind is Local else kind(seed) if kind in (Random, Global) else kind()
-    return select, ALLOCATORS[allocation](), RECONSTRUCTORS[reconstruct]()
+    allocate = Output(remove_blocks=True) if remove_blocks else ALLOCATORS[allocation]()
+    return select, allocate, RECONSTRUCTORS[reconstruct]()

@@ -187,13 +187,19 @@ def test_subgraph_holds_the_group_and_runs_narrowed(tiny) -> None:
     assert set(group.producers) | {c.node for c in group.consumers} <= names
     assert len(names) < len(analysis.graph.nodes)
     table = measure_cost_table(tiny.model, analysis.graph, groups, provider="cpu", batch=2, round_to=4, runs=2,
-                               warmup=0)
+                               warmup=0, removable=analysis.blocks)
     assert table.provider == "CPUExecutionProvider" and table.batch == 2 and table.model_ms > 0
     assert [(g.name, g.channels) for g in table.groups] == [(g.name, g.channels) for g in groups]
     for g in table.groups:
         assert g.widths == sorted(set(g.widths)) and g.widths[-1] == g.channels
+        removable = g.id in analysis.blocks
+        if removable:  # removed, the block's whole subgraph costs nothing: removing saves all of it
+            assert (g.widths[0], g.ms[0]) == (0, 0.0) and g.saving(0) == pytest.approx(g.at(g.channels))
+        else:
+            assert g.widths[0] > 0
         step = group_step(g.channels, 4)
-        assert all(w % step == 0 or w == g.channels for w in g.widths) and all(ms > 0 for ms in g.ms)
+        assert all(w % step == 0 or w == g.channels for w in g.widths) and all(ms > 0 for ms in g.ms[removable:])
+    assert sum(g.id in analysis.blocks for g in table.groups) == 1
 
 
 # ---------------------------------------------------------------- compress --target-latency

@@ -388,3 +388,20 @@ def test_too_few_samples_for_the_output_allocation_name_the_way_out(files, tmp_p
     assert "(--allocation)" in refused.stderr and not (tmp_path / "refused.onnx").exists()
     taken = runner.invoke(app, [*argv, "-o", str(tmp_path / "eps.onnx"), "--allocation", "epsilon"])
     assert taken.exit_code == 0, taken.stderr
+
+
+def test_remove_blocks_probes_the_removal_and_needs_the_output_allocation(files, tmp_path: Path) -> None:
+    """--remove-blocks: the block's removal is probed (width 0 in the report's probes) and `analyze` marks the
+    block; with another allocation it is one error line, exit 2, nothing written."""
+    table = runner.invoke(app, ["analyze", str(files["tiny"])])
+    assert table.stdout.count("(a removable block)") == 1
+    argv = ["compress", str(files["tiny"]), "--calib", str(files["calib"]), "--target-ratio", "0.6", "--remove-blocks"]
+    report = tmp_path / "report.json"
+    result = runner.invoke(app, [*argv, "-o", str(tmp_path / "p.onnx"), "--report", str(report)])
+    assert result.exit_code == 0, result.stderr
+    probes = json.loads(report.read_text())["allocation"]["probes"]
+    block = analyze(onnx.load(str(files["tiny"]))).groups[4].name
+    assert [name for name, row in probes.items() if "0" in row] == [block]
+    refused = runner.invoke(app, [*argv, "-o", str(tmp_path / "r.onnx"), "--allocation", "epsilon"])
+    assert refused.exit_code == 2 and "output allocation" in refused.stderr and "--remove-blocks" in refused.stderr
+    assert not (tmp_path / "r.onnx").exists()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxprune.analysis.blocks import Block, find_blocks
 from onnxprune.analysis.graph import import_graph
 from onnxprune.analysis.groups import Group, find_groups
 from onnxprune.analysis.macs import MacModel, count_params
@@ -18,6 +19,7 @@ class Analysis:
     groups: list[Group]
     macs: MacModel
     params: int
+    blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
 
     @property
     def prunable(self) -> list[Group]:
@@ -34,11 +36,11 @@ class Analysis:
             "macs": self.macs.total,
             "params": self.params,
             "prunable_mac_share": self.prunable_share(),
-            "groups": [g.to_dict() for g in self.groups],
+            "groups": [{**g.to_dict(), "removable_block": g.id in self.blocks} for g in self.groups],
         }
 
 
 def analyze(model: onnx.ModelProto) -> Analysis:
     graph = import_graph(model)
     groups = find_groups(graph)
-    return Analysis(graph, groups, MacModel(graph, groups), count_params(graph))
+    return Analysis(graph, groups, MacModel(graph, groups), count_params(graph), find_blocks(graph, groups))

@@ -2,7 +2,8 @@
 docstring says whether it modifies its input graph in place (returning the same graph)."""
 
 from onnxprune.passes.refit_consumer import refit_consumer
+from onnxprune.passes.remove_block import remove_block
 from onnxprune.passes.scale_columns import scale_columns
 from onnxprune.passes.slice_channels import slice_channels
 
-__all__ = ["refit_consumer", "scale_columns", "slice_channels"]
+__all__ = ["refit_consumer", "remove_block", "scale_columns", "slice_channels"]

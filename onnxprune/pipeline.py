@@ -93,8 +93,8 @@ def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple
     per channel and sample, computed from the group's pooled channels by its first consumer) or, in a
     residual stream (the outputs of several blocks summed by ``Add``s), the later blocks' projections: their
     rows are sliced at the cut, and the consumers that read the stream later are refitted when the loop
-    reaches them (``Compressor.refit_pending``). A stream that is a piece of a Concat/Split, or mixes gates
-    with other later producers, is left alone. Consumers that read the channels later are fed by running
+    reaches them (``Compressor.refit_pending``); a stream may be a piece of a Split/Concat (YOLO's C2f). A
+    group that mixes gates with other later producers is left alone. Consumers that read the channels later are fed by running
     ahead from the cut (``peek``). Residual streams are pruned only with ``streams``.
     """
     order, skipped = [], []
@@ -110,11 +110,6 @@ def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple
             skipped.append({"group": g.name, "channels": g.channels,
                             "reason": "coupled across layers through a gate and other later producers: not pruned "
                                       "by this release"})
-            continue
-        if later and not gates and g.partial:
-            skipped.append({"group": g.name, "channels": g.channels,
-                            "reason": "a residual stream that is a piece of a Concat/Split (e.g. inside YOLO's C2f): "
-                                      "not pruned by this release"})
             continue
         if later and not gates and not streams:
             skipped.append({"group": g.name, "channels": g.channels,

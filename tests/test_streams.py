@@ -16,6 +16,7 @@ import pytest
 
 from onnxprune.analysis import analyze, consumers
 from onnxprune.analysis.graph import infer_shapes
+from onnxprune.analysis.groups import keep_index
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import compress, schedule
 from onnxprune.runtime.ort import model_input_specs
@@ -42,6 +43,16 @@ class StreamsOnly(Allocator):
         return {g.id: g.channels // 2 if g.coupled else g.channels for g in groups}
 
 
+@dataclass(frozen=True)
+class Halves(Allocator):
+    """Half of every group's channels."""
+
+    needs_curves = False
+
+    def widths(self, cost, groups, curves, target, min_channels, round_to):
+        return {g.id: max(1, g.channels // 2) for g in groups}
+
+
 def _streams(model: onnx.ModelProto) -> list:
     analysis = analyze(model)
     order, _ = schedule(analysis, Liveness(analysis.graph), streams=True)
@@ -66,27 +77,48 @@ def _reference(model: onnx.ModelProto, pruned: onnx.ModelProto, streams: list, r
     if refit:
         mine = {n.name: n for n in graph.nodes}
         theirs = {n.name: n for n in gs.import_onnx(pruned).nodes}
-        for use in (use for group in streams for use in group.consumers):
-            original, refitted = consumers.matrix(mine[use.node]), consumers.matrix(theirs[use.node])
-            rows, cols = refitted.weight.shape  # the kept channels come first (FirstChannels)
-            weight, bias = original.weight.copy(), original.bias.copy()
-            weight[:rows], bias[:rows] = 0.0, refitted.bias
-            weight[:rows, :cols] = refitted.weight
-            consumers.write(graph, mine[use.node], consumers.Linear(weight, bias, original.k))
+        tensors = graph.tensors()
+        for group in streams:
+            for use in group.consumers:
+                original, refitted = consumers.matrix(mine[use.node]), consumers.matrix(theirs[use.node])
+                rows = len(refitted.bias)  # a stream producer's kept rows come first (FirstChannels)
+                axis, repeat = group.tensors[use.tensor]
+                entries = keep_index(tensors[use.tensor].shape[axis], group.offsets[use.tensor], group.channels,
+                                     repeat, np.arange(group.channels // 2))  # the group at any offset(s)
+                cols = (entries[:, None] * original.k + np.arange(original.k)).ravel()
+                weight, bias = original.weight.copy(), original.bias.copy()
+                weight[:rows], bias[:rows] = 0.0, refitted.bias
+                weight[np.ix_(np.arange(rows), cols)] = refitted.weight
+                consumers.write(graph, mine[use.node], consumers.Linear(weight, bias, original.k))
     for group in streams:
         masked = masked_original(graph, group, np.arange(group.channels) < group.channels // 2)
         graph = gs.import_onnx(infer_shapes(masked))
     return gs.export_onnx(graph)
 
 
-CASES = [(name, kind) for name in ("tiny", "mobilenet_v2") for kind in ("masked", "refit")] + [
+CASES = [(name, kind) for name in ("tiny", "mobilenet_v2", "yolo_c2f") for kind in ("masked", "refit")] + [
     ("resnet34", "refit"), ("resnet50", "masked")]  # ResNet's 3x3 refits are the slow part: one of each
+
+
+def _model(name: str, tiny, zoo, tmp_path) -> onnx.ModelProto:
+    """The tiny model, a zoo model, or a small YOLO detector: its C2f blocks sum each bottleneck's output with
+    one Split piece of the block's input, and concatenate every sum, so a stream is a range of the Split and
+    sits at several offsets of the closing conv's input."""
+    if name == "tiny":
+        return tiny.model
+    if name == "yolo_c2f":
+        from models.build import randomise
+        from models.yolo import Detector
+        from tests.onnx_builders import export_torch
+
+        return onnx.load(str(export_torch(randomise(Detector(classes=2, w=4)), tmp_path / "yolo.onnx", (1, 3, 64, 64))))
+    return zoo.model(name)
 
 
 @pytest.mark.parametrize(("name", "kind"), CASES)
 def test_pruned_streams_equal_the_masked_original(name: str, kind: str, tiny, zoo, tmp_path) -> None:
     reconstruct = Refit() if kind == "refit" else NoRefit()
-    model = tiny.model if name == "tiny" else zoo.model(name)
+    model = _model(name, tiny, zoo, tmp_path)
     streams = _streams(model)
     assert streams, "the model has residual streams to prune"
     pruned, report, x = _prune_streams(model, tmp_path, reconstruct)
@@ -102,31 +134,15 @@ def test_pruned_streams_equal_the_masked_original(name: str, kind: str, tiny, zo
     assert analyze(pruned).macs.total == report.macs_after < report.macs_before
 
 
-def test_a_stream_inside_a_split_piece_is_left_alone_and_says_why(tmp_path) -> None:
-    """YOLO's C2f sums a bottleneck's output with one Split piece of its input: a stream that is a range of a
-    tensor is not pruned (yet), and the schedule names the reason for each."""
-    from models.yolo import Detector
-    from tests.onnx_builders import export_torch
-
-    model = onnx.load(str(export_torch(Detector(classes=2, w=4), tmp_path / "yolo.onnx", (1, 3, 64, 64))))
-    analysis = analyze(model)
-    order, skipped = schedule(analysis, Liveness(analysis.graph), streams=True)
-    pieces = [s for s in skipped if "piece of a Concat/Split" in s["reason"]]
-    assert len(pieces) == 4 and all(s["group"].endswith("]") for s in pieces)
-    assert not [g for _, g in order if g.coupled]
-
-
-@pytest.mark.parametrize("name", ["tiny", "mobilenet_v2"])
+@pytest.mark.parametrize("name", ["tiny", "mobilenet_v2", "yolo_c2f"])
 def test_streams_and_the_blocks_on_them_pruned_together(name: str, tiny, zoo, tmp_path) -> None:
     """Every group pruned, streams included: a later block's projection (a stream producer whose rows were
     sliced) is refitted towards the original's kept rows, so its layer's error stays a fraction of its output."""
-    from onnxprune.strategies import Uniform
-
-    model = tiny.model if name == "tiny" else zoo.model(name)
+    model = _model(name, tiny, zoo, tmp_path)
     shape = model_input_specs(model)[0][1]
     np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((24, *shape[1:])).astype(np.float32))
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    options = options_from(MACs(0.6 * analyze(model).macs.total), allocate=Uniform(), provider="cpu", round_to=1,
+    options = options_from(MACs(analyze(model).macs.total - 1), allocate=Halves(), provider="cpu", round_to=1,
                            residual_streams=True)
     pruned, report = compress(model, calib, options)
     onnx.checker.check_model(pruned, full_check=True)

@@ -27,12 +27,13 @@ import numpy as np
 from common import DEFAULT_DATA, bench, compress, original_model
 
 
-def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int) -> dict:
+def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int, threads: int | None = None) -> dict:
     """Medians of ``repeats`` alternating `bench` calls of the original and ``model``."""
     calls = []
     for i in range(repeats):
         pair = [original, model] if i % 2 == 0 else [model, original]
-        out = bench(pair, ["--provider", "cpu", "--batch", str(batch), "--runs", str(runs)])
+        out = bench(pair, ["--provider", "cpu", "--batch", str(batch), "--runs", str(runs),
+                           *(["--threads", str(threads)] if threads else [])])
         by_path = {Path(r["model"]).resolve(): r for r in out}
         calls.append((by_path[original.resolve()], by_path[model.resolve()]))
     speedups = [o["median_ms"] / p["median_ms"] for o, p in calls]
@@ -65,6 +66,7 @@ def main() -> None:
     parser.add_argument("--batches", default="1,32")
     parser.add_argument("--runs", default="100,15", help="timed rounds per bench call, per batch size")
     parser.add_argument("--repeats", type=int, default=4, help="bench calls per model and batch (order alternates)")
+    parser.add_argument("--threads", type=int, help="intra-op threads of the timings (default: onnxruntime's)")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--remove-blocks'")
     parser.add_argument("--quick", action="store_true", help="tiny run: one 245M model from 16 photos, batch 1")
     args = parser.parse_args()
@@ -93,16 +95,19 @@ def main() -> None:
     rows = []
     for model in models:
         for batch in batches:
-            rows.append({"model": model.name, **bench_pair(original, model, batch, runs[batch], args.repeats)})
+            rows.append({"model": model.name, **bench_pair(original, model, batch, runs[batch], args.repeats,
+                                                           args.threads)})
             print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     if not args.models:
         for model in models:
             model.unlink()
     (args.out / "latency.json").write_text(json.dumps(
-        {"load_average_before": load, "load_average_after": load_after, "cpus": os.cpu_count(), "rows": rows},
+        {"load_average_before": load, "load_average_after": load_after, "cpus": os.cpu_count(),
+         "threads": args.threads, "rows": rows},
         indent=2))
-    table = markdown(rows) + (f"\n{os.cpu_count()} CPUs; 1-minute load average {load[0]:.1f} before, "
+    threads = f"{args.threads} intra-op thread(s)" if args.threads else "onnxruntime's default threads"
+    table = markdown(rows) + (f"\n{os.cpu_count()} CPUs, {threads}; 1-minute load average {load[0]:.1f} before, "
                               f"{load_after[0]:.1f} after (a load above the CPU count means other jobs "
                               "shared the machine).\n")
     (args.out / "latency.md").write_text(table)

@@ -30,6 +30,7 @@ from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.ort import InputSpec, model_input_specs
+from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 
 ModelSource = Union[str, Path, onnx.ModelProto]
@@ -157,6 +158,8 @@ def compress(
     provider: str = "auto",
     best_effort: bool = False,
     residual_streams: bool = False,
+    memory: int | str | None = None,
+    spill_dir: str | Path | None = None,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Prune ``model``'s channels to ``budget`` on the samples of ``calib``; returns the pruned model and its report.
@@ -186,11 +189,16 @@ def compress(
         residual_streams: also prune residual streams (the channels several blocks sum with ``Add``), each
             jointly across its producers and consumers (off by default: on MobileNetV2 the output allocation
             never narrows them, the ε allocation loses accuracy with them).
+        memory: bytes (or '4G', '512M') of cached activations held in RAM; past it they are spilled to files in
+            ``spill_dir`` (default: half of the memory available at the start). The result does not depend on it.
+        spill_dir: where spilled activations go (default: the system's temporary folder); the files are
+            unlinked as soon as they are open, so nothing is left behind.
         on_layer: ``on_layer(i, total, label)`` is called as each group is pruned (progress).
 
     The result's ``recover()`` continues with few-shot recovery towards ``model`` on the same samples."""
     options = options_from(budget, select, allocate, reconstruct, round_to=round_to, batch_size=batch_size,
-                           provider=provider, best_effort=best_effort, residual_streams=residual_streams)
+                           provider=provider, best_effort=best_effort, residual_streams=residual_streams,
+                           memory=memory_bytes(memory), spill_dir=None if spill_dir is None else str(spill_dir))
     onnx_model = load(model, input_shape)
     preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
     data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)

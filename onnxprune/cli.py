@@ -208,6 +208,13 @@ RemoveBlocksOpt = Annotated[bool, typer.Option(
          "Conv into the residual Add, e.g. MobileNetV2's inverted residuals with a shortcut, ResNet's basic "
          "blocks): probed like a width, the block becomes its shortcut plus a fitted constant, and the later "
          "layers' refits absorb it.")]
+MemoryOpt = Annotated[Optional[str], typer.Option(
+    help="RAM for the cached activations of the calibration set (e.g. 4G, 512M); past it they are spilled to "
+         "--spill-dir and read back by ranges. Default: half of the memory available at the start. The pruned "
+         "model does not depend on it.")]
+SpillDirOpt = Annotated[Optional[Path], typer.Option(
+    help="Folder for spilled activations (default: the system's temporary folder); the files are unlinked as "
+         "soon as they are open, so nothing is left behind.")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
 
@@ -246,6 +253,8 @@ def compress_cmd(
     best_effort: BestEffortOpt = False,
     residual_streams: ResidualStreamsOpt = False,
     remove_blocks: RemoveBlocksOpt = False,
+    memory: MemoryOpt = None,
+    spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
 ) -> None:
@@ -269,7 +278,8 @@ def compress_cmd(
             pruned = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
                                    reconstruct=refit, preprocess=preprocess, round_to=round_to,
                                    batch_size=batch_size, provider=provider, best_effort=best_effort,
-                                   residual_streams=residual_streams, on_layer=advance)
+                                   residual_streams=residual_streams, memory=memory, spill_dir=spill_dir,
+                                   on_layer=advance)
         outcome = pruned if recover_steps < 1 else _recover(lambda on_progress: pruned.recover(
             RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed), held=held,
             on_progress=on_progress))

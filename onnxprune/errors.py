@@ -38,6 +38,10 @@ class OutputError(OnnxPruneError):
     """The output path is invalid (e.g. equal to the input)."""
 
 
+class ResourceError(OnnxPruneError):
+    """Not enough memory or disk for the work asked (e.g. the cached activations of a large calibration set)."""
+
+
 class OptionError(OnnxPruneError, ValueError):
     """An option is outside its choices or range (a ValueError too, as the library raised before)."""
 

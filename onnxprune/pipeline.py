@@ -11,6 +11,7 @@ compares a name.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -27,7 +28,7 @@ from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.cost import LatencyReport, Spend
-from onnxprune.errors import AnalysisError, CalibrationError, TargetError
+from onnxprune.errors import AnalysisError, CalibrationError, ResourceError, TargetError
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv
@@ -35,6 +36,7 @@ from onnxprune.imitation.stats import ConsumerStats, neuron_gram
 from onnxprune.passes import refit_consumer, remove_block, scale_columns, slice_channels
 from onnxprune.runtime.probe import FixedBatch, fixed_batch
 from onnxprune.runtime.segments import Liveness, run_segment
+from onnxprune.runtime.store import Array, Store, default_budget, show_bytes
 from onnxprune.strategies import CompressOptions
 
 Progress = Callable[[int, int, str], None]
@@ -192,6 +194,8 @@ class Compressor:
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
+        self.store = Store(default_budget() if options.memory is None else options.memory, options.spill_dir)
+        self._check_room(len(calib))
         self.inputs = self._load(calib)
         if len(next(iter(self.inputs.values()))) < 2:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
@@ -206,22 +210,46 @@ class Compressor:
         self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
         self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
 
-    def _load(self, calib: CalibrationSet) -> dict[str, np.ndarray]:
-        parts: dict[str, list[np.ndarray]] = {}
+    def _check_room(self, n: int) -> None:
+        """ResourceError before any work when ``n`` samples' cached tensors (the inputs, and at the widest cut,
+        i.e. before any group's consumer, the live tensors of both networks) cannot fit in the RAM budget plus the
+        free space of the spill folder."""
+        def size(names: set[str]) -> int:
+            return sum(_sample_bytes(tensors[name]) for name in names if name in tensors)
+
+        tensors = self.graph.tensors()
+        inputs = {t.name for t in self.graph.inputs}
+        cuts = {self.live.position[use.node] for group in self.analysis.groups for use in group.consumers}
+        widest = max((size(self.live.live(cut) - inputs) for cut in cuts), default=0)
+        need = n * (size(inputs) + 2 * widest)
+        free = shutil.disk_usage(self.store.folder).free if self.store.folder.is_dir() else 0
+        if need > self.store.budget + free:
+            raise ResourceError(
+                f"{n} calibration samples need about {show_bytes(need)} of cached activations, and there are "
+                f"{show_bytes(self.store.budget)} of RAM for them (memory) and {show_bytes(free)} free in "
+                f"{self.store.folder}: calibrate on fewer samples, free disk space there or point spill_dir "
+                "elsewhere", option="spill_dir")
+
+    def _load(self, calib: CalibrationSet) -> dict[str, Array]:
+        """The calibration inputs, batch by batch into the store's arrays."""
+        n, out, start = len(calib), {}, 0
+        if n == 0:
+            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
         for batch in calib.batches(self.options.batch_size):
             for name, array in batch.items():
-                parts.setdefault(name, []).append(array)
-        if not parts:
-            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
-        return {name: np.concatenate(arrays) for name, arrays in parts.items()}
+                if name not in out:
+                    out[name] = self.store.empty((n, *array.shape[1:]), array.dtype)
+                out[name][start : start + len(array)] = array
+            start += len(next(iter(batch.values())))
+        return out
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
         live = self.live.live(cut)
         tensors = graph.tensors()  # a removed block's tensors are gone from the pruned graph
         new, ran = run_segment(graph, values, {t for t in live - set(values) if t in tensors},
-                               provider=self.options.provider,
-                               batch_size=self.run_batch, exact=self.fixed_batch is not None)
+                               provider=self.options.provider, batch_size=self.run_batch,
+                               exact=self.fixed_batch is not None, store=self.store)
         self.provider = ran or self.provider
         values.update(new)
         for name in set(values) - live:
@@ -267,7 +295,7 @@ class Compressor:
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
         new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
-                               batch_size=self.run_batch, exact=self.fixed_batch is not None)
+                               batch_size=self.run_batch, exact=self.fixed_batch is not None, store=self.store)
         self.provider = ran or self.provider
         return {**values, **new}
 
@@ -335,8 +363,8 @@ class Compressor:
         """The original network's outputs on the calibration set (computed once)."""
         if self.reference is None:
             outputs = [t.name for t in self.original.outputs]
-            self.reference, _ = run_segment(self.original, dict(self.inputs), outputs,
-                                            provider=self.options.provider, batch_size=self.options.batch_size)
+            self.reference, _ = run_segment(self.original, dict(self.inputs), outputs, provider=self.options.provider,
+                                            batch_size=self.options.batch_size, store=self.store)
         return self.reference
 
     def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
@@ -454,14 +482,21 @@ class Compressor:
         """Slice the group's cached tensors like ``apply`` sliced the graph."""
         sizes = {name: self.values_p[name].shape[axis] for name, (axis, _) in group.tensors.items() if name in self.values_p}
         for name, index in kept_entries(self.graph, group, keep, sizes).items():
-            axis = group.tensors[name][0]
-            self.values_p[name] = np.ascontiguousarray(np.take(self.values_p[name], index, axis=axis))
+            self.values_p[name] = self.store.take(self.values_p[name], index, axis=group.tensors[name][0])
 
     def export(self) -> onnx.ModelProto:
         model = gs.export_onnx(self.graph.cleanup().toposort())
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
         return infer_shapes(model)
+
+
+def _sample_bytes(tensor: gs.Tensor) -> int:
+    """Bytes of one sample of ``tensor`` (0 where its shape past the batch is not static)."""
+    shape = static_shape(tensor)
+    if not shape or any(d is None for d in shape[1:]):
+        return 0
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(tensor.dtype or np.float32).itemsize
 
 
 def _stride(d: int, positions: int, budget: int) -> int:

@@ -446,10 +446,16 @@ class CompressOptions:
     provider: str = "auto"
     best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
     residual_streams: bool = False  # also prune the channels that residual Adds sum across blocks, jointly
+    memory: int | None = None  # bytes of cached activations held in RAM, the rest spilled to disk (None: half
+    # of the memory available when compress starts)
+    spill_dir: str | None = None  # where spilled activations go (None: the system's temporary folder)
 
     def __post_init__(self) -> None:
         for name, kind in STRATEGY_KINDS.items():
             _kind(getattr(self, name), kind, name)
+        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, Integral)
+                                        or self.memory < 0):
+            raise OptionError(f"memory={self.memory!r}: a number of bytes ≥ 0 (--memory 4G)", option="memory")
         for name in ("min_channels", "round_to", "curve_samples", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.errors import AnalysisError
 from onnxprune.runtime.ort import make_session
+from onnxprune.runtime.store import Array, Store
 
 
 class Liveness:
@@ -39,17 +40,19 @@ class Liveness:
 
 def run_segment(
     graph: gs.Graph,
-    values: dict[str, np.ndarray],
+    values: dict[str, Array],
     outputs: Iterable[str],
     *,
     provider: str,
     batch_size: int,
     exact: bool = False,
-) -> tuple[dict[str, np.ndarray], str | None]:
+    store: Store | None = None,
+) -> tuple[dict[str, Array], str | None]:
     """Compute ``outputs`` from the cached ``values`` (all samples) with the nodes in between.
 
     With ``exact`` every run has exactly ``batch_size`` samples (a graph that fixes its batch): a short
-    last chunk is padded with copies of its last sample, dropped from the results.
+    last chunk is padded with copies of its last sample, dropped from the results. The new arrays come from
+    ``store`` (in RAM up to its budget, then on disk), or are plain numpy arrays without one.
     Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
     outputs = sorted(set(outputs))
@@ -58,7 +61,7 @@ def run_segment(
     chunks, ran = run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size,
                           exact=exact)
     n = len(next(iter(values.values())))
-    result: dict[str, np.ndarray] = {}
+    result: dict[str, Array] = {}
     start = 0
     for m, arrays in chunks:
         for name, array in arrays.items():
@@ -67,13 +70,14 @@ def run_segment(
                     f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
                     "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
             if name not in result:
-                result[name] = np.empty((n, *array.shape[1:]), dtype=array.dtype)
+                shape = (n, *array.shape[1:])
+                result[name] = np.empty(shape, array.dtype) if store is None else store.empty(shape, array.dtype)
             result[name][start : start + m] = array
         start += m
     return result, ran
 
 
-def cut_graph(graph: gs.Graph, values: dict[str, np.ndarray], outputs: Iterable[str]) -> gs.Graph:
+def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:
     """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names."""
     g = graph.copy()
     tensors = g.tensors()
@@ -91,7 +95,7 @@ def cut_graph(graph: gs.Graph, values: dict[str, np.ndarray], outputs: Iterable[
 
 
 def run_cut(
-    g: gs.Graph, values: dict[str, np.ndarray], *, provider: str, batch_size: int, exact: bool = False
+    g: gs.Graph, values: dict[str, Array], *, provider: str, batch_size: int, exact: bool = False
 ) -> tuple[Iterator[tuple[int, dict[str, np.ndarray]]], str | None]:
     """Run a ``cut_graph`` on ``values`` chunk by chunk: (samples in the chunk, the outputs as the graph returns
     them) for each chunk of ``batch_size`` samples, and the execution provider. With ``exact`` a short last

@@ -1,0 +1,177 @@
+"""Where arrays of every calibration sample live: in RAM up to a budget, then in files on disk.
+
+``compress`` caches the tensors alive at the current cut for all calibration samples, for the pruned and the
+original network. A ``Store`` hands out those arrays: plain numpy arrays while the RAM they hold stays within
+its budget, past it a ``DiskArray``: a file in a temporary folder, unlinked as soon as it is open (nothing is
+left behind after an error, Ctrl-C or a kill), read and written by ranges of samples with ``pread``/``pwrite``
+so its pages sit in the kernel's cache rather than in the process's resident memory. The bytes are the same
+either way: results do not depend on the budget.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+import weakref
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from onnxprune.errors import OptionError, ResourceError
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.IGNORECASE)
+
+
+def parse_size(text: str) -> int:
+    """Bytes of ``4G``, ``512M``, ``1.5GB``, ``2048`` (powers of 1024)."""
+    match = _SIZE.match(text)
+    if match is None:
+        raise ValueError(f"{text!r} is not a size: use e.g. 4G, 512M or 1.5GB")
+    return int(float(match[1]) * 1024 ** " kmgt".index((match[2] or " ").lower()))
+
+
+def memory_bytes(value: int | str | None) -> int | None:
+    """The ``memory`` option as bytes: a count, a size such as '4G', or None (the default budget)."""
+    if value is None or isinstance(value, int):
+        return value
+    try:
+        return parse_size(str(value))
+    except ValueError as e:
+        raise OptionError(f"memory {value!r}: {e}", option="memory") from None
+
+
+def available_memory() -> int:
+    """Bytes of memory available to new allocations (MemAvailable), or the free pages where that is unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def default_budget() -> int:
+    """Half of the memory available now: the rest is for onnxruntime, the statistics and everything else."""
+    return available_memory() // 2
+
+
+def show_bytes(n: float) -> str:
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+class DiskArray:
+    """An array on disk whose first axis is the sample: ``a[i]``, ``a[start:stop(:step)]`` and ``a[indices]``
+    read rows into a new numpy array, ``a[start:stop] = rows`` writes them."""
+
+    def __init__(self, fd: int, shape: Sequence[int], dtype: np.dtype) -> None:
+        self.shape = tuple(int(d) for d in shape)
+        self.dtype = np.dtype(dtype)
+        self.ndim = len(self.shape)
+        self._fd = fd
+        self._row = int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+        weakref.finalize(self, os.close, fd)
+
+    @property
+    def nbytes(self) -> int:
+        return self._row * len(self)
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __array__(self, dtype: object = None, copy: object = None) -> np.ndarray:
+        raise TypeError("a DiskArray is read by ranges of samples (a[start:stop]), never whole")
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        out = np.empty((max(stop - start, 0), *self.shape[1:]), self.dtype)
+        view, offset = memoryview(out.reshape(-1).view(np.uint8)), start * self._row
+        while view.nbytes:
+            n = os.preadv(self._fd, [view], offset)
+            if n <= 0:
+                raise OSError(f"short read from a spilled array at byte {offset}")
+            view, offset = view[n:], offset + n
+        return out
+
+    def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> np.ndarray:
+        if isinstance(key, (int, np.integer)):
+            i = int(key) + (len(self) if key < 0 else 0)
+            return self._rows(i, i + 1)[0]
+        if isinstance(key, slice):
+            start, stop, step = key.indices(len(self))
+            if step == 1:
+                return self._rows(start, stop)
+            key = np.arange(start, stop, step)
+        rows = np.asarray(key, dtype=np.int64).reshape(-1)
+        out = np.empty((len(rows), *self.shape[1:]), self.dtype)
+        for k, i in enumerate(rows):
+            out[k] = self[int(i)]
+        return out
+
+    def __setitem__(self, key: slice, value: np.ndarray) -> None:
+        start, stop, step = key.indices(len(self)) if isinstance(key, slice) else (None, None, None)
+        if step != 1:
+            raise TypeError("a DiskArray is written by contiguous ranges of samples (a[start:stop] = rows)")
+        data = np.ascontiguousarray(np.broadcast_to(value, (stop - start, *self.shape[1:])), dtype=self.dtype)
+        view, offset = memoryview(data.reshape(-1).view(np.uint8)), start * self._row
+        while view.nbytes:
+            n = os.pwrite(self._fd, view, offset)
+            view, offset = view[n:], offset + n
+
+
+Array = np.ndarray | DiskArray
+
+
+class Store:
+    """Hands out sample arrays: in RAM while their total stays within ``budget`` bytes (None: no limit), then
+    ``DiskArray`` files in ``folder`` (default: the system's temporary folder)."""
+
+    def __init__(self, budget: int | None = None, folder: str | Path | None = None) -> None:
+        self.budget = budget
+        self.folder = Path(folder or tempfile.gettempdir())
+        self.in_ram = 0  # bytes of the store's live numpy arrays
+        self.peak_ram = 0
+        self.spilled = 0  # bytes written to disk so far (all arrays ever spilled)
+
+    def _free(self, nbytes: int) -> None:
+        self.in_ram -= nbytes
+
+    def empty(self, shape: Sequence[int], dtype: np.dtype) -> Array:
+        """An uninitialised array of ``shape`` (samples first)."""
+        nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+        if self.budget is None or self.in_ram + nbytes <= self.budget:
+            array = np.empty(shape, dtype)
+            self.in_ram += nbytes
+            self.peak_ram = max(self.peak_ram, self.in_ram)
+            weakref.finalize(array, self._free, nbytes)
+            return array
+        return self._disk(shape, dtype, nbytes)
+
+    def _disk(self, shape: Sequence[int], dtype: np.dtype, nbytes: int) -> DiskArray:
+        try:
+            fd, path = tempfile.mkstemp(prefix="onnxprune-", suffix=".spill", dir=self.folder)
+        except OSError as e:
+            raise ResourceError(f"cannot spill cached activations to {self.folder} ({e.strerror}): point --spill-dir "
+                                "at a writable folder", option="spill_dir") from None
+        os.unlink(path)  # the open descriptor keeps the file until it is closed, whatever happens
+        try:
+            if nbytes:
+                os.posix_fallocate(fd, 0, nbytes)  # no room is an error now, not a crash on a later write
+        except OSError as e:
+            os.close(fd)
+            raise ResourceError(
+                f"no room for {show_bytes(nbytes)} more of cached activations in {self.folder} ({e.strerror}; "
+                f"{show_bytes(self.spilled)} spilled so far): free disk space there, point --spill-dir elsewhere, "
+                "raise --memory or calibrate on fewer samples", option="spill_dir") from None
+        self.spilled += nbytes
+        return DiskArray(fd, shape, dtype)
+
+    def take(self, array: Array, index: np.ndarray, axis: int, chunk: int = 64) -> Array:
+        """``np.take(array, index, axis)`` (``axis`` ≥ 1) as a new store array, a range of samples at a time."""
+        shape = list(array.shape)
+        shape[axis] = len(index)
+        out = self.empty(shape, array.dtype)
+        for start in range(0, len(array), chunk):
+            out[start : start + chunk] = np.take(array[start : start + chunk], index, axis=axis)
+        return out

@@ -106,6 +106,8 @@ def _compress_flags() -> argparse.ArgumentParser:
     p.add_argument("--best-effort", action="store_true")
     p.add_argument("--residual-streams", action=argparse.BooleanOptionalAction, default=False)
     p.add_argument("--remove-blocks", action=argparse.BooleanOptionalAction, default=False)
+    p.add_argument("--memory")
+    p.add_argument("--spill-dir")
     return p
 
 
@@ -132,7 +134,8 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     result = onnxprune.compress(model, str(data), budget=budget, select=select, allocate=allocate,
                                 reconstruct=reconstruct, preprocess=_preprocess(model, a), subset=a.subset,
                                 limit=a.limit, flip=a.flip, round_to=a.round_to, batch_size=a.batch_size, provider=a.provider,
-                                best_effort=a.best_effort, residual_streams=a.residual_streams)
+                                best_effort=a.best_effort, residual_streams=a.residual_streams, memory=a.memory,
+                                spill_dir=a.spill_dir)
     result.save(output, refuse=[original])
     if report is not None:
         atomic_write(report, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))

@@ -15,6 +15,7 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 import numpy as np
 import onnx
@@ -207,6 +208,7 @@ class Compressor:
         self.provider = options.provider
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
         self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
+        self.on_chunk: Callable[[int, int], None] | None = None  # (samples done, total) as the cache advances
         self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
         self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
 
@@ -249,7 +251,7 @@ class Compressor:
         tensors = graph.tensors()  # a removed block's tensors are gone from the pruned graph
         new, ran = run_segment(graph, values, {t for t in live - set(values) if t in tensors},
                                provider=self.options.provider, batch_size=self.run_batch,
-                               exact=self.fixed_batch is not None, store=self.store)
+                               exact=self.fixed_batch is not None, store=self.store, on_chunk=self.on_chunk)
         self.provider = ran or self.provider
         values.update(new)
         for name in set(values) - live:
@@ -295,7 +297,8 @@ class Compressor:
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
         new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
-                               batch_size=self.run_batch, exact=self.fixed_batch is not None, store=self.store)
+                               batch_size=self.run_batch, exact=self.fixed_batch is not None, store=self.store,
+                               on_chunk=self.on_chunk)
         self.provider = ran or self.provider
         return {**values, **new}
 
@@ -562,6 +565,7 @@ def compress(
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
+        run.on_chunk = None if on_layer is None else partial(_samples, on_layer, i, len(order), group.name)
         run.refit_pending(cut + 1)
         layer = run.prune(cut, group, widths[group.id])
         if layer is not None:
@@ -592,6 +596,11 @@ def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_
     curves, run.allocation = options.allocate.curves(run, order, on_layer)
     widths = options.allocate.widths(spend.cost, groups, curves, target, options.min_channels, options.round_to)
     return widths, target, requested
+
+
+def _samples(on_layer: Progress, i: int, total: int, name: str, done: int, samples: int) -> None:
+    """Progress within a group: how many samples have been pushed to its cut (a long run stays visibly alive)."""
+    on_layer(i, total, f"pruning {name}: {done}/{samples} samples")
 
 
 def _progress(on_layer: Progress | None, i: int, total: int, label: str) -> None:

@@ -37,6 +37,10 @@ def test_a_disk_array_reads_and_writes_ranges_of_samples(tmp_path) -> None:
     np.testing.assert_array_equal(a[2:7], want[2:7])
     np.testing.assert_array_equal(a[::3], want[::3])
     np.testing.assert_array_equal(a[np.array([9, 0, 4])], want[[9, 0, 4]])
+    np.testing.assert_array_equal(a[np.array([3, 4, 5, 8, -1])], want[[3, 4, 5, 8, -1]])
+    assert a[np.array([], dtype=np.int64)].shape == (0, 3, 2)
+    with pytest.raises(IndexError):
+        a[10]
     np.testing.assert_array_equal(a[-1], want[-1])
     np.testing.assert_array_equal(store.take(a, np.array([2, 0]), axis=1, chunk=3)[:], np.take(want, [2, 0], 1))
     with pytest.raises(TypeError, match="by ranges"):
@@ -78,6 +82,15 @@ def test_the_pruned_model_does_not_depend_on_the_memory_budget(tiny, tmp_path) -
     weights = lambda m: {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}  # noqa: E731
     assert weights(on_disk) == weights(in_ram)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_global_imitation_reads_its_cut_tensors_from_the_spill_files_too(tiny, tmp_path) -> None:
+    from onnxprune.strategies import Global
+
+    in_ram, _ = _compress(tiny, select=Global(), memory=2**40)
+    on_disk, _ = _compress(tiny, select=Global(), memory=0, spill_dir=str(tmp_path))
+    weights = lambda m: {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}  # noqa: E731
+    assert weights(on_disk) == weights(in_ram)
 
 
 def test_nothing_is_left_in_the_spill_folder_after_an_error_or_an_interrupt(tiny, tmp_path) -> None:
@@ -128,3 +141,14 @@ def test_a_calibration_set_that_cannot_fit_fails_before_any_work(tiny, tmp_path,
     _, report = compress(tiny.model, calib, options_from(Ratio(0.6), provider="cpu", memory=0,
                                                          spill_dir=str(tmp_path)))
     assert report.layers  # with the disk's real free space it fits
+
+
+def test_progress_counts_the_samples_pushed_to_each_cut(tiny) -> None:
+    """A long run on a big set stays visibly alive: within each group, the samples brought to its cut so far."""
+    labels: list[tuple[int, str]] = []
+    calib = load_calibration(str(tiny.calib), model_input_specs(tiny.model))
+    _, report = compress(tiny.model, calib, options_from(Ratio(0.6), provider="cpu", batch_size=16),
+                         on_layer=lambda i, total, label: labels.append((i, label)))
+    counted = [(i, label) for i, label in labels if label.endswith(" samples")]
+    assert {f"{k}/64 samples" for k in (16, 32, 48, 64)} <= {label.rsplit(": ", 1)[1] for _, label in counted}
+    assert report.layers and any(i == 0 and label.endswith(": 64/64 samples") for i, label in counted)

@@ -25,6 +25,7 @@ import onnx
 import torch
 
 from onnxprune.errors import CalibrationError, ModelError
+from onnxprune.runtime.store import DiskArray
 from onnxprune.runtime.torch_eval import TorchGraph
 
 LOSSES = ("kl", "mse")
@@ -92,7 +93,7 @@ class DownstreamObjective:
             if axis == 0:
                 raise ValueError(f"channel axis of {name!r} is 0, the sample axis: give the channel axis")
 
-        self._cut = {k: np.asarray(v) for k, v in cut_values.items()}
+        self._cut = {k: v if isinstance(v, DiskArray) else np.asarray(v) for k, v in cut_values.items()}
         self.output_names = list(reference)
         self.graph = TorchGraph(
             model,
@@ -108,7 +109,8 @@ class DownstreamObjective:
             )
         self.graph.requires_grad_(False)
         self.graph.to(device=self.device, dtype=dtype)
-        self._ref = {k: torch.as_tensor(np.asarray(v)).to(self.device, dtype) for k, v in reference.items()}
+        # the network's outputs, small next to the cut tensors: held whole (v[:] reads a spilled one back)
+        self._ref = {k: torch.as_tensor(np.asarray(v[:])).to(self.device, dtype) for k, v in reference.items()}
         self._logp = {k: torch.log_softmax(v, dim=-1) for k, v in self._ref.items() if self._kl(v)}
 
         # N and the per-tensor repeats: from the cut values, else from one probing sample

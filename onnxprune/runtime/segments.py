@@ -8,7 +8,7 @@ as an onnxruntime sub-model.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -47,12 +47,14 @@ def run_segment(
     batch_size: int,
     exact: bool = False,
     store: Store | None = None,
+    on_chunk: Callable[[int, int], None] | None = None,
 ) -> tuple[dict[str, Array], str | None]:
     """Compute ``outputs`` from the cached ``values`` (all samples) with the nodes in between.
 
     With ``exact`` every run has exactly ``batch_size`` samples (a graph that fixes its batch): a short
     last chunk is padded with copies of its last sample, dropped from the results. The new arrays come from
-    ``store`` (in RAM up to its budget, then on disk), or are plain numpy arrays without one.
+    ``store`` (in RAM up to its budget, then on disk), or are plain numpy arrays without one. ``on_chunk(done,
+    total)`` is called after each chunk of samples.
     Returns the new arrays and the execution provider that ran (None when nothing had to run).
     """
     outputs = sorted(set(outputs))
@@ -74,6 +76,8 @@ def run_segment(
                 result[name] = np.empty(shape, array.dtype) if store is None else store.empty(shape, array.dtype)
             result[name][start : start + m] = array
         start += m
+        if on_chunk is not None:
+            on_chunk(start, n)
     return result, ran
 
 

@@ -96,17 +96,22 @@ class DiskArray:
 
     def __getitem__(self, key: int | slice | Sequence[int] | np.ndarray) -> np.ndarray:
         if isinstance(key, (int, np.integer)):
-            i = int(key) + (len(self) if key < 0 else 0)
-            return self._rows(i, i + 1)[0]
+            return self[np.array([key])][0]
         if isinstance(key, slice):
             start, stop, step = key.indices(len(self))
             if step == 1:
                 return self._rows(start, stop)
             key = np.arange(start, stop, step)
         rows = np.asarray(key, dtype=np.int64).reshape(-1)
+        rows = np.where(rows < 0, rows + len(self), rows)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self)):
+            raise IndexError(f"sample index out of range for {len(self)} samples")
         out = np.empty((len(rows), *self.shape[1:]), self.dtype)
-        for k, i in enumerate(rows):
-            out[k] = self[int(i)]
+        if not rows.size:
+            return out
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1  # one read per run of consecutive rows
+        for a, b in zip([0, *breaks], [*breaks, len(rows)]):
+            out[a:b] = self._rows(int(rows[a]), int(rows[a]) + b - a)
         return out
 
     def __setitem__(self, key: slice, value: np.ndarray) -> None:

@@ -224,13 +224,16 @@ class Compressor:
         cuts = {self.live.position[use.node] for group in self.analysis.groups for use in group.consumers}
         widest = max((size(self.live.live(cut) - inputs) for cut in cuts), default=0)
         need = n * (size(inputs) + 2 * widest)
-        free = shutil.disk_usage(self.store.folder).free if self.store.folder.is_dir() else 0
+        if need > self.store.budget and not self.store.folder.is_dir():
+            raise ResourceError(f"the spill folder {self.store.folder} is not a folder: create it or point spill_dir "
+                                "at another", option="spill_dir")
+        free = shutil.disk_usage(self.store.folder).free if need > self.store.budget else 0
         if need > self.store.budget + free:
             raise ResourceError(
                 f"{n} calibration samples need about {show_bytes(need)} of cached activations, and there are "
-                f"{show_bytes(self.store.budget)} of RAM for them (memory) and {show_bytes(free)} free in "
-                f"{self.store.folder}: calibrate on fewer samples, free disk space there or point spill_dir "
-                "elsewhere", option="spill_dir")
+                f"{show_bytes(self.store.budget)} of RAM for them (the memory budget) and {show_bytes(free)} free "
+                f"in {self.store.folder}: calibrate on fewer samples, raise the memory budget, free disk space "
+                "there or point spill_dir elsewhere", option="spill_dir")
 
     def _load(self, calib: CalibrationSet) -> dict[str, Array]:
         """The calibration inputs, batch by batch into the store's arrays."""

@@ -137,6 +137,9 @@ def test_a_calibration_set_that_cannot_fit_fails_before_any_work(tiny, tmp_path,
     with pytest.raises(ResourceError, match=r"64 calibration samples need about .* free in .*fewer samples"):
         compress(tiny.model, Untouched(), options_from(Ratio(0.6), provider="cpu", memory=0, spill_dir=str(tmp_path)))
     monkeypatch.undo()
+    with pytest.raises(ResourceError, match="spill folder .*missing is not a folder"):
+        compress(tiny.model, Untouched(), options_from(Ratio(0.6), provider="cpu", memory=0,
+                                                       spill_dir=str(tmp_path / "missing")))
     calib = load_calibration(str(tiny.calib), model_input_specs(tiny.model))
     _, report = compress(tiny.model, calib, options_from(Ratio(0.6), provider="cpu", memory=0,
                                                          spill_dir=str(tmp_path)))

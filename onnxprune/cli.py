@@ -30,6 +30,7 @@ from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.recovery import Progress as RecoveryProgress, RecoverOptions, RecoverReport
+from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import MACs, Latency, Ratio, named
 
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
@@ -210,7 +211,7 @@ RemoveBlocksOpt = Annotated[bool, typer.Option(
          "layers' refits absorb it.")]
 MemoryOpt = Annotated[Optional[str], typer.Option(
     help="RAM for the cached activations of the calibration set (e.g. 4G, 512M); past it they are spilled to "
-         "--spill-dir and read back by ranges. Default: half of the memory available at the start. The pruned "
+         "--spill-dir and read back by ranges. Default: half of the memory available at the start. The written "
          "model does not depend on it.")]
 SpillDirOpt = Annotated[Optional[Path], typer.Option(
     help="Folder for spilled activations (default: the system's temporary folder); the files are unlinked as "
@@ -281,7 +282,8 @@ def compress_cmd(
                                    residual_streams=residual_streams, memory=memory, spill_dir=spill_dir,
                                    on_layer=advance)
         outcome = pruned if recover_steps < 1 else _recover(lambda on_progress: pruned.recover(
-            RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed), held=held,
+            RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed,
+                           memory=memory_bytes(memory), spill_dir=spill_dir and str(spill_dir)), held=held,
             on_progress=on_progress))
         _save(outcome, output, report, refuse=[model])
     except OnnxPruneError as exc:
@@ -481,6 +483,8 @@ def recover_cmd(
     batch_size: TrainBatchOpt = 32,
     provider: TeacherProviderOpt = "auto",
     seed: DrawSeedOpt = 0,
+    memory: MemoryOpt = None,
+    spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
 ) -> None:
@@ -495,7 +499,8 @@ def recover_cmd(
         options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
                                  distill_segments=distill_segments, distill_views=distill_views,
                                  mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
-                                 pull=pull, seed=seed, provider=provider)
+                                 pull=pull, seed=seed, provider=provider, memory=memory_bytes(memory),
+                                 spill_dir=spill_dir and str(spill_dir))
         student, teacher_model = api.load(model, input_shape), api.load(teacher, input_shape)
         preprocess = _preprocess(teacher_model, resize, crop, mean, std, layout, bgr)
         data, held = _calibration(calib, teacher_model, preprocess, subset, limit, flip, held_subset)

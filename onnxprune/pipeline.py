@@ -237,16 +237,9 @@ class Compressor:
 
     def _load(self, calib: CalibrationSet) -> dict[str, Array]:
         """The calibration inputs, batch by batch into the store's arrays."""
-        n, out, start = len(calib), {}, 0
-        if n == 0:
+        if len(calib) == 0:
             raise CalibrationError("the calibration set is empty: give a folder or file with samples")
-        for batch in calib.batches(self.options.batch_size):
-            for name, array in batch.items():
-                if name not in out:
-                    out[name] = self.store.empty((n, *array.shape[1:]), array.dtype)
-                out[name][start : start + len(array)] = array
-            start += len(next(iter(batch.values())))
-        return out
+        return self.store.stack(calib.batches(self.options.batch_size), len(calib))
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""

@@ -35,6 +35,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
 from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider
+from onnxprune.runtime.store import check_memory
 
 if TYPE_CHECKING:
     from onnxprune.analysis import Analysis
@@ -453,9 +454,7 @@ class CompressOptions:
     def __post_init__(self) -> None:
         for name, kind in STRATEGY_KINDS.items():
             _kind(getattr(self, name), kind, name)
-        if self.memory is not None and (isinstance(self.memory, bool) or not isinstance(self.memory, Integral)
-                                        or self.memory < 0):
-            raise OptionError(f"memory={self.memory!r}: a number of bytes ≥ 0 (--memory 4G)", option="memory")
+        check_memory(self.memory)
         for name in ("min_channels", "round_to", "curve_samples", "batch_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:

@@ -10,7 +10,7 @@ from onnxprune.analysis.graph import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
 from onnxprune.pipeline import compress
 import onnxprune.recovery
-from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
+from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import find_segments
 from onnxprune.runtime.ort import model_input_specs
@@ -159,3 +159,44 @@ def test_bad_inputs(tiny, zoo, student) -> None:
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0")):
         with pytest.raises(ValueError, match=words):  # when the options are built, before any work
             RecoverOptions(**FAST, **bad)
+
+
+@pytest.mark.parametrize("segments", [0, 2])
+def test_recovery_does_not_depend_on_the_memory_budget(tiny, student, segments: int, tmp_path) -> None:
+    """Every cached tensor spilled (budget 0: the samples, the teacher's and student's segment tensors, the
+    head's augmented views, given held-out samples) or all in RAM: the same recovered model, bit for bit, and
+    nothing left in the spill folder."""
+    name = tiny.model.graph.input[0].name
+    calib = ArraySet({name: tiny.x}, np.arange(48), {name: np.dtype(np.float32)})
+    held = ArraySet({name: tiny.x}, np.arange(48, 64), {name: np.dtype(np.float32)})
+    fast = {**FAST, "distill_segments": segments, "distill_views": 2}
+    weights = lambda m: {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}  # noqa: E731
+    in_ram, report = recover(student, tiny.model, calib, RecoverOptions(**fast, memory=2**40), held=held)
+    spilled, _ = recover(student, tiny.model, calib, RecoverOptions(**fast, memory=0, spill_dir=str(tmp_path)),
+                         held=held)
+    assert report.improved and weights(spilled) == weights(in_ram)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(OptionError, match="memory=-2"):
+        RecoverOptions(memory=-2)
+
+
+@pytest.mark.parametrize("loss", ["kl", "rel_mse"])
+def test_held_loss_accumulated_by_batch_equals_the_loss_on_all_samples(loss: str) -> None:
+    """The held-out loss never holds all the held-out outputs: batch sums (KL of the rows; squared error and the
+    targets' first two moments) give the loss of the whole set."""
+    import torch
+
+    from onnxprune.recovery.train import held_loss, kl_loss, relative_mse
+
+    class Outputs(torch.nn.Module):  # the "net" returns its inputs: ys = xs
+        def forward(self, *xs: torch.Tensor) -> list[torch.Tensor]:
+            return list(xs)
+
+    rng = np.random.default_rng(0)
+    shapes = [(40, 10)] if loss == "kl" else [(40, 3, 4), (40, 5)]
+    ys = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    ts = [(y + 0.3 * rng.standard_normal(y.shape) + 1.0).astype(np.float32) for y in ys]
+    idx = np.sort(rng.choice(40, 23, replace=False))
+    fn = kl_loss if loss == "kl" else relative_mse
+    whole = float(fn([torch.from_numpy(y[idx]).double() for y in ys], [torch.from_numpy(t[idx]).double() for t in ts]))
+    assert held_loss(Outputs(), ys, ts, idx, 5, fn) == pytest.approx(whole, rel=1e-9)

@@ -41,6 +41,7 @@ from onnxprune.recovery.segments import Segment, find_segments
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
 from onnxprune.runtime.probe import fixed_batch
 from onnxprune.runtime.segments import run_segment
+from onnxprune.runtime.store import Array, Store, check_memory, default_budget
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 TRAIN = ("segment", "changed")
@@ -98,6 +99,8 @@ class RecoverOptions:
     seed: int = 0
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
     device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
+    memory: int | None = None  # bytes of cached tensors held in RAM, the rest spilled (None: half the available)
+    spill_dir: str | None = None  # where spilled tensors go (None: the system's temporary folder)
 
     def torch_device(self) -> torch.device:
         return torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
@@ -111,6 +114,11 @@ class RecoverOptions:
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
+        check_memory(self.memory)
+
+    def store(self) -> Store:
+        """Where the run's cached tensors live (``runtime.store``)."""
+        return Store(default_budget() if self.memory is None else self.memory, self.spill_dir)
 
 
 @dataclass
@@ -160,14 +168,10 @@ class RecoverReport:
         return asdict(self)
 
 
-def _arrays(calib: CalibrationSet, batch_size: int) -> dict[str, np.ndarray]:
-    parts: dict[str, list[np.ndarray]] = {}
-    for batch in calib.batches(batch_size):
-        for name, array in batch.items():
-            parts.setdefault(name, []).append(array)
-    if not parts:
+def _arrays(calib: CalibrationSet, batch_size: int, store: Store) -> dict[str, Array]:
+    if len(calib) == 0:
         raise CalibrationError("the calibration set is empty: give a folder or file with samples")
-    return {name: np.concatenate(a) for name, a in parts.items()}
+    return store.stack(calib.batches(batch_size), len(calib))
 
 
 def split(n: int, holdout: float, pair: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -190,17 +194,17 @@ def halves(held: np.ndarray, pair: int = 1) -> tuple[np.ndarray, np.ndarray]:
     return held[~judge], held[judge]
 
 
-def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: RecoverOptions
-             ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray, np.ndarray]:
+def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: RecoverOptions, store: Store
+             ) -> tuple[dict[str, Array], np.ndarray, np.ndarray, np.ndarray]:
     """All samples (calibration, then the given held-out ones) and the train / checkpoint-picking /
     verdict indices."""
-    values = _arrays(calib, options.batch_size)
+    values = _arrays(calib, options.batch_size, store)
     n = len(next(iter(values.values())))
     if held is None:
         pair = getattr(calib, "flip", False) + 1
         train, held_idx = split(n, options.holdout, pair)
         return values, train, *halves(held_idx, pair)
-    extra = _arrays(held, options.batch_size)
+    extra = _arrays(held, options.batch_size, store)
     if set(extra) != set(values):
         raise CalibrationError(f"the held-out samples feed {sorted(extra)} but the calibration set {sorted(values)}")
     m = len(next(iter(extra.values())))
@@ -208,7 +212,8 @@ def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: Recove
     if n < 2 or m < 2 * pair:
         raise CalibrationError(f"{n} calibration and {m} held-out samples: give at least 2 of each "
                                "(held-out: one half picks checkpoints, the other judges)")
-    both = {k: np.concatenate([values[k], extra[k]]) for k in values}
+    both = store.stack(({k: v[s : s + options.batch_size] for k, v in part.items()}
+                        for part, size in ((values, n), (extra, m)) for s in range(0, size, options.batch_size)), n + m)
     return both, np.arange(n), *halves(np.arange(n, n + m), pair)
 
 
@@ -223,9 +228,9 @@ def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray]) -> tuple[s
 
 
 def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
-                 values: dict[str, np.ndarray], train_idx: np.ndarray, held_idx: np.ndarray,
-                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None
-                 ) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+                 values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
+                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store
+                 ) -> tuple[onnx.ModelProto, dict[str, Array]]:
     """Train every changed segment in turn; the written model and the trained nets' outputs."""
     n = len(next(iter(values.values())))
     cur = dict(values)  # student tensors at the current anchor (all samples)
@@ -235,7 +240,8 @@ def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Seg
         t0 = time.perf_counter()
         net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start).to(options.torch_device())
         xs = [cur[name] for name in net.input_names]
-        new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size)
+        new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size,
+                                 store=store)
         if seg.trainable:
             ts = [new_ref[name] for name in seg.end]
             names = set(seg.changed) if options.train == "changed" else None
@@ -254,7 +260,7 @@ def _block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Seg
                                                  result.held_after, result.best_step, time.perf_counter() - t0))
             model = write_back(model, net)
         ref = {**{k: v for k, v in ref.items() if k in values}, **new_ref}
-        ys = evaluate_net(net, xs, np.arange(n), options.batch_size)
+        ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
         cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
     return model, cur
 
@@ -273,9 +279,9 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
 
 
 def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
-                   values: dict[str, np.ndarray], train_idx: np.ndarray, held_idx: np.ndarray,
-                   teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None
-                   ) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
+                   values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
+                   teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None,
+                   store: Store) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
     """Distillation of the head (last ``distill_segments`` segments, on cached augmented views) or of
     the whole model (augmented on the fly); the written model, its held-out outputs, the report."""
     t0 = time.perf_counter()
@@ -298,7 +304,7 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs
         start = segments[-options.distill_segments].start
         net = TorchGraph(model, outputs=[o.name for o in model.graph.output], inputs_at=start)
         xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
-                                      options)
+                                      options, store)
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
@@ -320,29 +326,43 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs
     return write_back(model, net), held_out, report
 
 
-def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, np.ndarray],
+def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, Array],
                 train_idx: np.ndarray, held_idx: np.ndarray, teacher_held: list[np.ndarray],
-                transform: Augment | None, options: RecoverOptions) -> tuple[list[np.ndarray], list[np.ndarray], int]:
+                transform: Augment | None, options: RecoverOptions, store: Store
+                ) -> tuple[list[Array], list[Array], int]:
     """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
     views of the training samples, followed by the held-out samples (not augmented); the view count."""
     names = [i.name for i in model.graph.input if i.name in values]
     outputs = [o.name for o in model.graph.output]
     s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
-    parts: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = []
-    for _ in range(options.distill_views if transform else 1):  # one view of every training sample at a time
-        batches = []
-        for s in range(0, len(train_idx), options.batch_size):  # mixing stays within a batch
-            batch = [torch.from_numpy(values[n][train_idx[s : s + options.batch_size]]) for n in names]
-            batches.append(transform(batch, gen) if transform else batch)
-        feed = {n: np.concatenate([b[i].numpy() for b in batches]) for i, n in enumerate(names)}
-        student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=options.batch_size)
-        teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=options.batch_size)
+    bs, views, n = options.batch_size, options.distill_views if transform else 1, len(train_idx)
+    parts: list[tuple[dict[str, Array], dict[str, Array]]] = []
+    for _ in range(views):  # one view of every training sample at a time
+        feed = {n_: store.empty((n, *values[n_].shape[1:]), values[n_].dtype) for n_ in names}
+        for s in range(0, n, bs):  # mixing stays within a batch
+            batch = [torch.from_numpy(values[n_][train_idx[s : s + bs]]) for n_ in names]
+            for n_, b in zip(names, transform(batch, gen) if transform else batch):
+                feed[n_][s : s + len(b)] = b.numpy()
+        student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=bs, store=store)
+        teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=bs, store=store)
         parts.append((student, teacher))
-    held_in, _ = run_segment(s_graph, {n: values[n][held_idx] for n in names}, start, provider=options.provider,
-                             batch_size=options.batch_size)
-    xs = [np.concatenate([p[0][n] for p in parts] + [held_in[n]]) for n in start]
-    ts = [np.concatenate([p[1][n] for p in parts] + [t]) for n, t in zip(outputs, teacher_held)]
-    return xs, ts, sum(len(p[1][outputs[0]]) for p in parts)
+    held_in, _ = run_segment(s_graph, {n_: store.copy(values[n_], held_idx) for n_ in names}, start,
+                             provider=options.provider, batch_size=bs, store=store)
+    xs = [_joined(store, [p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]
+    ts = [_joined(store, [p[1][n_] for p in parts] + [t]) for n_, t in zip(outputs, teacher_held)]
+    return xs, ts, views * n
+
+
+def _joined(store: Store, arrays: list[Array], chunk: int = 64) -> Array:
+    """``np.concatenate(arrays)`` (along the samples) as a store array, a range of samples at a time."""
+    out = store.empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+    start = 0
+    for a in arrays:
+        for s in range(0, len(a), chunk):
+            piece = a[s : s + chunk]
+            out[start + s : start + s + len(piece)] = piece
+        start += len(a)
+    return out
 
 
 def recover(
@@ -371,7 +391,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))
-    values, train_idx, held_idx, verdict_idx = _samples(calib, held, options)
+    store = options.store()
+    values, train_idx, held_idx, verdict_idx = _samples(calib, held, options, store)
     fixed = fixed_batch(gs.export_onnx(t_graph.copy()), values)
     if fixed is not None:  # training batches samples (and the torch evaluator would mix them)
         raise OnnxPruneError(f"recover trains on batches of samples, but the teacher graph fixes its batch "
@@ -379,8 +400,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     outputs = [t.name for t in s_graph.outputs]
 
     def outputs_of(model: onnx.ModelProto, idx: np.ndarray, graph: gs.Graph | None = None) -> list[np.ndarray]:
-        out, _ = run_segment(graph or gs.import_onnx(model), {name: v[idx] for name, v in values.items()}, outputs,
-                             provider=options.provider, batch_size=options.batch_size)
+        out, _ = run_segment(graph or gs.import_onnx(model), {name: store.copy(v, idx) for name, v in values.items()},
+                             outputs, provider=options.provider, batch_size=options.batch_size)
         return [out[name] for name in outputs]
 
     teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
@@ -392,12 +413,12 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     recovered, trained_held = s_model, None
     if options.method.block:
         recovered, cur = _block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
-                                      on_progress)
+                                      on_progress, store)
         trained_held = [cur[name][held_idx] for name in outputs]
     if options.method.distill:
         recovered, trained_held, report.distill = _distill_stage(recovered, teacher, t_graph, segments, values,
                                                                  train_idx, held_idx, teacher_held, options,
-                                                                 on_progress)
+                                                                 on_progress, store)
 
     report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
                                  for o, t in zip(outputs_of(recovered, held_idx), trained_held))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from onnxprune.runtime.store import Array, Store
 from onnxprune.runtime.torch_eval import TorchGraph
 
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
@@ -38,21 +39,51 @@ def _feed(xs: Sequence[np.ndarray], idx: np.ndarray, device: torch.device) -> li
     return [torch.from_numpy(x[idx]).to(device) for x in xs]
 
 
-def evaluate_net(net: TorchGraph, xs: Sequence[np.ndarray], idx: np.ndarray, batch_size: int) -> list[np.ndarray]:
-    """The net's outputs on samples ``idx`` of the cached inputs ``xs`` (no gradients)."""
-    outs: list[list[np.ndarray]] = []
+def evaluate_net(net: TorchGraph, xs: Sequence[Array], idx: np.ndarray, batch_size: int,
+                 store: Store | None = None) -> list[Array]:
+    """The net's outputs on samples ``idx`` of the cached inputs ``xs`` (no gradients); in ``store``'s arrays
+    when given, else in numpy arrays."""
+    outs: list[Array] | None = None
     device = device_of(net)
     with torch.no_grad():
         for s in range(0, len(idx), batch_size):
-            ys = net(*_feed(xs, idx[s : s + batch_size], device))
-            outs.append([y.cpu().numpy() for y in ys])
-    return [np.concatenate(parts) for parts in zip(*outs)]
+            ys = [y.cpu().numpy() for y in net(*_feed(xs, idx[s : s + batch_size], device))]
+            if outs is None:
+                shapes = [(len(idx), *y.shape[1:]) for y in ys]
+                outs = [np.empty(sh, y.dtype) if store is None else store.empty(sh, y.dtype)
+                        for sh, y in zip(shapes, ys)]
+            for out, y in zip(outs, ys):
+                out[s : s + len(y)] = y
+    return outs or []
 
 
 def held_loss(net: TorchGraph, xs, ts, idx: np.ndarray, batch_size: int, loss: Loss) -> float:
-    """Loss on samples ``idx``, computed on the whole held-out set at once (batches concatenated)."""
-    ys = evaluate_net(net, xs, idx, batch_size)
-    return float(loss([torch.from_numpy(y) for y in ys], [torch.from_numpy(t[idx]) for t in ts]))
+    """``loss`` over all the samples ``idx`` (KL or relative squared error), accumulated batch by batch in float64:
+    the held-out outputs are never all in memory at once."""
+    device, sums = device_of(net), None
+    with torch.no_grad():
+        for s in range(0, len(idx), batch_size):
+            chunk = idx[s : s + batch_size]
+            ys = [y.double().cpu() for y in net(*_feed(xs, chunk, device))]
+            part = _loss_sums(loss, ys, [torch.from_numpy(t[chunk]).double() for t in ts])
+            sums = part if sums is None else [a + b for a, b in zip(sums, part)]
+    if loss is kl_loss:
+        return float(sums[0] / len(idx))
+    total = 0.0
+    for err, st, stt in zip(sums[0::3], sums[1::3], sums[2::3]):  # ||t - mean t||² = Σt² - (Σt)²/n per entry
+        total += float(err / max(float(stt - (st**2).sum() / len(idx)), 1e-12))
+    return total
+
+
+def _loss_sums(loss: Loss, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> list[torch.Tensor]:
+    """What ``held_loss`` adds up per batch: the summed KL of the rows, or per output its squared error, the
+    targets' sum over samples and their squared sum."""
+    if loss is kl_loss:
+        lt, ly = torch.log_softmax(ts[0], 1), torch.log_softmax(ys[0], 1)
+        return [(lt.exp() * (lt - ly)).sum()]
+    if loss is not relative_mse:
+        raise ValueError("held_loss accumulates kl_loss or relative_mse")
+    return [v for y, t in zip(ys, ts) for v in (((y - t) ** 2).sum(), t.sum(0), (t**2).sum())]
 
 
 def kl_loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:

@@ -14,7 +14,7 @@ import os
 import re
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +40,12 @@ def memory_bytes(value: int | str | None) -> int | None:
         return parse_size(str(value))
     except ValueError as e:
         raise OptionError(f"memory {value!r}: {e}", option="memory") from None
+
+
+def check_memory(value: object) -> None:
+    """OptionError unless ``value`` is None or a whole number of bytes ≥ 0."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+        raise OptionError(f"memory={value!r}: a number of bytes ≥ 0 (--memory 4G)", option="memory")
 
 
 def available_memory() -> int:
@@ -171,6 +177,30 @@ class Store:
                 "raise --memory or calibrate on fewer samples", option="spill_dir") from None
         self.spilled += nbytes
         return DiskArray(fd, shape, dtype)
+
+    def stack(self, batches: Iterable[Mapping[str, np.ndarray]], n: int) -> dict[str, Array]:
+        """The ``n`` samples of ``batches`` (name -> array with samples first), batch by batch into store
+        arrays."""
+        out: dict[str, Array] = {}
+        start = 0
+        for batch in batches:
+            m = len(next(iter(batch.values())))
+            for name, array in batch.items():
+                if name not in out:
+                    out[name] = self.empty((n, *array.shape[1:]), array.dtype)
+                out[name][start : start + m] = array
+            start += m
+        if start != n:
+            raise ValueError(f"the batches held {start} samples, {n} were announced")
+        return out
+
+    def copy(self, array: Array, rows: np.ndarray | None = None, chunk: int = 64) -> Array:
+        """Rows ``rows`` (default: all) of ``array`` as a new store array, a range of samples at a time."""
+        rows = np.arange(len(array)) if rows is None else np.asarray(rows)
+        out = self.empty((len(rows), *array.shape[1:]), array.dtype)
+        for start in range(0, len(rows), chunk):
+            out[start : start + chunk] = array[rows[start : start + chunk]]
+        return out
 
     def take(self, array: Array, index: np.ndarray, axis: int, chunk: int = 64) -> Array:
         """``np.take(array, index, axis)`` (``axis`` ≥ 1) as a new store array, a range of samples at a time."""

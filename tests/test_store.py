@@ -43,6 +43,9 @@ def test_a_disk_array_reads_and_writes_ranges_of_samples(tmp_path) -> None:
         a[10]
     np.testing.assert_array_equal(a[-1], want[-1])
     np.testing.assert_array_equal(store.take(a, np.array([2, 0]), axis=1, chunk=3)[:], np.take(want, [2, 0], 1))
+    np.testing.assert_array_equal(store.copy(a, np.array([7, 1]))[:], want[[7, 1]])
+    np.testing.assert_array_equal(store.concat([a, want[:5]], chunk=4)[:], np.concatenate([want, want[:5]]))
+    np.testing.assert_array_equal(store.stack(({"x": want[s : s + 3]} for s in range(0, 10, 3)), 10)["x"][:], want)
     with pytest.raises(TypeError, match="by ranges"):
         np.asarray(a)
     with pytest.raises(TypeError, match="contiguous ranges"):

@@ -212,8 +212,7 @@ def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: Recove
     if n < 2 or m < 2 * pair:
         raise CalibrationError(f"{n} calibration and {m} held-out samples: give at least 2 of each "
                                "(held-out: one half picks checkpoints, the other judges)")
-    both = store.stack(({k: v[s : s + options.batch_size] for k, v in part.items()}
-                        for part, size in ((values, n), (extra, m)) for s in range(0, size, options.batch_size)), n + m)
+    both = {k: store.concat([values[k], extra[k]]) for k in values}
     return both, np.arange(n), *halves(np.arange(n, n + m), pair)
 
 
@@ -348,21 +347,9 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
         parts.append((student, teacher))
     held_in, _ = run_segment(s_graph, {n_: store.copy(values[n_], held_idx) for n_ in names}, start,
                              provider=options.provider, batch_size=bs, store=store)
-    xs = [_joined(store, [p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]
-    ts = [_joined(store, [p[1][n_] for p in parts] + [t]) for n_, t in zip(outputs, teacher_held)]
+    xs = [store.concat([p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]
+    ts = [store.concat([p[1][n_] for p in parts] + [t]) for n_, t in zip(outputs, teacher_held)]
     return xs, ts, views * n
-
-
-def _joined(store: Store, arrays: list[Array], chunk: int = 64) -> Array:
-    """``np.concatenate(arrays)`` (along the samples) as a store array, a range of samples at a time."""
-    out = store.empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
-    start = 0
-    for a in arrays:
-        for s in range(0, len(a), chunk):
-            piece = a[s : s + chunk]
-            out[start + s : start + s + len(piece)] = piece
-        start += len(a)
-    return out
 
 
 def recover(

@@ -202,6 +202,17 @@ class Store:
             out[start : start + chunk] = array[rows[start : start + chunk]]
         return out
 
+    def concat(self, arrays: Sequence[Array], chunk: int = 64) -> Array:
+        """``np.concatenate(arrays)`` (along the samples) as a new store array, a range of samples at a time."""
+        out = self.empty((sum(len(a) for a in arrays), *arrays[0].shape[1:]), arrays[0].dtype)
+        start = 0
+        for a in arrays:
+            for s in range(0, len(a), chunk):
+                piece = a[s : s + chunk]
+                out[start + s : start + s + len(piece)] = piece
+            start += len(a)
+        return out
+
     def take(self, array: Array, index: np.ndarray, axis: int, chunk: int = 64) -> Array:
         """``np.take(array, index, axis)`` (``axis`` ≥ 1) as a new store array, a range of samples at a time."""
         shape = list(array.shape)

@@ -97,8 +97,8 @@ def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple
     residual stream (the outputs of several blocks summed by ``Add``s), the later blocks' projections: their
     rows are sliced at the cut, and the consumers that read the stream later are refitted when the loop
     reaches them (``Compressor.refit_pending``); a stream may be a piece of a Split/Concat (YOLO's C2f). A
-    group that mixes gates with other later producers is left alone. Consumers that read the channels later are fed by running
-    ahead from the cut (``peek``). Residual streams are pruned only with ``streams``.
+    group that mixes gates with other later producers is left alone. Consumers that read the channels later
+    are fed by running ahead from the cut (``peek``). Residual streams are pruned only with ``streams``.
     """
     order, skipped = [], []
     nodes = {n.name: n for n in analysis.graph.nodes}

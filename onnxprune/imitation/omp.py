@@ -137,6 +137,33 @@ def _validate(
     return n
 
 
+class GroupOmp:
+    """Incremental group OMP over the consumers' centred statistics (see ``group_omp``): ``gains()`` of every
+    channel not chosen yet (-inf for the chosen), ``add(c)`` to choose one (at most ``width``)."""
+
+    def __init__(self, A: list[np.ndarray], B: list[np.ndarray], e: list[float], ks: list[int], width: int,
+                 ridge: float = 1e-6) -> None:
+        a = [np.asarray(aj, dtype=np.float64) for aj in A]
+        b = [np.asarray(bj, dtype=np.float64) for bj in B]
+        self.n = _validate(a, b, e, ks, width, ridge)
+        self.consumers = [_Consumer(aj, bj, int(kj), ridge, width) for aj, bj, kj in zip(a, b, ks)]
+        self.chosen = np.zeros(self.n, dtype=bool)
+        self.loss = float(np.sum(e))
+
+    def gains(self) -> np.ndarray:
+        total = sum(cons.gains() for cons in self.consumers)
+        total[self.chosen] = -np.inf
+        return total
+
+    def add(self, c: int) -> float:
+        """Choose channel ``c``; the summed loss after it."""
+        if self.chosen[c]:
+            raise ValueError(f"channel {c} is chosen already")
+        self.chosen[c] = True
+        self.loss -= sum(cons.add(c) for cons in self.consumers)
+        return self.loss
+
+
 def group_omp(
     A: list[np.ndarray],
     B: list[np.ndarray],
@@ -148,21 +175,16 @@ def group_omp(
     """Greedily choose `width` of the N channels, each step adding the channel that reduces
     Σ_j loss_j the most (see the module docstring); A[j] (D_j, D_j), B[j] (D_j, O_j) and e[j] are
     consumer j's centred statistics (`centred`), ks[j] its columns per channel."""
-    a = [np.asarray(aj, dtype=np.float64) for aj in A]
-    b = [np.asarray(bj, dtype=np.float64) for bj in B]
-    n = _validate(a, b, e, ks, width, ridge)
-    consumers = [_Consumer(aj, bj, int(kj), ridge, width) for aj, bj, kj in zip(a, b, ks)]
-    chosen = np.zeros(n, dtype=bool)
+    return _path(GroupOmp(A, B, e, ks, width, ridge), width)
+
+
+def _path(state: GroupOmp, width: int) -> OmpPath:
     order = np.empty(width, dtype=np.int64)
     curve = np.empty(width + 1)
-    curve[0] = float(np.sum(e))
+    curve[0] = state.loss
     for step in range(width):
-        total = sum(cons.gains() for cons in consumers)
-        total[chosen] = -np.inf
-        c = int(np.argmax(total))
-        chosen[c] = True
-        order[step] = c
-        curve[step + 1] = curve[step] - sum(cons.add(c) for cons in consumers)
+        order[step] = int(np.argmax(state.gains()))
+        curve[step + 1] = state.add(int(order[step]))
     return OmpPath(order, curve)
 
 
@@ -171,5 +193,10 @@ RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the 
 
 def stats_omp(stats: list[ConsumerStats], ks: list[int], width: int, ridge: float = RIDGE) -> OmpPath:
     """``group_omp`` of consumers given by their streamed statistics (``ks``: columns per channel of each)."""
+    return _path(stats_omp_state(stats, ks, width, ridge), width)
+
+
+def stats_omp_state(stats: list[ConsumerStats], ks: list[int], width: int, ridge: float = RIDGE) -> GroupOmp:
+    """The incremental ``GroupOmp`` of consumers given by their streamed statistics."""
     a, b, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
-    return group_omp(list(a), list(b), list(e), ks, width, ridge=ridge)
+    return GroupOmp(list(a), list(b), list(e), ks, width, ridge=ridge)

@@ -101,6 +101,7 @@ def _compress_flags() -> argparse.ArgumentParser:
     for flag, default in (("--latency-batch", 1), ("--round-to", 8), ("--batch-size", 32), ("--seed", 0)):
         p.add_argument(flag, type=int, default=default)
     p.add_argument("--threads", type=int)
+    p.add_argument("--global-budget", type=float)
     p.add_argument("--limit", type=int)
     p.add_argument("--flip", action="store_true")
     p.add_argument("--best-effort", action="store_true")
@@ -129,7 +130,7 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     a = _compress_flags().parse_args(flags)
     budget = _budget(a)
     select, allocate, reconstruct = strategies.named(a.method, a.allocation, a.reconstruct, a.target, a.seed,
-                                                            a.remove_blocks)
+                                                     a.remove_blocks, a.global_budget)
     model = onnxprune.load(original, a.input_shape)
     result = onnxprune.compress(model, str(data), budget=budget, select=select, allocate=allocate,
                                 reconstruct=reconstruct, preprocess=_preprocess(model, a), subset=a.subset,

@@ -33,6 +33,9 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "output + streams": ["--residual-streams"],
     "output + blocks": ["--remove-blocks"],
+    "local, output allocation": ["--method", "local"],
+    "global": ["--method", "global"],
+    "auto": ["--method", "auto"],
     "epsilon allocation": EPS,
     "epsilon + streams": [*EPS, "--residual-streams"],
     "local": ["--method", "local", *EPS],
@@ -120,6 +123,8 @@ def main() -> None:
     parser.add_argument("--folds", type=int, default=1, help="cross-validation folds (1-5)")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--flip'")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
+    parser.add_argument("--keep-reports", action="store_true",
+                        help="keep each compress report as <out>/reports/<target> <variant> fold<k>.json")
     parser.add_argument("--plot-only", type=Path, nargs="+", metavar="FILE",
                         help="redraw the plots of these results JSONs and exit (nothing is recomputed)")
     args = parser.parse_args()
@@ -141,7 +146,7 @@ def main() -> None:
         for variant in args.variants.split(","):
             flags = VARIANTS[variant] + shlex.split(args.extra)
             results, seconds, macs = [], [], []
-            for calib, held in folds:
+            for k, (calib, held) in enumerate(folds):
                 pruned, report = args.out / "pruned.onnx", args.out / "pruned.json"
                 compress(original, pruned, args.data, ["--subset", calib, "--target-flops", target, *flags], report)
                 results.append(evaluate(pruned, original, args.data, held))
@@ -149,7 +154,11 @@ def main() -> None:
                 seconds.append(rep["seconds"])
                 macs.append(rep["macs_after"])
                 pruned.unlink()
-                report.unlink()
+                if args.keep_reports:
+                    (args.out / "reports").mkdir(exist_ok=True)
+                    report.replace(args.out / "reports" / f"{target} {variant} fold{k}.json")
+                else:
+                    report.unlink()
             rows.append({"target": target, "variant": variant, "flags": flags, "macs": max(macs),
                          "compress_seconds": float(np.mean(seconds)), **pool(results)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)

@@ -166,9 +166,15 @@ SaveCostTableOpt = Annotated[Optional[Path], typer.Option(help="Write the measur
 SelectMethodOpt = Annotated[str, typer.Option(
     help="Channel selection: 'omp' (default: greedy forward selection of the channels whose refitted "
          "consumers best reproduce the original output, a group orthogonal matching pursuit), 'local' "
-         "imitation (the paper's greedy), 'global' imitation of the final output (the "
-         "paper's second method; needs a GPU for real models: ~30 s per exact step of a 960-channel "
-         "layer on 2 CPU cores), or the baselines 'l1' and 'random'.")]
+         "imitation (the paper's greedy), 'global' imitation of the final output (the paper's second method, "
+         "shortlisted: the network's output decides among the OMP's best channels, each candidate refitted; "
+         "minutes per model on a CPU), 'auto' (per layer, the better of omp and global on held samples, "
+         "global only within --global-budget, the layers nearest the output first), or the baselines 'l1' "
+         "and 'random'.")]
+GlobalBudgetOpt = Annotated[Optional[float], typer.Option(
+    help="With --method auto: seconds global imitation may take in all (default 300: MobileNetV2 on 500 photos "
+         "within 10 minutes on 2 CPU cores); each layer's cost is predicted, and the output lists which "
+         "method won each layer and why.")]
 AllocationOpt = Annotated[str, typer.Option(
     help="Per-layer widths: 'output' (default; judged on the network's output: each layer alone pruned to "
          "75/50/25% on 64 calibration samples, the output's KL or relative error measured on 32 others; the "
@@ -233,6 +239,7 @@ def compress_cmd(
     cost_table: CostTableOpt = None,
     save_cost_table: SaveCostTableOpt = None,
     method: SelectMethodOpt = "omp",
+    global_budget: GlobalBudgetOpt = None,
     allocation: AllocationOpt = "output",
     target: ImitationTargetOpt = "original",
     reconstruct: ReconstructOpt = "full",
@@ -271,7 +278,7 @@ def compress_cmd(
                          save_cost_table)
         if recover_held_subset is not None and recover_steps < 1:
             raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-        select, allocate, refit = named(method, allocation, reconstruct, target, seed, remove_blocks)
+        select, allocate, refit = named(method, allocation, reconstruct, target, seed, remove_blocks, global_budget)
         onnx_model = api.load(model, input_shape)
         preprocess = _preprocess(onnx_model, resize, crop, mean, std, layout, bgr)
         data, held = _calibration(calib, onnx_model, preprocess, subset, limit, flip, recover_held_subset)
@@ -326,14 +333,20 @@ def _progress(description: str) -> Iterator[Callable[[int, int, str], None]]:
 
 def _print_compress(result: CompressReport, method: str, reconstruct: str, round_to: int, output: Path) -> None:
     table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
-    for col in ("group", "kept", "greedy loss", "error (fold)", "error", "s"):
+    chosen = any(layer.selection for layer in result.layers)
+    for col in ("group", "kept", *(("selected by",) * chosen), "greedy loss", "error (fold)", "error", "s"):
         table.add_column(col)
     for layer in result.layers:
         greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
         kept = f"{layer.kept}/{layer.channels}" if layer.kept else f"block removed (0/{layer.channels})"
-        table.add_row(layer.group, kept, greedy, f"{layer.error_fold:.3f}",
-                      f"{layer.error:.3f}", f"{layer.seconds:.1f}")
+        by = (_selected_by(layer.selection),) * chosen
+        table.add_row(layer.group, kept, *by, greedy, f"{layer.error_fold:.3f}", f"{layer.error:.3f}",
+                      f"{layer.seconds:.1f}")
     console.print(table)
+    if result.selection is not None:
+        sel = result.selection
+        console.print(f"auto: global imitation took {sel['spent_s']:.0f} s of its {sel['budget_s']:.0f} s budget "
+                      f"on {sum(1 for x in result.layers if x.selection and 'global' in x.selection)} groups")
     for s in result.skipped:
         console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
     finer = [layer for layer in result.layers if layer.step < round_to]
@@ -355,6 +368,16 @@ def _print_compress(result: CompressReport, method: str, reconstruct: str, round
         f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
         f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
     )
+
+
+def _selected_by(selection: dict | None) -> str:
+    """The layer table's 'selected by' cell: the method, and with auto the two discrepancies or why global did
+    not run."""
+    if not selection:
+        return "-"
+    if "global" in selection and "omp" in selection:
+        return f"{selection['method']} (KL-or-error omp {selection['omp']:.4f}, global {selection['global']:.4f})"
+    return selection["method"] + (f": {selection['why']}" if "why" in selection else "")
 
 
 def _print_latency(r: LatencyReport) -> None:

@@ -65,6 +65,7 @@ class LayerReport:
     ridges: list[float]  # refit ridge per consumer, chosen by cross-validation (full reconstruction)
     seconds: float
     step: int  # widths were multiples of this: --round-to, or finer for a group narrower than 4 steps
+    selection: dict | None = None  # what the selector noted: global/auto's method, discrepancies, why
 
 
 @dataclass
@@ -84,6 +85,7 @@ class CompressReport:
     latency: LatencyReport | None = None  # with a latency target (target_macs: the MACs its widths come to)
     fixed_batch: dict | None = None  # {"size", "reason"}: the graph fixes its batch, calibration ran at that batch
     allocation: dict | None = None  # what the allocator measured: the output allocation's probes and their time
+    selection: dict | None = None  # what the selector recorded of the run (auto: its global budget and spending)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -209,8 +211,11 @@ class Compressor:
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
         self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
         self.on_chunk: Callable[[int, int], None] | None = None  # (samples done, total) as the cache advances
+        self.on_status: Callable[[str], None] | None = None  # what the current group's pruning is doing
         self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
         self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
+        self.select = options.select  # the selector of this run (``Selector.bind``)
+        self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
 
     def _check_room(self, n: int) -> None:
         """ResourceError before any work when ``n`` samples' cached tensors (the inputs, and at the widest cut,
@@ -352,6 +357,15 @@ class Compressor:
             out.append(ConsumerData(use, folds, stats, current, original))
         return out
 
+    def note(self, group: Group, info: dict) -> None:
+        """What the selector did on ``group``, for its layer report."""
+        self.notes[group.name] = info
+
+    def status(self, text: str) -> None:
+        """Show what the current group's pruning is doing (a long selection stays visibly alive)."""
+        if self.on_status is not None:
+            self.on_status(text)
+
     def generator(self, seed: int) -> np.random.Generator:
         """The generator of ``seed``, drawn on across groups."""
         if seed not in self.generators:
@@ -363,7 +377,8 @@ class Compressor:
         if self.reference is None:
             outputs = [t.name for t in self.original.outputs]
             self.reference, _ = run_segment(self.original, dict(self.inputs), outputs, provider=self.options.provider,
-                                            batch_size=self.options.batch_size, store=self.store)
+                                            batch_size=self.run_batch, exact=self.fixed_batch is not None,
+                                            store=self.store)
         return self.reference
 
     def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
@@ -380,7 +395,7 @@ class Compressor:
                             self.peek(self.original, self.values_o, need))
         if width == 0:
             return self.remove(group, data, t0)
-        keep, fold, rel = self.options.select.select(self, group, data, width)
+        keep, fold, rel = self.select.select(self, group, data, width)
         nodes = {n.name: n for n in self.graph.nodes}
         later = [p for p in group.producers if self.live.position[p] >= cut]
         stream = bool(later) and not _is_gate(nodes[later[0]])
@@ -397,7 +412,8 @@ class Compressor:
         if again is not None:
             err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
         layer = LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
-                            err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to))
+                            err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to),
+                            self.notes.pop(group.name, None))
         energy = sum(centred_energy(d.stats) for d in now)
         tally = [err * energy, energy]
         self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
@@ -552,6 +568,7 @@ def compress(
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)
+    run.select = options.select.bind(run, order, widths)
     target_macs, requested_macs = spend.recorded(widths, target, requested)
     report = CompressReport(
         macs_before=run.analysis.macs.total, macs_after=0, params_before=run.analysis.params, params_after=0,
@@ -562,6 +579,7 @@ def compress(
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
         run.on_chunk = None if on_layer is None else partial(_samples, on_layer, i, len(order), group.name)
+        run.on_status = None if on_layer is None else partial(_status, on_layer, i, len(order), group.name)
         run.refit_pending(cut + 1)
         layer = run.prune(cut, group, widths[group.id])
         if layer is not None:
@@ -575,6 +593,7 @@ def compress(
     report.provider = run.provider
     report.latency = spend.outcome(model, pruned, widths, target, requested,
                                    lambda label: _progress(on_layer, len(order), len(order), label))
+    report.selection = run.select.summary()
     report.seconds = time.perf_counter() - start
     return pruned, report
 
@@ -596,7 +615,11 @@ def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_
 
 def _samples(on_layer: Progress, i: int, total: int, name: str, done: int, samples: int) -> None:
     """Progress within a group: how many samples have been pushed to its cut (a long run stays visibly alive)."""
-    on_layer(i, total, f"pruning {name}: {done}/{samples} samples")
+    _status(on_layer, i, total, name, f"{done}/{samples} samples")
+
+
+def _status(on_layer: Progress, i: int, total: int, name: str, text: str) -> None:
+    on_layer(i, total, f"pruning {name}: {text}")
 
 
 def _progress(on_layer: Progress | None, i: int, total: int, label: str) -> None:
@@ -605,14 +628,9 @@ def _progress(on_layer: Progress | None, i: int, total: int, label: str) -> None
 
 
 def _check_batch(fixed: FixedBatch | None, options: CompressOptions) -> None:
-    """What a graph that fixes its batch cannot do: a selector that stacks candidates along the batch
-    (global imitation) and a latency budget timed at another batch."""
+    """What a graph that fixes its batch cannot do: a latency budget timed at another batch."""
     if fixed is None:
         return
-    if options.select.stacks_candidates_in_batch:
-        raise AnalysisError(f"global imitation evaluates many candidates in one batch, but this graph fixes its batch "
-                            f"({fixed.reason}): select with omp, or re-export the model with a dynamic batch",
-                            option="method")
     batch = options.budget.timing_batch()
     if batch is not None and batch != fixed.size:
         raise TargetError(f"latency batch {batch}: this graph runs only at batch {fixed.size} "

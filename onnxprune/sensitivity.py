@@ -84,14 +84,18 @@ def curve_of(channels: int, probes: Mapping[int, float]) -> np.ndarray:
     return curve
 
 
-def split(n: int, fit: int, probe: int) -> tuple[np.ndarray, np.ndarray]:
+def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str] = (
+        "the output allocation", "allocate with epsilon", "allocation")) -> tuple[np.ndarray, np.ndarray]:
     """Disjoint sample indices to fit on and to probe on: alternate pairs (an image and its mirror, adjacent
-    with --flip, stay on one side), each side thinned evenly to at most ``fit`` / ``probe`` samples."""
+    with --flip, stay on one side), each side thinned evenly to at most ``fit`` / ``probe`` samples. Fewer than
+    ``need`` on the fitting side is a CalibrationError naming ``who`` (what needs them, the way out, the
+    option)."""
     pair = np.arange(n) // 2 % 2
     sides = [np.flatnonzero(pair == 0), np.flatnonzero(pair == 1)]
-    if len(sides[0]) < 4:  # the refit cross-validates on two folds of pairs
-        raise CalibrationError(f"the output allocation needs at least 6 calibration samples (got {n}): give more, "
-                               "or allocate with epsilon", option="allocation")
+    if len(sides[0]) < need or not len(sides[1]):  # the output allocation's refit cross-validates on two folds
+        least = max(3, 4 * ((need - 1) // 2) + (need - 1) % 2 + 1)  # side 0 holds samples 0, 1, 4, 5, 8, ...
+        raise CalibrationError(f"{who[0]} needs at least {least} calibration samples (got {n}): give more, "
+                               f"or {who[1]}", option=who[2])
     return tuple(s[np.linspace(0, len(s) - 1, min(m, len(s))).round().astype(int)] for s, m in zip(sides, (fit, probe)))
 
 

@@ -13,9 +13,9 @@ nothing of ``onnxprune.pipeline``, which imports it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from numbers import Integral
-from dataclasses import asdict, dataclass, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
@@ -23,23 +23,28 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, lowest_macs, uniform_widths
+from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
-from onnxprune.sensitivity import output_curves
+from onnxprune.sensitivity import output_curves, split
 from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
 from onnxprune.errors import AnalysisError, OptionError, check_choice
-from onnxprune.imitation.downstream import DownstreamObjective
-from onnxprune.imitation.global_ import greedy_global
+from onnxprune.imitation.downstream import ConsumerDownstream
+from onnxprune.imitation.global_ import ShortlistPath, evaluations, shortlisted_global
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.omp import stats_omp
+from onnxprune.imitation.omp import RIDGE as OMP_RIDGE
+from onnxprune.imitation.omp import stats_omp, stats_omp_state
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import refit_scale
+from onnxprune.imitation.refit import refit_cv, refit_full, refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
-from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider
+from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider, make_session
 from onnxprune.runtime.store import check_memory
 
 if TYPE_CHECKING:
     from onnxprune.analysis import Analysis
     from onnxprune.pipeline import ConsumerData
+    from onnxprune.runtime.probe import FixedBatch
+    from onnxprune.runtime.segments import Liveness
+    from onnxprune.runtime.store import Array
 
 TARGETS = ("original", "paper")  # what Local imitates (--target)
 Progress = Callable[[int, int, str], None]
@@ -53,8 +58,17 @@ class Context(Protocol):
     original: gs.Graph  # the unpruned graph
     graph: gs.Graph  # the graph as pruned so far
     analysis: Analysis
+    live: Liveness  # the original graph's node positions and live tensors
+    inputs: dict[str, Array]  # the calibration samples
     values_p: dict[str, np.ndarray]  # the pruned prefix's cached tensors at the current cut
     options: CompressOptions
+    fixed_batch: FixedBatch | None  # the batch the graph fixes, if it does
+
+    def note(self, group: Group, info: dict[str, Any]) -> None:
+        """Record what the selector did on ``group`` (its layer report's ``selection``)."""
+
+    def status(self, text: str) -> None:
+        """Show what the selection of the current group is doing (progress)."""
 
     def generator(self, seed: int) -> np.random.Generator:
         """The run's generator of ``seed`` (one per seed, drawn on across groups)."""
@@ -95,8 +109,14 @@ class Budget(Strategy):
 class Selector(Strategy):
     """Which channels each group keeps."""
 
-    # Evaluates many candidates stacked along the batch: a graph that fixes its batch cannot run it.
-    stacks_candidates_in_batch = False
+    def bind(self, ctx: Context, order: list[tuple[int, Group]], widths: dict[int, int]) -> Selector:
+        """The selector of one run, once the widths are known (``order``: the groups with their cuts); by
+        default itself. A selector with per-run state (a time budget) returns an object holding it."""
+        return self
+
+    def summary(self) -> dict[str, Any] | None:
+        """What the report records of the run's selection as a whole (None: nothing)."""
+        return None
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
         """``width`` channels of ``group`` to keep (sorted), the factor folded into each kept channel's
@@ -263,26 +283,227 @@ class Local(Selector):
         return G, c, tau
 
 
+class _Search:
+    """One group's end-to-end judge: its consumers refitted on a candidate support and the network after the cut
+    run on chosen samples (``ConsumerDownstream``). Global mini-batches come from one half of the calibration
+    samples (``fit``), ``auto``'s comparison from the other (``held``, at most ``held`` of them)."""
+
+    def __init__(self, ctx: Context, group: Group, data: list[ConsumerData], held: int) -> None:
+        reference = ctx.reference_outputs()
+        self.fit, self.held = split(len(next(iter(reference.values()))), 1 << 62, held, need=1,
+                                    who=("global imitation", "select with omp", "method"))
+        self.data = data
+        self.downstream = ConsumerDownstream(
+            ctx.graph, ctx.values_p, [d.use.node for d in data], reference, provider=ctx.options.provider,
+            exact_batch=None if ctx.fixed_batch is None else ctx.fixed_batch.size)
+        nodes = {n.name: n for n in ctx.graph.nodes}
+        self.bases = []  # each consumer's whole matrix with the group's columns cleared, and where they are
+        for d in data:
+            base = consumers.matrix(nodes[d.use.node])
+            cols = consumers.group_view(ctx.graph, nodes[d.use.node], group, d.use).cols
+            base.weight[:, cols] = 0.0
+            self.bases.append((base, cols))
+
+    def linears(self, keep: np.ndarray, cross_validated: bool = False) -> list[consumers.Linear]:
+        """Every consumer refitted on channels ``keep``: plain ridge least squares (the OMP's ridge), or
+        ``cross_validated`` towards the current weights as ``Refit`` writes it."""
+        out = []
+        for d, (base, view) in zip(self.data, self.bases):
+            cols = expand(keep, d.current.k)
+            if cross_validated:
+                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
+            else:
+                w, bias = refit_full(d.stats, cols, OMP_RIDGE)
+            weight = base.weight.copy()
+            weight[:, view[cols]] = w
+            out.append(consumers.Linear(weight, bias, base.k))
+        return out
+
+    def path(self, ctx: Context, group: Group, width: int, search: GlobalSearch) -> ShortlistPath:
+        """The shortlisted global path of ``group`` to ``width`` channels."""
+        rank = stats_omp_state([d.stats for d in self.data], [d.current.k for d in self.data], width)
+        batches: dict[int, tuple] = {}
+        steps = -(-width // -(-width // search.steps))
+
+        def losses(supports: Sequence[np.ndarray], step: int) -> np.ndarray:
+            ctx.status(f"global imitation, step {step + 1}/{steps} ({len(supports)} candidates)")
+            if step not in batches:
+                batches.clear()
+                rng = np.random.default_rng([search.seed, group.id, step])
+                idx = np.sort(rng.choice(self.fit, min(search.samples, len(self.fit)), replace=False))
+                batches[step] = self.downstream.samples(idx)
+            return self.downstream.losses([self.linears(keep) for keep in supports], batches[step])
+
+        return shortlisted_global(rank, losses, group.channels, width, steps=search.steps, shortlist=search.shortlist)
+
+    def judge(self, keeps: Sequence[np.ndarray]) -> np.ndarray:
+        """The discrepancy of each support with ``Refit``'s weights on the held samples."""
+        return self.downstream.losses([self.linears(k, cross_validated=True) for k in keeps],
+                                      self.downstream.samples(self.held))
+
+
 @dataclass(frozen=True)
-class Global(Selector):
-    """The paper's greedy global imitation of the final output (KL for classifiers, MSE otherwise), with the
-    Taylor shortlist past 25 neurons; slow without a GPU. ``seed`` of its draws."""
+class GlobalSearch:
+    """Shortlisted global imitation (``onnxprune.imitation.global_.shortlisted_global``): the network's final
+    output (KL for classifiers, relative squared error otherwise) decides which channels enter, among the
+    group OMP's best, each candidate with its consumers refitted; ``steps`` steps per group, at least
+    ``shortlist`` candidates a step, ``samples`` calibration samples a step drawn with ``seed``."""
 
     seed: int = 0
-    stacks_candidates_in_batch = True
+    steps: int = 8
+    shortlist: int = 4
+    samples: int = 32
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "shortlist", "samples"):
+            if getattr(self, name) < 1:
+                raise OptionError(f"{type(self).__name__}({name}={getattr(self, name)}): must be at least 1",
+                                  option="method")
+
+    def evaluations(self, group: Group, width: int) -> int:
+        """Candidate evaluations of its search on ``group`` kept to ``width``."""
+        return evaluations(group.channels, width, self.steps, self.shortlist)
+
+
+@dataclass(frozen=True)
+class Global(GlobalSearch, Selector):
+    """Global imitation on every group (see ``GlobalSearch``); the consumers are then reconstructed as usual."""
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
-        if group.partial:
-            raise AnalysisError(f"global imitation cannot prune {group.name}: its channels share a tensor with "
-                                "others (Concat/Split); select with omp instead", option="method")
-        objective = DownstreamObjective(
-            gs.export_onnx(ctx.graph), ctx.values_p,
-            [(use.tensor, group.tensors[use.tensor][0]) for use in group.consumers], ctx.reference_outputs(),
-            batch_size=ctx.options.batch_size, seed=self.seed, n_channels=group.channels,
-        )
-        path = greedy_global(objective.losses, objective.grad, group.channels, width)
+        t0 = time.perf_counter()
+        path = _Search(ctx, group, data, held=1).path(ctx, group, width, self)
+        ctx.note(group, {"method": "global", "evaluations": int(path.evaluated.sum()),
+                         "seconds": time.perf_counter() - t0})
+        return path.support(width), np.ones(width), None
+
+
+DEFAULT_GLOBAL_BUDGET = 300.0
+"""Seconds ``auto`` may spend on global imitation by default: MobileNetV2 on 500 photos stays within ten
+minutes on two CPU cores (its OMP run takes about one)."""
+
+
+@dataclass(frozen=True)
+class Auto(GlobalSearch, Selector):
+    """The paper's per-layer choice (its Algorithm 2): OMP and global imitation both select, each choice is refitted
+    as ``Refit`` writes it and scored on the network's output on ``held`` calibration samples that global
+    imitation never saw, and the lower wins. Global imitation runs only within ``budget`` seconds: the groups
+    nearest the output first (where the paper found it helps), each only when its predicted cost, with that of
+    the later groups it was planned for, fits in what is left. ``clock`` reads seconds (a fake one in tests)."""
+
+    budget: float = DEFAULT_GLOBAL_BUDGET
+    held: int = 128
+    clock: Callable[[], float] = field(default=time.perf_counter, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not self.budget >= 0:
+            raise OptionError(f"Auto(budget={self.budget}): the global budget is seconds, at least 0",
+                              option="global_budget")
+        if self.held < 1:
+            raise OptionError(f"Auto(held={self.held}): at least 1 held sample", option="method")
+
+    def describe(self) -> dict[str, Any]:
+        return {k: v for k, v in super().describe().items() if k != "clock"}
+
+    def bind(self, ctx: Context, order: list[tuple[int, Group]], widths: dict[int, int]) -> Selector:
+        return _AutoRun(self, ctx, order, widths)
+
+
+class TimeBudget:
+    """Which groups global imitation may run on within ``budget`` seconds, given each one's ``predicted`` seconds
+    (group id -> seconds, in pruning order; a group missing is not a candidate).
+
+    The plan takes the groups nearest the output first while their predictions fit. When a planned group comes,
+    it runs only if its prediction plus those of the planned groups after it fits in what is left; predictions
+    are scaled by measured / predicted over the groups run so far."""
+
+    def __init__(self, budget: float, predicted: dict[int, float]) -> None:
+        self.budget = budget
+        self.predicted = predicted
+        self.plan: list[int] = []  # nearest the output first
+        planned = 0.0
+        for gid in reversed(list(predicted)):
+            if planned + predicted[gid] <= budget:
+                self.plan.append(gid)
+                planned += predicted[gid]
+        self.spent = 0.0
+        self.done = [0.0, 0.0]  # measured and predicted seconds of the groups run so far
+
+    @property
+    def scale(self) -> float:
+        return self.done[0] / self.done[1] if self.done[1] > 0 else 1.0
+
+    def allows(self, gid: int) -> str | None:
+        """None if global imitation may run on group ``gid`` now, else why not."""
+        if gid not in self.plan:
+            return "global not planned: the budget went to the groups nearer the output"
+        mine = self.predicted[gid] * self.scale
+        later = sum(self.predicted[g] for g in self.plan[: self.plan.index(gid)]) * self.scale
+        left = self.budget - self.spent
+        if mine + later > left:
+            return f"global skipped: predicted {mine:.1f} s (+{later:.1f} s planned later) > {left:.1f} s left"
+        return None
+
+    def spend(self, gid: int, seconds: float) -> None:
+        self.spent += seconds
+        self.done[0] += seconds
+        self.done[1] += self.predicted[gid]
+
+
+class _AutoRun(Selector):
+    """``Auto`` on one run: the predicted seconds of global imitation on each group and the ``TimeBudget``."""
+
+    def __init__(self, auto: Auto, ctx: Context, order: list[tuple[int, Group]], widths: dict[int, int]) -> None:
+        self.auto = auto
+        self.row_seconds = _row_seconds(ctx, auto.samples)
+        total = ctx.analysis.macs.total or 1
+        predicted = {}
+        for cut, group in order:
+            width = widths[group.id]
+            if 0 < width < group.channels:
+                after = sum(e.macs for e in ctx.analysis.macs.entries if ctx.live.position[e.node] >= cut) / total
+                rows = auto.evaluations(group, width) * auto.samples + 2 * auto.held
+                predicted[group.id] = rows * after * self.row_seconds
+        self.time = TimeBudget(auto.budget, predicted)
+
+    def describe(self) -> dict[str, Any]:
+        return self.auto.describe()
+
+    def summary(self) -> dict[str, Any]:
+        return {"budget_s": self.auto.budget, "spent_s": self.time.spent, "row_seconds": self.row_seconds,
+                "planned": len(self.time.plan), "measured_over_predicted": self.time.scale}
+
+    def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
+        omp = OMP().select(ctx, group, data, width)
+        why = self.time.allows(group.id)
+        if why is not None:
+            ctx.note(group, {"method": "omp", "why": why})
+            return omp
+        t0 = self.auto.clock()
+        search = _Search(ctx, group, data, self.auto.held)
+        path = search.path(ctx, group, width, self.auto)
         keep = path.support(width)
-        return keep, group.channels * path.weights(width)[keep], None
+        d_omp, d_global = search.judge([omp[0], keep])
+        seconds = self.auto.clock() - t0
+        predicted = self.time.predicted[group.id] * self.time.scale
+        self.time.spend(group.id, seconds)
+        won = d_global < d_omp
+        ctx.note(group, {"method": "global" if won else "omp", "omp": float(d_omp), "global": float(d_global),
+                         "seconds": seconds, "predicted_s": predicted, "evaluations": int(path.evaluated.sum()),
+                         "why": "the lower output discrepancy on the held samples"})
+        return (keep, np.ones(width), None) if won else omp
+
+
+def _row_seconds(ctx: Context, rows: int) -> float:
+    """Seconds of one sample through the whole original network (onnxruntime, ``rows`` samples a run)."""
+    session, _ = make_session(ctx.model, ctx.options.provider, arena=False)
+    n = len(next(iter(ctx.inputs.values())))
+    rows = ctx.fixed_batch.size if ctx.fixed_batch is not None else min(rows, n)
+    feed = {k: np.ascontiguousarray(v[np.arange(rows) % n]) for k, v in ctx.inputs.items()}
+    session.run(None, feed)
+    t0 = time.perf_counter()
+    session.run(None, feed)
+    return (time.perf_counter() - t0) / rows
 
 
 @dataclass(frozen=True)
@@ -429,7 +650,7 @@ def _kind(value: object, kind: type[Strategy], name: str) -> Strategy:
 
 
 def _subclasses(kind: type) -> list[type]:
-    return [c for c in kind.__subclasses__() if c.__module__ == __name__]
+    return [c for c in kind.__subclasses__() if c.__module__ == __name__ and not c.__name__.startswith("_")]
 
 
 @dataclass
@@ -483,16 +704,18 @@ def options_from(budget: Budget, select: Selector = OMP(), allocate: Allocator =
     return CompressOptions(budget, select, allocate, reconstruct, **rest)
 
 
-SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Global, "l1": L1, "random": Random}
+SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Global, "auto": Auto, "l1": L1,
+                                        "random": Random}
 ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve, "output": Output}
 RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"full": Refit, "scale": Scale, "none": NoRefit}
 METHODS, ALLOCATIONS, RECONSTRUCTIONS = tuple(SELECTORS), tuple(ALLOCATORS), tuple(RECONSTRUCTORS)
 
 
 def named(method: str, allocation: str, reconstruct: str, target: str = "original", seed: int = 0,
-          remove_blocks: bool = False) -> tuple[Selector, Allocator, Reconstruction]:
-    """The strategies named as on the command line: ``target`` goes to ``Local``, ``seed`` to ``Random`` and
-    ``Global``, ``remove_blocks`` to ``Output``; an unknown name is an OptionError listing the valid ones."""
+          remove_blocks: bool = False, global_budget: float | None = None) -> tuple[Selector, Allocator, Reconstruction]:
+    """The strategies named as on the command line: ``target`` goes to ``Local``, ``seed`` to ``Random``, ``Global``
+    and ``Auto``, ``global_budget`` to ``Auto``, ``remove_blocks`` to ``Output``; an unknown name is an OptionError
+    listing the valid ones."""
     check_choice("method", method, METHODS)
     check_choice("target", target, TARGETS)
     check_choice("allocation", allocation, ALLOCATIONS)
@@ -500,7 +723,13 @@ def named(method: str, allocation: str, reconstruct: str, target: str = "origina
     if remove_blocks and ALLOCATORS[allocation] is not Output:
         raise OptionError(f"block removal is chosen by the output allocation, not by {allocation}: use "
                           "--allocation output with --remove-blocks", option="remove_blocks")
+    if global_budget is not None and SELECTORS[method] is not Auto:
+        raise OptionError(f"the global budget is auto's, not {method}'s: use --method auto with --global-budget",
+                          option="global_budget")
     kind = SELECTORS[method]
-    select = kind(target) if kind is Local else kind(seed) if kind in (Random, Global) else kind()
+    if kind is Auto:
+        select = Auto(seed=seed, budget=DEFAULT_GLOBAL_BUDGET if global_budget is None else global_budget)
+    else:
+        select = kind(target) if kind is Local else kind(seed) if kind in (Random, Global) else kind()
     allocate = Output(remove_blocks=True) if remove_blocks else ALLOCATORS[allocation]()
     return select, allocate, RECONSTRUCTORS[reconstruct]()

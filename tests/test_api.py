@@ -22,7 +22,8 @@ from onnxprune.errors import OnnxPruneError
 from onnxprune.pipeline import CompressOptions
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
-    OMP, Curve, Epsilon, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector, Uniform, named,
+    OMP, Auto, Curve, Epsilon, Global, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector,
+    Uniform, named,
     options_from,
 )
 
@@ -30,7 +31,7 @@ from onnxprune.strategies import (
 @pytest.mark.parametrize(("field", "value", "choices"), [
     ("reconstruct", "ful", "full, scale, none"),
     ("allocation", "unifrom", "epsilon, uniform, curve"),
-    ("method", "magic", "omp, local, global, l1, random"),
+    ("method", "magic", "omp, local, global, auto, l1, random"),
     ("target", "papers", "original, paper"),
 ])
 def test_named_strategies_refuse_unknown_names(field: str, value: str, choices: str) -> None:
@@ -41,7 +42,7 @@ def test_named_strategies_refuse_unknown_names(field: str, value: str, choices: 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
     ("budget", 0.5, r"MACs\(\), Ratio\(\), Latency\(\)"),
-    ("select", "omp", r"OMP\(\), Local\(\), Global\(\), L1\(\), Random\(\)"),
+    ("select", "omp", r"OMP\(\), Local\(\), Global\(\), Auto\(\), L1\(\), Random\(\)"),
     ("allocate", Refit(), r"Epsilon\(\), Uniform\(\), Curve\(\)"),
     ("reconstruct", "full", r"NoRefit\(\), Scale\(\), Refit\(\)"),
 ])
@@ -69,12 +70,15 @@ def test_recover_options_refuse_unknown_strategies(field: str, value: str, choic
     (lambda: Latency(ms=2.0, batch=0), "Latency(batch=0, threads=None)"),
     (lambda: Local("papr"), "imitate is not one of original, paper"),
     (lambda: Scale(ridge=-1.0), "at least 0"),
-    (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), L1(), Random()"),
+    (lambda: options_from(Ratio(0.5), "omp"), "give one of OMP(), Local(), Global(), Auto(), L1(), Random()"),
     (lambda: options_from(Ratio(0.5), allocate=Refit()), "give one of Epsilon(), Uniform(), Curve()"),
     (lambda: options_from(Ratio(0.5), method="omp"), "compress option(s) method are not among"),
     (lambda: options_from(Ratio(0.5), round_to=0), "round_to=0: a whole number of at least 1 (--round-to)"),
     (lambda: options_from(Ratio(0.5), provider="gpu"), "provider 'gpu' is not one of auto, cpu, cuda, tensorrt"),
-    (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, l1, random"),
+    (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, auto, l1, random"),
+    (lambda: named("omp", "output", "full", global_budget=60), "the global budget is auto's, not omp's"),
+    (lambda: Auto(budget=-1), "the global budget is seconds, at least 0"),
+    (lambda: Global(steps=0), "Global(steps=0): must be at least 1"),
 ])
 def test_strategies_refuse_bad_values_when_built(build, words: str) -> None:
     with pytest.raises(OnnxPruneError) as info:

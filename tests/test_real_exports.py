@@ -18,7 +18,6 @@ from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import specialise_inputs
 from onnxprune.calib.sources import load_calibration
-from onnxprune.errors import AnalysisError
 from onnxprune import pipeline
 from onnxprune.pipeline import compress
 from onnxprune.runtime.ort import model_input_specs
@@ -60,13 +59,18 @@ def test_batch_free_graph_keeps_batching() -> None:
     assert run(model, input=x)[0].shape == (3, 6, 64)
 
 
-def test_global_imitation_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
-    model = _detector(1, [1, 6, -1])
-    np.save(tmp_path / "c.npy", np.zeros((4, 3, 8, 8), np.float32))
-    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
-    with pytest.raises(AnalysisError, match="global imitation .* fixes its batch .*static batch of 1") as info:
-        compress(model, calib, options_from(Ratio(0.8), Global(), provider="cpu", round_to=1))
-    assert info.value.option == "method"
+def test_global_imitation_runs_on_a_fixed_batch_graph(tmp_path: Path) -> None:
+    """Its candidates run one after another at the graph's batch (padded): on a graph that fixes its batch it
+    prunes as on the same network exported with a free batch."""
+    fixed, free = _detector(1, [1, 6, -1]), _detector("N", [0, 6, -1])
+    pruned = {}
+    for name, model in (("fixed", fixed), ("free", free)):
+        pruned[name], report = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8), select=Global())
+        assert all(layer.selection["method"] == "global" for layer in report.layers)
+        assert (report.fixed_batch is None) == (name == "free")
+    x = np.random.default_rng(3).standard_normal((1, 3, 8, 8)).astype(np.float32)
+    for a, b in zip(run(pruned["fixed"], input=x), run(pruned["free"], input=x)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- shapes the exporter computes

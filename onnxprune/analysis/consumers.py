@@ -20,7 +20,7 @@ from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.linear import bias_add
 from onnxprune.ops.registry import Linear, Mixing, lookup
 
-__all__ = ["ColumnView", "Linear", "bias_add", "columns", "group_view", "matrix", "unfold", "write"]
+__all__ = ["ColumnView", "Linear", "bias_add", "columns", "group_view", "matrix", "parameters", "unfold", "write"]
 
 
 def _mixing(node: gs.Node) -> Mixing:
@@ -50,6 +50,16 @@ def write(graph: gs.Graph, node: gs.Node, linear: Linear) -> None:
     """Store ``linear`` as the node's weights (in its own layout), adding a bias where needed."""
     dtype = np.asarray(node.inputs[1].values).dtype
     _mixing(node).write(graph, node, linear.weight.astype(dtype), linear.bias.astype(dtype))
+
+
+def parameters(node: gs.Node) -> tuple[gs.Tensor, gs.Tensor | None]:
+    """The tensors holding the node's weight and bias in its own layout (a MatMul's bias is its ``bias_add``'s;
+    None: no bias yet)."""
+    add = bias_add(node)
+    slot = _mixing(node).bias_input
+    if add is not None:
+        return node.inputs[1], add.inputs[1]
+    return node.inputs[1], node.inputs[slot] if slot is not None and len(node.inputs) > slot else None
 
 
 @dataclass

@@ -1,6 +1,11 @@
-"""The global-imitation objective of one channel group, evaluated on the downstream graph.
+"""The global-imitation objectives of one channel group, evaluated on the downstream graph.
 
-``DownstreamObjective`` runs only the part of the ONNX graph after a cut (``TorchGraph`` with
+``ConsumerDownstream`` (what ``--method global`` and ``auto`` use) runs the part of the graph after a cut in
+onnxruntime with the group's consumers' weights and biases as graph inputs: each candidate (the consumers
+refitted on a candidate support) is one run of the same session on the chosen samples, scored by
+``output_discrepancy`` against the original network's outputs.
+
+``DownstreamObjective`` (the paper's parametrisation, used by the benchmarks that redo its figures) runs only the part of the ONNX graph after a cut (``TorchGraph`` with
 ``inputs_at`` = the tensors alive there, cached for every calibration sample), with the group's
 channels scaled in flight: channel i of every masked tensor is multiplied by N·a_i (the paper's
 fold; a = 1/N is the original network). The discrepancy D(a) to the original network's final
@@ -22,11 +27,16 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import torch
 
+from onnxprune.analysis import consumers
 from onnxprune.errors import CalibrationError, ModelError
-from onnxprune.runtime.store import DiskArray
+from onnxprune.runtime.ort import make_session
+from onnxprune.runtime.segments import cut_graph
+from onnxprune.runtime.store import Array, DiskArray
 from onnxprune.runtime.torch_eval import TorchGraph
+from onnxprune.sensitivity import output_discrepancy
 
 LOSSES = ("kl", "mse")
 MEMORY_BYTES = 2 << 30
@@ -35,7 +45,81 @@ ACTIVATION_FACTOR = 16
 """Assumed peak activation bytes of the downstream graph per byte of cut tensors (a heuristic:
 MobileNet's 6x expansions with two tensors alive, plus slack)."""
 
-__all__ = ["LOSSES", "DownstreamObjective"]
+__all__ = ["LOSSES", "ConsumerDownstream", "DownstreamObjective"]
+
+
+class ConsumerDownstream:
+    """The network's final-output discrepancy when the consumers ``nodes`` take candidate weights.
+
+    graph: the network as pruned so far; at_cut: the tensors alive at the cut, (samples, ...) each;
+    reference: the original network's outputs on the same samples (output name -> array). ``exact_batch``:
+    the batch a graph that fixes it runs at (short runs are padded), else None.
+    """
+
+    def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str],
+                 reference: Mapping[str, Array], *, provider: str, exact_batch: int | None = None) -> None:
+        cut = cut_graph(graph, dict(at_cut), reference)
+        mine = {n.name: n for n in cut.nodes}
+        missing = [name for name in nodes if name not in mine]
+        if missing:
+            raise ModelError(f"consumer(s) {missing} do not run after the cut: the network's outputs do not read them")
+        for name in nodes:  # a bias everywhere (a MatMul's is an Add), so that every candidate can set one
+            lin = consumers.matrix(mine[name])
+            consumers.write(cut, mine[name], consumers.Linear(lin.weight, np.ones_like(lin.bias), lin.k))
+        cut.cleanup().toposort()
+        self._scratch = cut.copy()  # candidates are written here, in each op's layout, then fed
+        self._nodes = list(nodes)
+        feeds = []
+        for name in nodes:
+            for tensor in consumers.parameters(mine[name]):
+                var = gs.Variable(tensor.name, dtype=tensor.values.dtype, shape=list(tensor.shape))
+                for user in list(tensor.outputs):
+                    user.inputs[user.inputs.index(tensor)] = var
+                feeds.append(var)
+        cut.inputs = [*cut.inputs, *feeds]
+        self.session, self.provider = make_session(gs.export_onnx(cut), provider, arena=False)
+        self._outputs = [t.name for t in cut.outputs]
+        self._at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
+        self._reference = reference
+        self.exact_batch = exact_batch
+        self.n_samples = len(next(iter(reference.values())))
+
+    def weights(self, linears: Sequence[consumers.Linear]) -> dict[str, np.ndarray]:
+        """The session's weight and bias feeds of one candidate (a full ``Linear`` per consumer)."""
+        nodes = {n.name: n for n in self._scratch.nodes}
+        out = {}
+        for name, lin in zip(self._nodes, linears, strict=True):
+            node = nodes[name]
+            consumers.write(self._scratch, node, lin)
+            for tensor in consumers.parameters(node):
+                out[tensor.name] = np.asarray(tensor.values)
+        return out
+
+    def samples(self, idx: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The tensors at the cut and the reference outputs of samples ``idx`` (sorted), read once for many
+        candidates."""
+        return ({k: np.ascontiguousarray(v[idx]) for k, v in self._at_cut.items()},
+                {k: np.asarray(v[idx]) for k, v in self._reference.items()})
+
+    def losses(self, candidates: Sequence[Sequence[consumers.Linear]],
+               samples: tuple[dict[str, np.ndarray], dict[str, np.ndarray]]) -> np.ndarray:
+        """The discrepancy of each candidate on ``samples`` (from ``samples()``), (K,) float64."""
+        values, reference = samples
+        n = len(next(iter(reference.values())))
+        rows = self.exact_batch or n
+        out = np.empty(len(candidates))
+        for i, linears in enumerate(candidates):
+            feeds, chunks = self.weights(linears), []
+            for s in range(0, n, rows):
+                feed = {k: v[s : s + rows] for k, v in values.items()}
+                m = len(next(iter(feed.values())))
+                if m < rows:
+                    feed = {k: np.concatenate([v, np.repeat(v[-1:], rows - m, axis=0)]) for k, v in feed.items()}
+                arrays = self.session.run(self._outputs, {**feed, **feeds})
+                chunks.append({k: a[:m] if a.ndim and len(a) == rows else a for k, a in zip(self._outputs, arrays)})
+            ref = [{k: v[s : s + rows] for k, v in reference.items()} for s in range(0, n, rows)]
+            out[i] = output_discrepancy(ref, chunks)
+        return out
 
 
 class DownstreamObjective:

@@ -1,5 +1,23 @@
-"""Greedy global imitation (Ye, Wu & Liu 2020, sec. 2.3 and appendix "Details on Taylor
-Approximation Tricks").
+"""Greedy global imitation: the paper's (``greedy_global``) and the shortlisted one with refitted consumers
+(``shortlisted_global``, what ``--method global`` and ``auto`` run).
+
+Shortlisted global imitation. The final-output discrepancy decides which channels enter, but each step
+evaluates it only for a shortlist, and the consumers' weights of every candidate support are refitted by least
+squares (so a channel enters with the weights the refit would give it, not the fold's N·γ, and no first-order
+approximation is involved). From the empty support S, each step takes m = ceil(width / steps) channels:
+
+* the group OMP ranks every channel not in S by how much it lowers the refitted consumers' output error
+  (exact, from the streamed statistics: ``GroupOmp.gains``);
+* its best ``s = max(shortlist, 2m)`` (at most the channels left) are evaluated exactly: the discrepancy of
+  S ∪ {c}, each on the step's mini-batch;
+* the m with the lowest discrepancy join S (and the OMP state).
+
+A layer costs about 2·width discrepancy evaluations (``evaluations``) of B samples through the network after
+its cut, whatever ``steps`` is; ``steps = width`` with ``shortlist = N`` is the exhaustive greedy (every channel
+evaluated at every step).
+
+The paper's global imitation (Ye, Wu & Liu 2020, sec. 2.3 and appendix "Details on Taylor
+Approximation Tricks"), ``greedy_global``:
 
 A group of N channels is scaled by a simplex weight vector a: channel i of the consumers' input
 is multiplied by N·a_i (a = 1/N is the original network). Global imitation chooses a to minimise
@@ -23,8 +41,10 @@ support size from 1 to the final one is visited.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -37,7 +57,86 @@ mini-batch for every row of one step)."""
 GradFn = Callable[[np.ndarray, int], np.ndarray]
 """grad(a, step): r = ∂D/∂b at b = 0 (N,) for the mask N·(a + b), on the step's mini-batch."""
 
-__all__ = ["GlobalPath", "greedy_global", "taylor_scores"]
+__all__ = ["GlobalPath", "ShortlistPath", "evaluations", "greedy_global", "shortlisted_global", "taylor_scores"]
+
+
+class Ranker(Protocol):
+    """What ranks the candidates of a step (``omp.GroupOmp``)."""
+
+    def gains(self) -> np.ndarray:
+        """(N,) how much each channel would help; -inf for the chosen."""
+
+    def add(self, c: int) -> float:
+        """Choose channel c."""
+
+
+SupportLosses = Callable[[Sequence[np.ndarray], int], np.ndarray]
+"""losses(supports, step): the discrepancy of each candidate support (sorted channel indices), all on step's
+mini-batch."""
+
+
+@dataclass
+class ShortlistPath:
+    """Trace of ``shortlisted_global``: ``order`` the channels as they entered; per step, the loss of its best
+    candidate (``losses``, NaN where the shortlist was the channels taken and nothing was evaluated), the
+    channels it took (``taken``) and the candidates it evaluated (``evaluated``)."""
+
+    order: np.ndarray
+    losses: np.ndarray
+    taken: np.ndarray
+    evaluated: np.ndarray
+
+    def support(self, width: int) -> np.ndarray:
+        """The first ``width`` channels that entered, sorted."""
+        if not 0 <= width <= len(self.order):
+            raise ValueError(f"width {width} outside 0..{len(self.order)}")
+        return np.sort(self.order[:width])
+
+
+def _plan(n: int, width: int, steps: int, shortlist: int) -> list[tuple[int, int]]:
+    """(channels taken, candidates evaluated) of each step."""
+    if not 1 <= width <= n:
+        raise ValueError(f"width {width} outside [1, {n}]")
+    if steps < 1 or shortlist < 1:
+        raise ValueError(f"steps ({steps}) and shortlist ({shortlist}) must be positive")
+    per, plan, chosen = math.ceil(width / steps), [], 0
+    while chosen < width:
+        take = min(per, width - chosen)
+        size = min(n - chosen, max(shortlist, 2 * take))
+        plan.append((take, size if size > take else 0))
+        chosen += take
+    return plan
+
+
+def evaluations(n: int, width: int, steps: int, shortlist: int) -> int:
+    """Candidate evaluations of ``shortlisted_global`` on a group of ``n`` channels kept to ``width``."""
+    return sum(size for _, size in _plan(n, width, steps, shortlist))
+
+
+def shortlisted_global(rank: Ranker, losses: SupportLosses, n: int, width: int, *, steps: int = 8,
+                       shortlist: int = 4) -> ShortlistPath:
+    """Shortlisted greedy global imitation (see the module docstring): ``width`` of ``n`` channels in ``steps``
+    steps (or more, when ``width`` does not divide), each evaluating the ``max(shortlist, 2m)`` channels that
+    ``rank`` puts first."""
+    order: list[int] = []
+    trace = []
+    for step, (take, size) in enumerate(_plan(n, width, steps, shortlist)):
+        gains = np.asarray(rank.gains(), dtype=np.float64)
+        first = np.argsort(-gains, kind="stable")[: max(size, take)]
+        if size:
+            vals = np.asarray(losses([np.sort(np.array([*order, c])) for c in first], step), dtype=np.float64)
+            if vals.shape != (len(first),):
+                raise ValueError(f"losses callback returned {vals.shape} for {len(first)} candidates")
+            best = float(vals.min())
+            first = first[np.argsort(vals, kind="stable")[:take]]
+        else:
+            best = float("nan")
+        for c in first:
+            rank.add(int(c))
+            order.append(int(c))
+        trace.append((best, take, size))
+    losses_, taken, evaluated = (np.array(col) for col in zip(*trace))
+    return ShortlistPath(np.array(order, dtype=np.int64), losses_, taken, evaluated)
 
 
 def taylor_scores(a: np.ndarray, r: np.ndarray) -> np.ndarray:

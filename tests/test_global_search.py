@@ -1,0 +1,222 @@
+"""Shortlisted global imitation and ``--method auto``: the search on synthetic losses (its plan, the exhaustive
+case), the shortlist against the exhaustive search on a small network, auto's per-layer rule and its time
+budget (a fake clock)."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+
+from onnxprune import strategies
+from onnxprune.analysis import analyze
+from onnxprune.calib.sources import load_calibration
+from onnxprune.imitation.global_ import evaluations, shortlisted_global
+from onnxprune.pipeline import compress
+from onnxprune.runtime.ort import model_input_specs
+from onnxprune.strategies import OMP, Auto, Global, MACs, TimeBudget, Uniform, options_from
+from tests.onnx_builders import GraphBuilder, run
+
+
+class FakeRank:
+    """Gains = fixed scores, the chosen at -inf."""
+
+    def __init__(self, scores: np.ndarray) -> None:
+        self.scores = np.asarray(scores, dtype=float).copy()
+
+    def gains(self) -> np.ndarray:
+        return self.scores.copy()
+
+    def add(self, c: int) -> float:
+        assert np.isfinite(self.scores[c])
+        self.scores[c] = -np.inf
+        return 0.0
+
+
+def _pair_loss(n: int, seed: int):
+    """A loss with interactions: D(S) = ||t - Σ_{i∈S} v_i||² over random vectors."""
+    rng = np.random.default_rng(seed)
+    v = rng.standard_normal((n, 6))
+    t = v[: n // 2].sum(0) + 0.3 * rng.standard_normal(6)
+    calls = []
+
+    def losses(supports, step):
+        calls.append((len(supports), step))
+        return np.array([np.sum((t - v[s].sum(0)) ** 2) for s in supports])
+
+    return losses, calls, (lambda s: float(np.sum((t - v[list(s)].sum(0)) ** 2)))
+
+
+@pytest.mark.parametrize(("n", "width", "steps", "shortlist"), [(10, 4, 8, 4), (20, 13, 4, 3), (9, 9, 2, 1),
+                                                                 (30, 7, 1, 4)])
+def test_the_search_takes_its_planned_steps(n: int, width: int, steps: int, shortlist: int) -> None:
+    losses, calls, _ = _pair_loss(n, 0)
+    rank = FakeRank(np.random.default_rng(1).random(n))
+    path = shortlisted_global(rank, losses, n, width, steps=steps, shortlist=shortlist)
+    m = -(-width // steps)
+    assert len(path.order) == width == len(set(path.order.tolist()))
+    assert path.taken.sum() == width and path.taken.max() == m
+    assert int(path.evaluated.sum()) == evaluations(n, width, steps, shortlist) == sum(k for k, _ in calls)
+    # each step evaluates max(shortlist, 2m) of the channels left, or none when they would all be taken
+    left = n - np.concatenate([[0], np.cumsum(path.taken)[:-1]])
+    expect = np.minimum(left, np.maximum(shortlist, 2 * path.taken))
+    assert np.array_equal(path.evaluated, np.where(expect > path.taken, expect, 0))
+
+
+def test_exhaustive_search_is_the_greedy_over_every_channel() -> None:
+    """steps = width and a shortlist of all channels: each step adds the channel of lowest loss, whatever the
+    ranking says."""
+    n, width = 12, 6
+    losses, _, loss_of = _pair_loss(n, 3)
+    path = shortlisted_global(FakeRank(-np.arange(n)), losses, n, width, steps=width, shortlist=n)
+    chosen: list[int] = []
+    for _ in range(width):
+        rest = [c for c in range(n) if c not in chosen]
+        chosen.append(min(rest, key=lambda c: loss_of([*chosen, c])))
+    assert path.order.tolist() == chosen
+    assert path.losses[-1] == pytest.approx(loss_of(chosen))
+
+
+def test_a_step_takes_the_best_of_its_shortlist_only() -> None:
+    """The ranking decides what is evaluated: a channel outside the shortlist never enters, however good."""
+    n = 8
+    losses, _, _ = _pair_loss(n, 5)
+    scores = np.arange(n, dtype=float)[::-1]  # channel 0 ranked first ... channel 7 last
+    path = shortlisted_global(FakeRank(scores), losses, n, 2, steps=2, shortlist=3)
+    assert set(path.order[:1].tolist()) <= {0, 1, 2}
+
+
+# ------------------------------------------------------------------------------------------ on a network
+
+
+def _net(seed: int = 0) -> onnx.ModelProto:
+    """conv a (3→12) → conv b (→16) → conv c (→12) → pool → Gemm (→10 logits): three groups."""
+    b = GraphBuilder({"input": ["N", 3, 8, 8]}, seed=seed)
+    x = b.op("Relu", [b.conv("input", "a", 3, 12)], "ra")
+    x = b.op("Relu", [b.conv(x, "b", 12, 16)], "rb")
+    x = b.op("Relu", [b.conv(x, "c", 16, 12)], "rc")
+    x = b.op("Flatten", [b.op("GlobalAveragePool", [x], "gap")], "flat")
+    return b.model([b.gemm(x, "fc", 12, 10)])
+
+
+def _calib(tmp_path: Path, model: onnx.ModelProto, n: int = 24):
+    np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((n, 3, 8, 8)).astype(np.float32))
+    return load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
+
+
+def _compress(model, calib, select, widths=None):
+    analysis = analyze(model)
+    widths = widths or {"a": 6, "b": 9, "c": 5}
+    target = analysis.macs.macs({g.id: widths.get(g.name, g.channels) for g in analysis.prunable})
+    return compress(model, calib, options_from(MACs(target), select, Uniform(), round_to=1, provider="cpu"))
+
+
+def _same(p: onnx.ModelProto, q: onnx.ModelProto) -> bool:
+    x = np.random.default_rng(9).standard_normal((4, 3, 8, 8)).astype(np.float32)
+    return all(np.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(run(p, input=x), run(q, input=x)))
+
+
+def test_shortlisted_search_picks_what_the_exhaustive_search_picks_on_small_layers(tmp_path: Path) -> None:
+    """On this network every channel the exhaustive search adds is among the OMP's 8 best at its step (the worst
+    is 8th: a shortlist of 4 does change picks here), so a shortlist of 8 gives the same model with 158 evaluations
+    instead of 214."""
+    model = _net()
+    calib = _calib(tmp_path, model)
+    big = 1000
+    exhaustive, rep_e = _compress(model, calib, Global(steps=big, shortlist=big))
+    shortlisted, rep_s = _compress(model, calib, Global(steps=big, shortlist=8))
+    for e, s in zip(rep_e.layers, rep_s.layers):  # every channel left at each step, or 8 of them
+        assert e.selection["evaluations"] == sum(range(e.channels - e.kept + 1, e.channels + 1))
+        assert s.selection["evaluations"] == sum(min(8, e.channels - k) for k in range(e.kept))
+    assert sum(s.selection["evaluations"] for s in rep_s.layers) == 158 < 214 == sum(
+        e.selection["evaluations"] for e in rep_e.layers)
+    assert _same(exhaustive, shortlisted)
+    omp, _ = _compress(model, calib, OMP())
+    assert not _same(exhaustive, omp)  # the global criterion does pick other channels than OMP here
+
+
+def _auto_compress(model, calib, monkeypatch, budget, clock=None, verdict=None):
+    if verdict is not None:  # (omp, global) discrepancies the judge returns
+        monkeypatch.setattr(strategies._Search, "judge", lambda self, keeps: np.array(verdict))
+    kwargs = {} if clock is None else {"clock": clock}
+    return _compress(model, calib, Auto(budget=budget, **kwargs))
+
+
+@pytest.mark.parametrize("verdict", [(1.0, 2.0), (2.0, 1.0)], ids=["omp lower", "global lower"])
+def test_auto_keeps_the_selection_with_the_lower_held_discrepancy(tmp_path: Path, monkeypatch, verdict) -> None:
+    model = _net()
+    calib = _calib(tmp_path, model)
+    pruned, report = _auto_compress(model, calib, monkeypatch, 1e6, verdict=verdict)
+    winner = "omp" if verdict[0] < verdict[1] else "global"
+    assert [x.selection["method"] for x in report.layers] == [winner] * 3
+    assert all((x.selection["omp"], x.selection["global"]) == verdict for x in report.layers)
+    reference, _ = _compress(model, calib, OMP() if winner == "omp" else Global())
+    assert _same(pruned, reference)  # what won is what was written
+
+
+def test_auto_with_no_budget_is_omp(tmp_path: Path) -> None:
+    model = _net()
+    calib = _calib(tmp_path, model)
+    pruned, report = _compress(model, calib, Auto(budget=0))
+    assert all(x.selection == {"method": "omp", "why": "global not planned: the budget went to the groups nearer "
+                                                        "the output"} for x in report.layers)
+    assert report.selection["spent_s"] == 0
+    assert _same(pruned, _compress(model, calib, OMP())[0])
+
+
+class FakeClock:
+    """Seconds that advance by ``tick`` each time they are read."""
+
+    def __init__(self, tick: float) -> None:
+        self.now, self.tick = 0.0, tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+def test_auto_spends_its_budget_nearest_the_output_first(tmp_path: Path, monkeypatch) -> None:
+    """Every global attempt reads the clock twice: 10 s each. The predictions are set so that each group is
+    predicted 10 s; a 25 s budget plans the last two groups and the first one is left to omp."""
+    model = _net()
+    calib = _calib(tmp_path, model)
+    monkeypatch.setattr(strategies.TimeBudget, "__init__", _predict_ten(strategies.TimeBudget.__init__))
+    _, report = _auto_compress(model, calib, monkeypatch, 25.0, clock=FakeClock(10.0))
+    ran = ["global" in x.selection for x in report.layers]
+    assert ran == [False, True, True]
+    assert report.layers[0].selection["why"].startswith("global not planned")
+    assert report.selection["spent_s"] == pytest.approx(20.0) and report.selection["spent_s"] <= 25.0
+
+
+def _predict_ten(init):
+    def patched(self, budget, predicted):
+        init(self, budget, {g: 10.0 for g in predicted})
+    return patched
+
+
+def test_time_budget_plans_from_the_output_and_skips_what_no_longer_fits() -> None:
+    t = TimeBudget(30.0, {1: 20.0, 2: 10.0, 3: 5.0, 4: 10.0})  # in pruning order: 4 is nearest the output
+    assert t.plan == [4, 3, 2]  # 10 + 5 + 10 = 25 <= 30; group 1 (20 s) no longer fits
+    assert t.allows(1).startswith("global not planned")
+    assert t.allows(2) is None
+    t.spend(2, 20.0)  # took twice its prediction: later predictions double
+    assert t.scale == 2.0
+    assert t.allows(3) == "global skipped: predicted 10.0 s (+20.0 s planned later) > 10.0 s left"
+    assert t.allows(4) == "global skipped: predicted 20.0 s (+0.0 s planned later) > 10.0 s left"
+    t.spend(4, 5.0)
+    assert t.spent == 25.0 and t.scale == pytest.approx(25.0 / 20.0)
+
+
+def test_global_imitation_shows_its_steps(tmp_path: Path) -> None:
+    model = _net()
+    calib = _calib(tmp_path, model)
+    analysis = analyze(model)
+    target = analysis.macs.macs({g.id: g.channels // 2 for g in analysis.prunable})
+    labels = []
+    compress(model, calib, options_from(MACs(target), Global(steps=3), Uniform(), round_to=1, provider="cpu"),
+             on_layer=lambda i, total, label: labels.append(label))
+    steps = [x for x in labels if "global imitation" in x]
+    assert steps[:3] == [f"pruning a: global imitation, step {k}/3 ({n} candidates)" for k, n in ((1, 4), (2, 4), (3, 4))]

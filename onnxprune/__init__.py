@@ -28,14 +28,14 @@ from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult
 from onnxprune.recovery import Method, RecoverOptions
 from onnxprune.strategies import (
-    L1, MACs, OMP, Allocator, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Output, Random, Ratio,
+    L1, MACs, OMP, Allocator, Auto, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Output, Random, Ratio,
     Reconstruction, Refit, Scale, Selector, Uniform,
 )
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "L1", "MACs", "OMP", "Allocator", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
+    "L1", "MACs", "OMP", "Allocator", "Auto", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
     "Method", "NoRefit", "OnnxPruneError", "OptionError", "Output", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
     "Refit", "Result", "Scale", "Selector", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
     "preprocess_for", "recover",

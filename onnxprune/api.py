@@ -170,7 +170,8 @@ def compress(
             'package.module:fn' (a callable yielding samples or batches), an array or a dict of arrays
             (samples first), an onnxruntime CalibrationDataReader, or a ``CalibrationSet``.
         budget: ``MACs(count)``, ``Ratio(fraction of the original MACs)`` or ``Latency(ms=... | ratio=...)``.
-        select: how the channels are picked: ``OMP()``, ``Local()``, ``Global()``, ``L1()`` or ``Random(seed)``.
+        select: how the channels are picked: ``OMP()``, ``Local()``, ``Global()``, ``Auto(budget=seconds)``, ``L1()`` or
+            ``Random(seed)``.
         allocate: how the widths are allocated: ``Output()`` (judged on the network's output, the default),
             ``Epsilon()`` (the paper's rule on per-layer losses), ``Uniform()`` or ``Curve()``.
         reconstruct: the consumers' new weights: ``Refit()`` (least squares), ``Scale()`` or ``NoRefit()``.

@@ -12,13 +12,15 @@ import onnx
 import pytest
 
 from onnxprune import strategies
-from onnxprune.analysis import analyze
+from onnxprune.analysis import analyze, consumers
 from onnxprune.calib.sources import load_calibration
+from onnxprune.imitation.downstream import ConsumerDownstream
 from onnxprune.imitation.global_ import evaluations, shortlisted_global
-from onnxprune.pipeline import compress
+from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
+from onnxprune.sensitivity import output_discrepancy
 from onnxprune.strategies import OMP, Auto, Global, MACs, TimeBudget, Uniform, options_from
-from tests.onnx_builders import GraphBuilder, run
+from tests.onnx_builders import GraphBuilder, masked_original, run
 
 
 class FakeRank:
@@ -220,3 +222,35 @@ def test_global_imitation_shows_its_steps(tmp_path: Path) -> None:
              on_layer=lambda i, total, label: labels.append(label))
     steps = [x for x in labels if "global imitation" in x]
     assert steps[:3] == [f"pruning a: global imitation, step {k}/3 ({n} candidates)" for k, n in ((1, 4), (2, 4), (3, 4))]
+
+
+def test_candidate_weights_score_as_the_masked_network_does(tmp_path: Path) -> None:
+    """ConsumerDownstream feeds a candidate's consumer weights to the network after the cut: consumer columns of
+    a ranged group (two convs concatenated) scaled by a mask score exactly as the original network with those
+    channels masked, run whole; the unchanged weights score 0."""
+    b = GraphBuilder({"input": ["N", 3, 8, 8]}, seed=2)
+    cat = b.op("Concat", [b.conv("input", "a", 3, 6), b.conv("input", "b", 3, 5)], "cat", axis=1)
+    x = b.op("Relu", [b.conv(b.op("Relu", [cat], "r"), "c", 11, 8)], "rc")
+    model = b.model([b.gemm(b.op("Flatten", [b.op("GlobalAveragePool", [x], "gap")], "flat"), "fc", 8, 10)])
+    calib = _calib(tmp_path, model, 8)
+    run_ = Compressor(model, calib, options_from(MACs(1.0), provider="cpu"))
+    order, _ = schedule(run_.analysis, run_.live)
+    cut, group = next((cut, g) for cut, g in order if g.name == "b")
+    assert group.partial
+    run_.advance(run_.graph, run_.values_p, cut)
+    downstream = ConsumerDownstream(run_.graph, run_.values_p, ["c"], run_.reference_outputs(), provider="cpu")
+    node = next(n for n in run_.graph.nodes if n.name == "c")
+    full = consumers.matrix(node)
+    cols = consumers.group_view(run_.graph, node, group, group.consumers[0]).cols
+    mask = np.array([0.0, 1.5, 1.0, 0.0, 0.7])
+    weight = full.weight.copy()
+    weight[:, cols] *= np.repeat(mask, full.k)
+    everything = downstream.samples(np.arange(8))
+    scores = downstream.losses([[full], [consumers.Linear(weight, full.bias, full.k)]], everything)
+    masked = run(masked_original(run_.original, group, mask), input=np.concatenate(
+        [batch["input"] for batch in calib.batches(8)]))
+    reference = run(model, input=np.concatenate([batch["input"] for batch in calib.batches(8)]))
+    assert scores[0] == pytest.approx(0.0, abs=1e-9)
+    assert scores[1] == pytest.approx(output_discrepancy([{"fc_out": reference[0]}], [{"fc_out": masked[0]}]),
+                                      rel=1e-4)
+    assert scores[1] > 1e-3  # the mask matters

@@ -33,7 +33,7 @@ VARIANTS: dict[str, list[str]] = {
     "default": [],
     "output + streams": ["--residual-streams"],
     "output + blocks": ["--remove-blocks"],
-    "local, output allocation": ["--method", "local"],
+    "local on output": ["--method", "local"],
     "global": ["--method", "global"],
     "auto": ["--method", "auto"],
     "epsilon allocation": EPS,
@@ -162,7 +162,7 @@ def main() -> None:
             rows.append({"target": target, "variant": variant, "flags": flags, "macs": max(macs),
                          "compress_seconds": float(np.mean(seconds)), **pool(results)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
-    (args.out / "fidelity.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
+            (args.out / "fidelity.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
     plot_file(args.out / "fidelity.json")
     table = markdown(rows, base)
     (args.out / "fidelity.md").write_text(table)

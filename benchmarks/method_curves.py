@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 
 from common import DEFAULT_DATA, original_model
+from layer_curves import short_name
 from onnxprune.calib.sources import load_calibration
 from onnxprune.evaluation import log_softmax
 from onnxprune.pipeline import Compressor, schedule
@@ -125,12 +126,6 @@ def plot(result: dict, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
-
-
-def short_name(name: str) -> str:
-    """'/features/features.16/conv/conv.0/conv.0.0/Conv' -> 'features.16/conv.0.0'."""
-    parts = [p for p in name.split("/") if p][:-1]
-    return f"{parts[1]}/{parts[-1]}" if len(parts) > 2 else name
 
 
 def main() -> None:

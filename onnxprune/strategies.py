@@ -27,7 +27,7 @@ from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
 from onnxprune.sensitivity import output_curves, split
 from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
-from onnxprune.errors import AnalysisError, OptionError, check_choice
+from onnxprune.errors import OptionError, check_choice
 from onnxprune.imitation.downstream import ConsumerDownstream
 from onnxprune.imitation.global_ import ShortlistPath, evaluations, shortlisted_global
 from onnxprune.imitation.local import greedy_local

@@ -4,7 +4,6 @@ budget (a fake clock)."""
 
 from __future__ import annotations
 
-import itertools
 from pathlib import Path
 
 import numpy as np

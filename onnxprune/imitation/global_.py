@@ -48,6 +48,7 @@ from typing import Protocol
 
 import numpy as np
 
+from onnxprune.imitation.omp import ChannelOrder
 from onnxprune.imitation.path import WidthPath
 
 LossFn = Callable[[np.ndarray, int], np.ndarray]
@@ -76,21 +77,14 @@ mini-batch."""
 
 
 @dataclass
-class ShortlistPath:
+class ShortlistPath(ChannelOrder):
     """Trace of ``shortlisted_global``: ``order`` the channels as they entered; per step, the loss of its best
     candidate (``losses``, NaN where the shortlist was the channels taken and nothing was evaluated), the
     channels it took (``taken``) and the candidates it evaluated (``evaluated``)."""
 
-    order: np.ndarray
     losses: np.ndarray
     taken: np.ndarray
     evaluated: np.ndarray
-
-    def support(self, width: int) -> np.ndarray:
-        """The first ``width`` channels that entered, sorted."""
-        if not 0 <= width <= len(self.order):
-            raise ValueError(f"width {width} outside 0..{len(self.order)}")
-        return np.sort(self.order[:width])
 
 
 def _plan(n: int, width: int, steps: int, shortlist: int) -> list[tuple[int, int]]:

@@ -27,18 +27,24 @@ count as 0: such directions already lie in the span of the selected columns and 
 
 
 @dataclass
-class OmpPath:
-    """Greedy path: `order` (width,) channels in the order chosen; `curve` (width + 1,) with
-    curve[m] = Σ_j loss_j(first m channels of order), curve[0] = Σ_j e_j."""
+class ChannelOrder:
+    """Channels in the order a forward greedy chose them."""
 
     order: np.ndarray
-    curve: np.ndarray
 
     def support(self, width: int) -> np.ndarray:
         """The first `width` channels of `order`, sorted."""
         if not 0 <= width <= len(self.order):
             raise ValueError(f"width {width} outside 0..{len(self.order)}")
         return np.sort(self.order[:width])
+
+
+@dataclass
+class OmpPath(ChannelOrder):
+    """Greedy path: `order` (width,) channels in the order chosen; `curve` (width + 1,) with
+    curve[m] = Σ_j loss_j(first m channels of order), curve[0] = Σ_j e_j."""
+
+    curve: np.ndarray
 
 
 def centred(

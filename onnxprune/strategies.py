@@ -29,7 +29,7 @@ from onnxprune.sensitivity import output_curves, split
 from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.imitation.downstream import ConsumerDownstream
-from onnxprune.imitation.global_ import ShortlistPath, evaluations, shortlisted_global
+from onnxprune.imitation.global_ import ShortlistPath, evaluations, plan, shortlisted_global
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.omp import RIDGE as OMP_RIDGE
 from onnxprune.imitation.omp import stats_omp, stats_omp_state
@@ -323,7 +323,7 @@ class _Search:
         """The shortlisted global path of ``group`` to ``width`` channels."""
         rank = stats_omp_state([d.stats for d in self.data], [d.current.k for d in self.data], width)
         batches: dict[int, tuple] = {}
-        steps = -(-width // -(-width // search.steps))
+        steps = len(plan(group.channels, width, search.steps, search.shortlist))
 
         def losses(supports: Sequence[np.ndarray], step: int) -> np.ndarray:
             ctx.status(f"global imitation, step {step + 1}/{steps} ({len(supports)} candidates)")
@@ -465,9 +465,6 @@ class _AutoRun(Selector):
                 rows = auto.evaluations(group, width) * auto.samples + 2 * auto.held
                 predicted[group.id] = rows * after * self.row_seconds
         self.time = TimeBudget(auto.budget, predicted)
-
-    def describe(self) -> dict[str, Any]:
-        return self.auto.describe()
 
     def summary(self) -> dict[str, Any]:
         return {"budget_s": self.auto.budget, "spent_s": self.time.spent, "row_seconds": self.row_seconds,

@@ -33,7 +33,7 @@ import torch
 from onnxprune.analysis import consumers
 from onnxprune.errors import CalibrationError, ModelError
 from onnxprune.runtime.ort import make_session
-from onnxprune.runtime.segments import cut_graph
+from onnxprune.runtime.segments import cut_graph, run_chunks
 from onnxprune.runtime.store import Array, DiskArray
 from onnxprune.runtime.torch_eval import TorchGraph
 from onnxprune.sensitivity import output_discrepancy
@@ -107,18 +107,12 @@ class ConsumerDownstream:
         values, reference = samples
         n = len(next(iter(reference.values())))
         rows = self.exact_batch or n
+        ref = [{k: v[s : s + rows] for k, v in reference.items()} for s in range(0, n, rows)]
         out = np.empty(len(candidates))
         for i, linears in enumerate(candidates):
-            feeds, chunks = self.weights(linears), []
-            for s in range(0, n, rows):
-                feed = {k: v[s : s + rows] for k, v in values.items()}
-                m = len(next(iter(feed.values())))
-                if m < rows:
-                    feed = {k: np.concatenate([v, np.repeat(v[-1:], rows - m, axis=0)]) for k, v in feed.items()}
-                arrays = self.session.run(self._outputs, {**feed, **feeds})
-                chunks.append({k: a[:m] if a.ndim and len(a) == rows else a for k, a in zip(self._outputs, arrays)})
-            ref = [{k: v[s : s + rows] for k, v in reference.items()} for s in range(0, n, rows)]
-            out[i] = output_discrepancy(ref, chunks)
+            chunks = run_chunks(self.session, self._outputs, values, rows, self.exact_batch is not None,
+                                self.weights(linears))
+            out[i] = output_discrepancy(ref, [arrays for _, arrays in chunks])
         return out
 
 

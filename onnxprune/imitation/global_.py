@@ -58,7 +58,7 @@ mini-batch for every row of one step)."""
 GradFn = Callable[[np.ndarray, int], np.ndarray]
 """grad(a, step): r = ∂D/∂b at b = 0 (N,) for the mask N·(a + b), on the step's mini-batch."""
 
-__all__ = ["GlobalPath", "ShortlistPath", "evaluations", "greedy_global", "shortlisted_global", "taylor_scores"]
+__all__ = ["GlobalPath", "ShortlistPath", "evaluations", "greedy_global", "plan", "shortlisted_global", "taylor_scores"]
 
 
 class Ranker(Protocol):
@@ -87,7 +87,7 @@ class ShortlistPath(ChannelOrder):
     evaluated: np.ndarray
 
 
-def _plan(n: int, width: int, steps: int, shortlist: int) -> list[tuple[int, int]]:
+def plan(n: int, width: int, steps: int, shortlist: int) -> list[tuple[int, int]]:
     """(channels taken, candidates evaluated) of each step."""
     if not 1 <= width <= n:
         raise ValueError(f"width {width} outside [1, {n}]")
@@ -104,7 +104,7 @@ def _plan(n: int, width: int, steps: int, shortlist: int) -> list[tuple[int, int
 
 def evaluations(n: int, width: int, steps: int, shortlist: int) -> int:
     """Candidate evaluations of ``shortlisted_global`` on a group of ``n`` channels kept to ``width``."""
-    return sum(size for _, size in _plan(n, width, steps, shortlist))
+    return sum(size for _, size in plan(n, width, steps, shortlist))
 
 
 def shortlisted_global(rank: Ranker, losses: SupportLosses, n: int, width: int, *, steps: int = 8,
@@ -114,7 +114,7 @@ def shortlisted_global(rank: Ranker, losses: SupportLosses, n: int, width: int, 
     ``rank`` puts first."""
     order: list[int] = []
     trace = []
-    for step, (take, size) in enumerate(_plan(n, width, steps, shortlist)):
+    for step, (take, size) in enumerate(plan(n, width, steps, shortlist)):
         gains = np.asarray(rank.gains(), dtype=np.float64)
         first = np.argsort(-gains, kind="stable")[: max(size, take)]
         if size:

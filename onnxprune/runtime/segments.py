@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
+import onnxruntime as ort
 
 from onnxprune.errors import AnalysisError
 from onnxprune.runtime.ort import make_session
@@ -106,19 +107,24 @@ def run_cut(
     chunk is padded; an output whose leading axis is the padded batch has the extra samples dropped, any other
     output is as computed."""
     session, ran = make_session(gs.export_onnx(g), provider, arena=False)
-    feed_names = [t.name for t in g.inputs]
-    outputs = [t.name for t in g.outputs]
+    return run_chunks(session, [t.name for t in g.outputs], {t.name: values[t.name] for t in g.inputs}, batch_size,
+                      exact), ran
+
+
+def run_chunks(session: ort.InferenceSession, outputs: list[str], values: dict[str, Array], batch_size: int,
+               exact: bool = False, constants: dict[str, np.ndarray] | None = None
+               ) -> Iterator[tuple[int, dict[str, np.ndarray]]]:
+    """``session``'s ``outputs`` on ``values`` (samples first) chunk by chunk, with ``constants`` fed unchanged to
+    every run: (samples in the chunk, the outputs) per chunk of ``batch_size`` samples. With ``exact`` a short
+    last chunk is padded with copies of its last sample; an output whose leading axis is the padded batch has the
+    extra samples dropped, any other output is as computed."""
     n = len(next(iter(values.values())))
-
-    def chunks() -> Iterator[tuple[int, dict[str, np.ndarray]]]:
-        for start in range(0, n, batch_size):
-            feed = {name: values[name][start : start + batch_size] for name in feed_names}
-            m = min(batch_size, n - start)
-            padded = exact and m < batch_size
-            if padded:
-                feed = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - m, axis=0)]) for k, v in feed.items()}
-            arrays = session.run(outputs, feed)
-            yield m, {name: array[:m] if padded and array.ndim and len(array) == batch_size else array
-                      for name, array in zip(outputs, arrays)}
-
-    return chunks(), ran
+    for start in range(0, n, batch_size):
+        feed = {name: v[start : start + batch_size] for name, v in values.items()}
+        m = min(batch_size, n - start)
+        padded = exact and m < batch_size
+        if padded:
+            feed = {k: np.concatenate([v, np.repeat(v[-1:], batch_size - m, axis=0)]) for k, v in feed.items()}
+        arrays = session.run(outputs, {**feed, **(constants or {})})
+        yield m, {name: array[:m] if padded and array.ndim and len(array) == batch_size else array
+                  for name, array in zip(outputs, arrays)}

@@ -143,25 +143,17 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
     downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
     nodes = {n.name: n for n in run.original.nodes}
     mine = {n.name: n for n in downstream.nodes}
-    # each consumer's whole matrix with the group's columns cleared, and where those columns are
-    bases = []
-    for d in data:
-        base = consumers.matrix(nodes[d.use.node])
-        view = consumers.group_view(run.original, nodes[d.use.node], group, d.use).cols
-        base.weight[:, view] = 0.0
-        bases.append((base, view))
+    bases = [consumers.cleared(run.original, nodes[d.use.node], group, d.use) for d in data]
     out = {}
     for width in widths:
         keep = path.support(width) if width else np.zeros(0, dtype=np.int64)
-        for d, (base, view) in zip(data, bases):
+        for d, base in zip(data, bases):
             cols = expand(keep, d.current.k)
-            weight = base.weight.copy()
             if width:
                 w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
-                weight[:, view[cols]] = w
             else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
-                bias = d.stats.st / max(d.stats.count, 1)
-            consumers.write(downstream, mine[d.use.node], consumers.Linear(weight, bias, base.k))
+                w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
+            consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))
         downstream.cleanup().toposort()  # a MatMul's first bias adds a node
         out[width] = output_discrepancy(reference, _run(run, downstream, at_cut))
     return out

@@ -297,26 +297,19 @@ class _Search:
             ctx.graph, ctx.values_p, [d.use.node for d in data], reference, provider=ctx.options.provider,
             exact_batch=None if ctx.fixed_batch is None else ctx.fixed_batch.size)
         nodes = {n.name: n for n in ctx.graph.nodes}
-        self.bases = []  # each consumer's whole matrix with the group's columns cleared, and where they are
-        for d in data:
-            base = consumers.matrix(nodes[d.use.node])
-            cols = consumers.group_view(ctx.graph, nodes[d.use.node], group, d.use).cols
-            base.weight[:, cols] = 0.0
-            self.bases.append((base, cols))
+        self.bases = [consumers.cleared(ctx.graph, nodes[d.use.node], group, d.use) for d in data]
 
     def linears(self, keep: np.ndarray, cross_validated: bool = False) -> list[consumers.Linear]:
         """Every consumer refitted on channels ``keep``: plain ridge least squares (the OMP's ridge), or
         ``cross_validated`` towards the current weights as ``Refit`` writes it."""
         out = []
-        for d, (base, view) in zip(self.data, self.bases):
+        for d, base in zip(self.data, self.bases):
             cols = expand(keep, d.current.k)
             if cross_validated:
                 w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
             else:
                 w, bias = refit_full(d.stats, cols, OMP_RIDGE)
-            weight = base.weight.copy()
-            weight[:, view[cols]] = w
-            out.append(consumers.Linear(weight, bias, base.k))
+            out.append(base.with_group(cols, w, bias))
         return out
 
     def path(self, ctx: Context, group: Group, width: int, search: GlobalSearch) -> ShortlistPath:

@@ -20,7 +20,8 @@ from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.linear import bias_add
 from onnxprune.ops.registry import Linear, Mixing, lookup
 
-__all__ = ["ColumnView", "Linear", "bias_add", "columns", "group_view", "matrix", "parameters", "unfold", "write"]
+__all__ = ["Cleared", "ColumnView", "Linear", "bias_add", "cleared", "columns", "group_view", "matrix", "parameters",
+           "unfold", "write"]
 
 
 def _mixing(node: gs.Node) -> Mixing:
@@ -93,3 +94,25 @@ def group_view(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -
     entries = entries.reshape(len(entries), width, use.repeat).transpose(1, 0, 2).reshape(width, -1)
     cols = (entries[:, :, None] * taps + np.arange(taps)).reshape(-1)
     return ColumnView(cols, np.setdiff1d(np.arange(full.weight.shape[1]), cols), cols.size // max(width, 1))
+
+
+@dataclass
+class Cleared:
+    """A consumer's whole (O, D) matrix with a group's columns zeroed (``base``), and where they are (``cols``)."""
+
+    base: Linear
+    cols: np.ndarray
+
+    def with_group(self, cols: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> Linear:
+        """The whole matrix with the group's columns ``cols`` (its own numbering) set to ``weight``, and ``bias``."""
+        out = self.base.weight.copy()
+        out[:, self.cols[cols]] = weight
+        return Linear(out, bias, self.base.k)
+
+
+def cleared(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -> Cleared:
+    """``node``'s matrix in ``graph`` with ``group``'s columns zeroed (candidates write theirs in)."""
+    base = matrix(node)
+    cols = group_view(graph, node, group, use).cols
+    base.weight[:, cols] = 0.0
+    return Cleared(base, cols)

@@ -183,10 +183,11 @@ def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[
 
 def bench(models: list[Path], flags: list[str]) -> list[dict]:
     """`onnxprune bench *models *flags --json`, in-process through ``onnxprune.bench`` (flags: --provider,
-    --batch, --threads, --warmup, --runs)."""
+    --batch, --threads, --warmup, --runs, --no-spin)."""
     _echo("bench", *models, *flags, "--json")
     p = argparse.ArgumentParser(prog="onnxprune bench", exit_on_error=False)
     p.add_argument("--provider", default="auto")
     for flag, default in (("--batch", 1), ("--threads", None), ("--warmup", 10), ("--runs", 50)):
         p.add_argument(flag, type=int, default=default)
+    p.add_argument("--no-spin", dest="spin", action="store_false")
     return [r.to_dict() for r in onnxprune.bench(models, **vars(p.parse_args(flags)))]

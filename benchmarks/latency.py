@@ -3,7 +3,8 @@
 Every pruned model (the `.onnx` files of `--models`, or models built here with the default
 `onnxprune compress` at `--targets` on the photos with index % 5 != 0) is timed against the
 original with `onnxprune bench --provider cpu` at each batch size: `--repeats` calls, alternating
-which model comes first, each `--runs` alternating rounds after the warm-up. The speed-up of one
+which model comes first, each at least `--runs` timed runs per model in alternating blocks after the
+warm-up (`--no-spin`: with the threads sleeping between nodes). The speed-up of one
 call is the original's median / the pruned model's median; the table gives the median speed-up
 over the calls and its range. Writes `<out>/latency.json` and `<out>/latency.md`.
 
@@ -27,13 +28,14 @@ import numpy as np
 from common import DEFAULT_DATA, bench, compress, original_model
 
 
-def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int, threads: int | None = None) -> dict:
+def bench_pair(original: Path, model: Path, batch: int, runs: int, repeats: int, threads: int | None = None,
+               spin: bool = True) -> dict:
     """Medians of ``repeats`` alternating `bench` calls of the original and ``model``."""
     calls = []
     for i in range(repeats):
         pair = [original, model] if i % 2 == 0 else [model, original]
         out = bench(pair, ["--provider", "cpu", "--batch", str(batch), "--runs", str(runs),
-                           *(["--threads", str(threads)] if threads else [])])
+                           *(["--threads", str(threads)] if threads else []), *([] if spin else ["--no-spin"])])
         by_path = {Path(r["model"]).resolve(): r for r in out}
         calls.append((by_path[original.resolve()], by_path[model.resolve()]))
     speedups = [o["median_ms"] / p["median_ms"] for o, p in calls]
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--runs", default="100,15", help="timed rounds per bench call, per batch size")
     parser.add_argument("--repeats", type=int, default=4, help="bench calls per model and batch (order alternates)")
     parser.add_argument("--threads", type=int, help="intra-op threads of the timings (default: onnxruntime's)")
+    parser.add_argument("--no-spin", dest="spin", action="store_false",
+                        help="time with the threads sleeping between nodes (bench --no-spin)")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--remove-blocks'")
     parser.add_argument("--quick", action="store_true", help="tiny run: one 245M model from 16 photos, batch 1")
     args = parser.parse_args()
@@ -96,7 +100,7 @@ def main() -> None:
     for model in models:
         for batch in batches:
             rows.append({"model": model.name, **bench_pair(original, model, batch, runs[batch], args.repeats,
-                                                           args.threads)})
+                                                           args.threads, args.spin)})
             print(markdown(rows[-1:]).splitlines()[-1], file=sys.stderr, flush=True)
     load_after = os.getloadavg()
     if not args.models:
@@ -104,9 +108,10 @@ def main() -> None:
             model.unlink()
     (args.out / "latency.json").write_text(json.dumps(
         {"load_average_before": load, "load_average_after": load_after, "cpus": os.cpu_count(),
-         "threads": args.threads, "rows": rows},
+         "threads": args.threads, "spin": args.spin, "rows": rows},
         indent=2))
     threads = f"{args.threads} intra-op thread(s)" if args.threads else "onnxruntime's default threads"
+    threads += "" if args.spin else ", sleeping between nodes (--no-spin)"
     table = markdown(rows) + (f"\n{os.cpu_count()} CPUs, {threads}; 1-minute load average {load[0]:.1f} before, "
                               f"{load_after[0]:.1f} after (a load above the CPU count means other jobs "
                               "shared the machine).\n")

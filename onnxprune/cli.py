@@ -575,15 +575,20 @@ def bench_cmd(
     provider: Annotated[str, typer.Option(help="Execution provider: auto (best available), cpu, cuda, tensorrt.")] = "auto",
     batch: Annotated[int, typer.Option(help="Batch size.")] = 1,
     threads: Annotated[Optional[int], typer.Option(help="Intra-op threads (default: onnxruntime's).")] = None,
+    spin: Annotated[bool, typer.Option(
+        "--spin/--no-spin", help="The threads busy-wait between a run's nodes (onnxruntime's default, as deployed), "
+                                 "or sleep (a CPU shared with other work).")] = True,
     warmup: Annotated[int, typer.Option(help="Untimed runs first.")] = 10,
     runs: Annotated[int, typer.Option(help="Timed runs.")] = 50,
     input_shape: InputShapeOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Latency (median/p90/p99) and throughput with onnxruntime, side by side with MACs and params."""
+    """Latency (median/p90/p99) and throughput with onnxruntime, side by side with MACs and params.
+
+    The models take turns, each timed in blocks of back-to-back runs (about 50 ms after an untimed run)."""
     try:
-        results = api.bench(models, provider=provider, batch=batch, threads=threads, warmup=warmup, runs=runs,
-                            input_shape=input_shape)
+        results = api.bench(models, provider=provider, batch=batch, threads=threads, spin=spin, warmup=warmup,
+                            runs=runs, input_shape=input_shape)
     except OnnxPruneError as exc:
         _fail(exc)
     if as_json:
@@ -673,7 +678,8 @@ def _count(n: float | None) -> str:
 
 def format_bench_table(results: Sequence[BenchResult]) -> Table:
     """One row per model; speed-up = first model's median / this median, MAC ratio = MACs / first's MACs."""
-    table = Table(title="Latency (onnxruntime)")
+    sleeping = results and not results[0].spin
+    table = Table(title=f"Latency (onnxruntime{', threads sleeping between nodes' if sleeping else ''})")
     for col in ("model", "provider", "batch"):
         table.add_column(col)
     for col in ("median ms", "p90 ms", "p99 ms", "throughput /s", "MACs", "params", "speed-up", "MAC ratio"):

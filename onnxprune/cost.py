@@ -36,7 +36,7 @@ from onnxprune.errors import ModelError
 from onnxprune.fileio import atomic_write
 from onnxprune.passes import slice_channels
 from onnxprune.runtime.ort import PROVIDER_CHAINS, make_session, model_input_specs
-from onnxprune.runtime.timing import random_inputs, time_rounds
+from onnxprune.runtime.timing import BLOCK_SECONDS, random_inputs, time_rounds
 
 
 class Cost(Protocol):
@@ -292,9 +292,11 @@ def median_latencies(
     models: Sequence[onnx.ModelProto], *, provider: str = "auto", batch: int = 1, threads: int | None = None,
     warmup: int = 3, runs: int = 20,
 ) -> tuple[list[float], str]:
-    """Median milliseconds of each model timed in alternating rounds, and the provider that ran."""
-    sessions = [make_session(m, provider, threads, spinning=False) for m in models]
-    times = time_rounds([(s, _feed(m, batch)) for (s, _), m in zip(sessions, models)], warmup, runs)
+    """Median milliseconds of each model timed in alternating blocks, as ``onnxprune bench`` times them, and the
+    provider that ran."""
+    sessions = [make_session(m, provider, threads, spin_between_runs=False) for m in models]
+    times = time_rounds([(s, _feed(m, batch)) for (s, _), m in zip(sessions, models)], warmup, runs,
+                        block_seconds=BLOCK_SECONDS)
     return [float(np.median(t)) * 1e3 for t in times], sessions[0][1]
 
 

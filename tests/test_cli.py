@@ -303,18 +303,22 @@ def test_recover_writes_a_model_at_least_as_close_to_the_teacher(files, student,
 
 
 @pytest.mark.parametrize("as_json", [True, False])
-def test_bench_reports_a_row_per_model(files, student, as_json: bool) -> None:
+@pytest.mark.parametrize("spin", [True, False])
+def test_bench_reports_a_row_per_model(files, student, as_json: bool, spin: bool) -> None:
     result = runner.invoke(app, ["bench", str(files["tiny"]), str(student), "--provider", "cpu", "--threads", "1",
-                                 "--batch", "2", "--warmup", "1", "--runs", "3", *(["--json"] if as_json else [])])
+                                 "--batch", "2", "--warmup", "1", "--runs", "3", *(["--json"] if as_json else []),
+                                 *([] if spin else ["--no-spin"])])
     assert result.exit_code == 0, result.stderr
     if not as_json:
         rows = [line for line in result.stdout.splitlines() if ".onnx" in line]
         assert [row.split()[1] for row in rows] == ["tiny.onnx", "student.onnx"], result.stdout
+        assert ("threads sleeping between nodes" in result.stdout) is not spin
         return
     rows = json.loads(result.stdout)
     assert [r["model"] for r in rows] == [str(files["tiny"]), str(student)]
     for r in rows:
-        assert (r["provider"], r["batch"], r["threads"], r["runs"]) == ("CPUExecutionProvider", 2, 1, 3)
+        assert (r["provider"], r["batch"], r["threads"], r["runs"], r["spin"]) == ("CPUExecutionProvider", 2, 1, 3,
+                                                                                   spin)
         assert 0 < r["median_ms"] <= r["p99_ms"] and r["throughput"] > 0
     assert 0 < rows[1]["macs"] < rows[0]["macs"]
 

@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 from rich.console import Console
 
 import onnxprune.deploy.bench as bench_module
+import onnxprune.runtime.timing as timing
 from onnxprune.cli import format_bench_table
 from onnxprune.deploy.bench import BenchResult, bench, bench_many, parse_input_shapes
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, prepare_for_tensorrt, trtexec_command
@@ -109,14 +110,26 @@ def test_bench_result_fields(tiny: Path) -> None:
     assert d["provider"] == "CPUExecutionProvider" and d["batch"] == 3 and set(d) >= {"median_ms", "p99_ms", "macs"}
 
 
-def test_bench_honours_batch_threads_and_min_seconds(tiny: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _config(session: ort.InferenceSession, key: str) -> str | None:
+    try:
+        return session.get_session_options().get_session_config_entry(key)
+    except RuntimeError:  # onnxruntime raises for a key that was never set
+        return None
+
+
+@pytest.mark.parametrize("spin", [True, False])
+def test_bench_honours_batch_threads_spin_and_min_seconds(tiny: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          spin: bool) -> None:
+    """Spinning threads (onnxruntime's default) stop when a run returns, so they cannot steal the next model's
+    cores; --no-spin lets them sleep between nodes too."""
     seen = {}
     real = bench_module.make_session
 
     def spy(model, provider, threads, **kw):
         session, active = real(model, provider, threads, **kw)
         seen["threads"] = session.get_session_options().intra_op_num_threads
-        seen["spinning"] = session.get_session_options().get_session_config_entry("session.intra_op.allow_spinning")
+        seen["spinning"] = _config(session, "session.intra_op.allow_spinning")
+        seen["stop"] = _config(session, "session.force_spinning_stop")
         real_run = session.run
 
         class Wrapped:
@@ -128,10 +141,40 @@ def test_bench_honours_batch_threads_and_min_seconds(tiny: Path, monkeypatch: py
         return Wrapped(), active
 
     monkeypatch.setattr(bench_module, "make_session", spy)
-    r = bench(tiny, provider="auto", batch=4, threads=2, warmup=0, runs=1, min_seconds=0.05)
-    assert seen == {"threads": 2, "spinning": "0", "shape": (4, 3, 8, 8), "dtype": np.float32}
-    assert r.runs >= 1 and r.batch == 4 and r.threads == 2
+    r = bench(tiny, provider="auto", batch=4, threads=2, spin=spin, warmup=0, runs=1, min_seconds=0.05)
+    expect = {"spinning": None, "stop": "1"} if spin else {"spinning": "0", "stop": None}
+    assert seen == {"threads": 2, **expect, "shape": (4, 3, 8, 8), "dtype": np.float32}
+    assert r.runs >= 1 and r.batch == 4 and r.threads == 2 and r.spin is spin
     assert r.provider == "CPUExecutionProvider"  # auto on a CPU-only onnxruntime
+
+
+def test_time_rounds_blocks_of_back_to_back_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With blocks, each turn is one untimed run then the runs that fill block_seconds (by the probe run's time),
+    at most ``runs``; rounds go on until every session has ``runs`` timed runs."""
+    clock = [0.0]
+    log: list[str] = []
+
+    class Fake:
+        def __init__(self, name: str, seconds: float) -> None:
+            self.name, self.seconds = name, seconds
+
+        def run(self, names, feed) -> None:
+            log.append(self.name)
+            clock[0] += self.seconds
+
+    monkeypatch.setattr(timing.time, "perf_counter", lambda: clock[0])
+    a, b = Fake("a", 1.0), Fake("b", 2.5)  # exact in binary: 5 / 2.5 is 2, not 1.999
+    times = timing.time_rounds([(a, {}), (b, {}), ], warmup=1, runs=6, block_seconds=5.0)
+    # a: 5 runs fill 5 s, b: 2; b needs 3 rounds for 6 runs, so a gets 15
+    assert [len(t) for t in times] == [15, 6]
+    assert times[0] == [1.0] * 15 and times[1] == [2.5] * 6
+    turn = ["a"] * 6 + ["b"] * 3  # the untimed settling run, then the block
+    assert log == ["a", "a", "b", "b"] + turn * 3  # warm-up and probe run per session first
+    log.clear()
+    assert [len(t) for t in timing.time_rounds([(a, {}), (b, {})], warmup=0, runs=3, block_seconds=100.0)] == [3, 3]
+    log.clear()
+    assert [len(t) for t in timing.time_rounds([(a, {}), (b, {})], warmup=0, runs=2)] == [2, 2]
+    assert log == ["a", "b", "a", "b"]  # no blocks: one timed run per turn, nothing untimed
 
 
 def test_bench_many_table_has_speedup_and_mac_ratio(tmp_path: Path) -> None:
@@ -153,8 +196,9 @@ def test_bench_many_table_has_speedup_and_mac_ratio(tmp_path: Path) -> None:
     assert "pruned.onnx" in console.export_text()
 
 
-def test_bench_many_times_models_in_alternating_rounds(tmp_path: Path, monkeypatch) -> None:
-    """Timed runs alternate between models, so drift of the machine's speed hits every model alike."""
+def test_bench_many_times_models_in_alternating_blocks(tmp_path: Path, monkeypatch) -> None:
+    """Models take turns (drift of the machine's speed hits every model alike), each turn an untimed run then a
+    block of back-to-back timed runs."""
     import onnxprune.deploy.bench as bench_mod
 
     calls: list[str] = []
@@ -174,7 +218,13 @@ def test_bench_many_times_models_in_alternating_rounds(tmp_path: Path, monkeypat
     a = _classifier(tmp_path / "base.onnx", channels=8)
     b = _classifier(tmp_path / "pruned.onnx", channels=4)
     results = bench_many([a, b], provider="cpu", warmup=0, runs=3)
-    assert calls == ["base", "pruned"] * 3
+    # the probe run of each sets its block (50 ms of these tiny models: capped at runs)
+    assert calls == ["base", "pruned"] + ["base"] * 4 + ["pruned"] * 4
+    assert [r.runs for r in results] == [3, 3]
+    calls.clear()
+    monkeypatch.setattr(bench_mod, "BLOCK_SECONDS", 1e-9)  # a block of one run per turn
+    results = bench_many([a, b], provider="cpu", warmup=0, runs=3)
+    assert calls == ["base", "pruned"] + ["base", "base", "pruned", "pruned"] * 3
     assert [r.runs for r in results] == [3, 3]
 
 

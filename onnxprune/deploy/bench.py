@@ -15,7 +15,7 @@ from onnxprune.analysis.graph import (  # noqa: F401 (parse_input_shapes: re-exp
 )
 from onnxprune.errors import ModelError, OnnxPruneError
 from onnxprune.runtime.ort import make_session, model_input_specs
-from onnxprune.runtime.timing import random_inputs, time_rounds
+from onnxprune.runtime.timing import BLOCK_SECONDS, random_inputs, time_rounds
 
 
 @dataclass
@@ -24,6 +24,7 @@ class BenchResult:
     provider: str  # the execution provider that really ran the model
     batch: int
     threads: int | None  # intra-op threads requested (None: onnxruntime's default)
+    spin: bool  # intra-op threads busy-wait between the nodes of a run (onnxruntime's default) or sleep
     median_ms: float
     p90_ms: float
     p99_ms: float
@@ -59,17 +60,19 @@ class _Target:
     times: list[float] = field(default_factory=list)
 
 
-def _prepare(path: Path, provider: str, batch: int, threads: int | None, input_shapes, seed: int) -> _Target:
+def _prepare(
+    path: Path, provider: str, batch: int, threads: int | None, spin: bool, input_shapes, seed: int
+) -> _Target:
     model = load_model(path)
     specs = model_input_specs(model)
     if not specs:
         raise ModelError(f"{path}: the model has no inputs to feed: nothing to benchmark")
     shapes = resolve_input_shapes(specs, input_shapes, batch, str(path))
-    session, active = make_session(path, provider, threads, spinning=False)
+    session, active = make_session(path, provider, threads, spinning=spin, spin_between_runs=False)
     return _Target(path, model, shapes, random_inputs(specs, shapes, seed), session, active)
 
 
-def _result(t: _Target, batch: int, threads: int | None) -> BenchResult:
+def _result(t: _Target, batch: int, threads: int | None, spin: bool) -> BenchResult:
     ms = np.asarray(t.times) * 1e3
     macs, params = _model_stats(t.model, t.shapes)
     total = float(sum(t.times))
@@ -78,6 +81,7 @@ def _result(t: _Target, batch: int, threads: int | None) -> BenchResult:
         provider=t.provider,
         batch=batch,
         threads=threads,
+        spin=spin,
         median_ms=float(np.median(ms)),
         p90_ms=float(np.percentile(ms, 90)),
         p99_ms=float(np.percentile(ms, 99)),
@@ -100,29 +104,34 @@ def bench_many(
     provider: str = "auto",
     batch: int = 1,
     threads: int | None = None,
+    spin: bool = True,
     warmup: int = 10,
     runs: int = 50,
     min_seconds: float | None = None,
     input_shape: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
     seed: int = 0,
 ) -> list[BenchResult]:
-    """The latency of ``paths`` with onnxruntime on random inputs, timed in rounds (one run of each model per
-    round, so a drifting machine affects all alike); ``onnxprune.bench``.
+    """The latency of ``paths`` with onnxruntime on random inputs, timed in rounds (one block of back-to-back
+    runs of each model per round, so a drifting machine affects all alike); ``onnxprune.bench``.
 
     Arguments:
         paths: ONNX model paths; the first is the baseline a table compares the others with.
         provider: 'auto' (the best available), 'cpu', 'cuda' or 'tensorrt'.
         batch: the batch size of the inputs.
         threads: onnxruntime's intra-op threads (default: onnxruntime's).
+        spin: the threads busy-wait between the nodes of a run (onnxruntime's default, what a deployment
+            runs with); False lets them sleep (a CPU shared with other work).
         warmup: untimed runs of each model first.
         runs: timed rounds, at least.
         min_seconds: go on with more rounds until this much time has passed.
         input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
         seed: seed of the random inputs.
 
-    Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters). The
-    sessions' threads sleep between runs rather than spin: a spinning session slowed the next one in the
-    round (MobileNetV2's 20 group subgraphs at batch 1 took 74 ms in rounds vs 14 ms one by one).
+    Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters). A
+    model's threads stop spinning when its run returns, and each of its blocks starts with an untimed run.
+    Timed one run per model in turn, a session's spinning threads slowed the next one; with sleeping
+    threads every node paid a wake-up, which weighs most on small models at batch 1; blocks time a model
+    as it runs alone (``benchmarks/timing_modes.py``).
     """
     if batch < 1:
         raise OnnxPruneError(f"batch {batch} is invalid: use a batch size >= 1", option="batch")
@@ -132,8 +141,8 @@ def bench_many(
     if runs < 1 or warmup < 0:
         raise OnnxPruneError(f"runs {runs} / warmup {warmup} are invalid: use runs >= 1 and warmup >= 0",
                              option="runs" if runs < 1 else "warmup")
-    targets = [_prepare(Path(p), provider, batch, threads, input_shape, seed) for p in paths]
-    times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds)
+    targets = [_prepare(Path(p), provider, batch, threads, spin, input_shape, seed) for p in paths]
+    times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds, block_seconds=BLOCK_SECONDS)
     for t, seconds in zip(targets, times):
         t.times = seconds
-    return [_result(t, batch, threads) for t in targets]
+    return [_result(t, batch, threads, spin) for t in targets]

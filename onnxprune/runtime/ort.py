@@ -47,15 +47,17 @@ def first_provider(provider: str) -> str:
 
 
 def make_session(
-    model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True
+    model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True,
+    spin_between_runs: bool = True,
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
     "auto" prefers CUDA and falls back to CPU; an explicit non-CPU provider that does not become
     active (onnxruntime-gpu silently falls back) raises OnnxPruneError. ``threads`` sets the
-    intra-op thread count; ``spinning=False`` lets its threads sleep between runs instead of
-    busy-waiting (what timing several sessions in turn needs: one's spinning threads steal the
-    cores from the next).
+    intra-op thread count; ``spinning=False`` lets its threads sleep between nodes and runs instead of
+    busy-waiting; ``spin_between_runs=False`` keeps onnxruntime's spinning between the nodes of a run
+    but stops it when a run returns (what timing several sessions in turn needs: one's spinning
+    threads steal the cores from the next).
     """
     chain = _chain(provider)
     options = ort.SessionOptions()
@@ -64,6 +66,8 @@ def make_session(
         options.intra_op_num_threads = threads
     if not spinning:
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    elif not spin_between_runs:
+        options.add_session_config_entry("session.force_spinning_stop", "1")
     if not arena:
         options.enable_cpu_mem_arena = False
     if isinstance(model, onnx.ModelProto):

@@ -11,6 +11,11 @@ from onnxprune.errors import OnnxPruneError
 from onnxprune.runtime.ort import InputSpec
 
 
+# Seconds of back-to-back runs of one session per turn of ``time_rounds`` where a deployment is imitated:
+# several turns per model against drift, few cold starts.
+BLOCK_SECONDS = 0.05
+
+
 def random_inputs(
     specs: list[InputSpec], shapes: dict[str, list[int]], seed: int = 0
 ) -> dict[str, np.ndarray]:
@@ -32,21 +37,34 @@ def random_inputs(
 
 
 def time_rounds(
-    runs_of: Sequence[tuple[object, dict[str, np.ndarray]]], warmup: int, runs: int, min_seconds: float | None = None
+    runs_of: Sequence[tuple[object, dict[str, np.ndarray]]], warmup: int, runs: int, min_seconds: float | None = None,
+    block_seconds: float = 0.0,
 ) -> list[list[float]]:
     """Seconds of each timed ``session.run(None, feed)``, per (session, feed): ``warmup`` untimed runs
-    each, then rounds of one run per session (so drift hits all alike), at least ``runs`` rounds and
-    until ``min_seconds`` have passed when given."""
+    each, then rounds in which every session takes a turn (so drift hits all alike), until each has at
+    least ``runs`` timed runs and ``min_seconds`` have passed when given.
+
+    A turn is one timed run, or with ``block_seconds`` > 0 a block: one untimed run (the caches the
+    previous session filled settle), then as many timed runs as fill about ``block_seconds`` (at least
+    one, at most ``runs``), so the timings see the session as it runs back to back, as a deployment does."""
+    blocks = []
     for session, feed in runs_of:
         for _ in range(warmup):
             session.run(None, feed)
-    times: list[list[float]] = [[] for _ in runs_of]
-    started = time.perf_counter()
-    rounds = 0
-    while rounds < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
-        for (session, feed), out in zip(runs_of, times):
+        once = 0.0
+        if block_seconds > 0:
             t0 = time.perf_counter()
             session.run(None, feed)
-            out.append(time.perf_counter() - t0)
-        rounds += 1
+            once = time.perf_counter() - t0
+        blocks.append(max(1, min(runs, int(block_seconds / once))) if once > 0 else 1)
+    times: list[list[float]] = [[] for _ in runs_of]
+    started = time.perf_counter()
+    while min(map(len, times)) < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
+        for (session, feed), out, block in zip(runs_of, times, blocks):
+            if block_seconds > 0:
+                session.run(None, feed)
+            for _ in range(block):
+                t0 = time.perf_counter()
+                session.run(None, feed)
+                out.append(time.perf_counter() - t0)
     return times

@@ -29,12 +29,12 @@ from onnxprune.sensitivity import output_curves, split
 from onnxprune.cost import Cost, CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.imitation.downstream import ConsumerDownstream
-from onnxprune.imitation.global_ import ShortlistPath, evaluations, plan, shortlisted_global
+from onnxprune.imitation.global_ import ShortlistPath, evaluations, lu_flops, plan, shortlisted_global, solve_flops
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.omp import RIDGE as OMP_RIDGE
 from onnxprune.imitation.omp import stats_omp, stats_omp_state
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import refit_cv, refit_full, refit_scale
+from onnxprune.imitation.refit import CV_SOLVES, refit_cv, refit_full, refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
 from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider, make_session
 from onnxprune.runtime.store import check_memory
@@ -283,6 +283,14 @@ class Local(Selector):
         return G, c, tau
 
 
+class _OutOfTime(Exception):
+    """A global search stopped at ``step`` (0-based) of ``steps``: its share of ``auto``'s budget ran out."""
+
+    def __init__(self, step: int, steps: int) -> None:
+        super().__init__(f"step {step + 1}/{steps}")
+        self.step, self.steps = step, steps
+
+
 class _Search:
     """One group's end-to-end judge: its consumers refitted on a candidate support and the network after the cut
     run on chosen samples (``ConsumerDownstream``). Global mini-batches come from one half of the calibration
@@ -312,11 +320,17 @@ class _Search:
             out.append(base.with_group(cols, w, bias))
         return out
 
-    def path(self, ctx: Context, group: Group, width: int, search: GlobalSearch) -> ShortlistPath:
-        """The shortlisted global path of ``group`` to ``width`` channels."""
+    def path(self, ctx: Context, group: Group, width: int, search: GlobalSearch, until: float = float("inf"),
+             clock: Callable[[], float] = time.perf_counter) -> ShortlistPath:
+        """The shortlisted global path of ``group`` to ``width`` channels; ``_OutOfTime`` once ``clock`` passes
+        ``until`` (read before each candidate's refit and each step's scoring)."""
         rank = stats_omp_state([d.stats for d in self.data], [d.current.k for d in self.data], width)
         batches: dict[int, tuple] = {}
         steps = len(plan(group.channels, width, search.steps, search.shortlist))
+
+        def in_time(step: int) -> None:
+            if clock() > until:
+                raise _OutOfTime(step, steps)
 
         def losses(supports: Sequence[np.ndarray], step: int) -> np.ndarray:
             ctx.status(f"global imitation, step {step + 1}/{steps} ({len(supports)} candidates)")
@@ -325,7 +339,12 @@ class _Search:
                 rng = np.random.default_rng([search.seed, group.id, step])
                 idx = np.sort(rng.choice(self.fit, min(search.samples, len(self.fit)), replace=False))
                 batches[step] = self.downstream.samples(idx)
-            return self.downstream.losses([self.linears(keep) for keep in supports], batches[step])
+            linears = []
+            for keep in supports:
+                in_time(step)
+                linears.append(self.linears(keep))
+            in_time(step)
+            return self.downstream.losses(linears, batches[step])
 
         return shortlisted_global(rank, losses, group.channels, width, steps=search.steps, shortlist=search.shortlist)
 
@@ -426,21 +445,30 @@ class TimeBudget:
     def scale(self) -> float:
         return self.done[0] / self.done[1] if self.done[1] > 0 else 1.0
 
+    def _later(self, gid: int) -> float:
+        return sum(self.predicted[g] for g in self.plan[: self.plan.index(gid)]) * self.scale
+
     def allows(self, gid: int) -> str | None:
         """None if global imitation may run on group ``gid`` now, else why not."""
         if gid not in self.plan:
             return "global not planned: the budget went to the groups nearer the output"
         mine = self.predicted[gid] * self.scale
-        later = sum(self.predicted[g] for g in self.plan[: self.plan.index(gid)]) * self.scale
+        later = self._later(gid)
         left = self.budget - self.spent
         if mine + later > left:
             return f"global skipped: predicted {mine:.1f} s (+{later:.1f} s planned later) > {left:.1f} s left"
         return None
 
-    def spend(self, gid: int, seconds: float) -> None:
+    def share(self, gid: int) -> float:
+        """Seconds group ``gid`` may take: what is left less the predictions of the planned groups after it."""
+        return self.budget - self.spent - self._later(gid)
+
+    def spend(self, gid: int, seconds: float, finished: bool = True) -> None:
+        """Count ``seconds`` spent on ``gid``; a search stopped before its end does not rescale the predictions."""
         self.spent += seconds
-        self.done[0] += seconds
-        self.done[1] += self.predicted[gid]
+        if finished:
+            self.done[0] += seconds
+            self.done[1] += self.predicted[gid]
 
 
 class _AutoRun(Selector):
@@ -449,19 +477,30 @@ class _AutoRun(Selector):
     def __init__(self, auto: Auto, ctx: Context, order: list[tuple[int, Group]], widths: dict[int, int]) -> None:
         self.auto = auto
         self.row_seconds = _row_seconds(ctx, auto.samples)
+        self.flop_seconds = _flop_seconds()
         total = ctx.analysis.macs.total or 1
+        nodes = {n.name: n for n in ctx.graph.nodes}
         predicted = {}
+        self.judge_seconds: dict[int, float] = {}  # the judge's share of each prediction
         for cut, group in order:
             width = widths[group.id]
             if 0 < width < group.channels:
-                after = sum(e.macs for e in ctx.analysis.macs.entries if ctx.live.position[e.node] >= cut) / total
-                rows = auto.evaluations(group, width) * auto.samples + 2 * auto.held
-                predicted[group.id] = rows * after * self.row_seconds
+                row = sum(e.macs for e in ctx.analysis.macs.entries
+                          if ctx.live.position[e.node] >= cut) / total * self.row_seconds
+                shapes = [(consumers.group_view(ctx.graph, nodes[u.node], group, u).k,
+                           consumers.matrix(nodes[u.node]).weight.shape[0]) for u in group.consumers]
+                search = (auto.evaluations(group, width) * auto.samples * row
+                          + solve_flops(group.channels, width, auto.steps, auto.shortlist, shapes) * self.flop_seconds)
+                # the judge: both choices refitted as Refit does (cross-validated), then run on the held samples
+                self.judge_seconds[group.id] = 2 * (auto.held * row + CV_SOLVES * self.flop_seconds * sum(
+                    lu_flops(width * k, outputs) for k, outputs in shapes))
+                predicted[group.id] = search + self.judge_seconds[group.id]
         self.time = TimeBudget(auto.budget, predicted)
 
     def summary(self) -> dict[str, Any]:
         return {"budget_s": self.auto.budget, "spent_s": self.time.spent, "row_seconds": self.row_seconds,
-                "planned": len(self.time.plan), "measured_over_predicted": self.time.scale}
+                "flop_seconds": self.flop_seconds, "planned": len(self.time.plan),
+                "measured_over_predicted": self.time.scale}
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
         omp = OMP().select(ctx, group, data, width)
@@ -470,18 +509,42 @@ class _AutoRun(Selector):
             ctx.note(group, {"method": "omp", "why": why})
             return omp
         t0 = self.auto.clock()
+        share = self.time.share(group.id)
+        predicted = self.time.predicted[group.id] * self.time.scale
         search = _Search(ctx, group, data, self.auto.held)
-        path = search.path(ctx, group, width, self.auto)
+        try:
+            until = t0 + share - self.judge_seconds[group.id] * self.time.scale
+            path = search.path(ctx, group, width, self.auto, until=until, clock=self.auto.clock)
+        except _OutOfTime as stop:
+            seconds = self.auto.clock() - t0
+            self.time.spend(group.id, seconds, finished=False)
+            ctx.note(group, {"method": "omp", "seconds": seconds, "predicted_s": predicted,
+                             "why": f"global stopped at {stop}: its {share:.1f} s of the budget ran out"})
+            return omp
         keep = path.support(width)
         d_omp, d_global = search.judge([omp[0], keep])
         seconds = self.auto.clock() - t0
-        predicted = self.time.predicted[group.id] * self.time.scale
         self.time.spend(group.id, seconds)
         won = d_global < d_omp
         ctx.note(group, {"method": "global" if won else "omp", "omp": float(d_omp), "global": float(d_global),
                          "seconds": seconds, "predicted_s": predicted, "evaluations": int(path.evaluated.sum()),
                          "why": "the lower output discrepancy on the held samples"})
         return (keep, np.ones(width), None) if won else omp
+
+
+def _flop_seconds(d: int = 512, outputs: int = 64) -> float:
+    """Seconds per floating-point operation of a least-squares solve (``solve_flops``) on this machine, from the
+    faster of two timed d-unknown solves."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((d, d))
+    a = a @ a.T + d * np.eye(d)
+    b = rng.standard_normal((d, outputs))
+    best = float("inf")
+    for _ in range(2):
+        t0 = time.perf_counter()
+        np.linalg.solve(a, b)
+        best = min(best, time.perf_counter() - t0)
+    return best / (2 / 3 * d ** 3 + 2 * d ** 2 * outputs)
 
 
 def _row_seconds(ctx: Context, rows: int) -> float:

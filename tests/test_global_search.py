@@ -14,7 +14,7 @@ from onnxprune import strategies
 from onnxprune.analysis import analyze, consumers
 from onnxprune.calib.sources import load_calibration
 from onnxprune.imitation.downstream import ConsumerDownstream
-from onnxprune.imitation.global_ import evaluations, shortlisted_global
+from onnxprune.imitation.global_ import evaluations, plan, shortlisted_global, solve_flops
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.sensitivity import output_discrepancy
@@ -65,6 +65,24 @@ def test_the_search_takes_its_planned_steps(n: int, width: int, steps: int, shor
     left = n - np.concatenate([[0], np.cumsum(path.taken)[:-1]])
     expect = np.minimum(left, np.maximum(shortlist, 2 * path.taken))
     assert np.array_equal(path.evaluated, np.where(expect > path.taken, expect, 0))
+
+
+@pytest.mark.parametrize(("n", "width", "steps", "shortlist"), [(10, 4, 8, 4), (20, 13, 4, 3), (30, 7, 1, 4)])
+def test_solve_flops_counts_a_solve_per_candidate_and_consumer(n: int, width: int, steps: int, shortlist: int) -> None:
+    """The solves' operation count from the plan equals the one from the supports the search really scores: a
+    (|S|·k)-unknown LU solve with ``outputs`` right-hand sides for each candidate and consumer."""
+    sizes: list[int] = []
+    losses, _, _ = _pair_loss(n, 0)
+
+    def recording(supports, step):
+        sizes.extend(len(s) for s in supports)
+        return losses(supports, step)
+
+    shortlisted_global(FakeRank(np.random.default_rng(1).random(n)), recording, n, width, steps=steps,
+                       shortlist=shortlist)
+    shapes = [(9, 16), (1, 10)]
+    expect = sum(2 / 3 * (s * k) ** 3 + 2 * (s * k) ** 2 * o for s in sizes for k, o in shapes)
+    assert solve_flops(n, width, steps, shortlist, shapes) == pytest.approx(expect)
 
 
 def test_exhaustive_search_is_the_greedy_over_every_channel() -> None:
@@ -169,33 +187,66 @@ def test_auto_with_no_budget_is_omp(tmp_path: Path) -> None:
 
 
 class FakeClock:
-    """Seconds that advance by ``tick`` each time they are read."""
+    """Seconds that pass only as candidates are scored through the network after a cut: ``per_candidate`` each."""
 
-    def __init__(self, tick: float) -> None:
-        self.now, self.tick = 0.0, tick
+    def __init__(self, monkeypatch, per_candidate: float) -> None:
+        self.now = 0.0
+        real = ConsumerDownstream.losses
+
+        def losses(downstream, candidates, samples):
+            self.now += per_candidate * len(candidates)
+            return real(downstream, candidates, samples)
+
+        monkeypatch.setattr(ConsumerDownstream, "losses", losses)
 
     def __call__(self) -> float:
-        self.now += self.tick
         return self.now
 
 
+def _predict(seconds: list[float]):
+    """TimeBudget's predictions replaced by ``seconds``, in pruning order."""
+    init = strategies.TimeBudget.__init__
+
+    def patched(self, budget, predicted):
+        init(self, budget, {g: s for g, s in zip(predicted, seconds)})
+    return patched
+
+
+def _true_seconds(model, calib, monkeypatch) -> list[float]:
+    """Each group's fake seconds of a global attempt (its search and the judge), from an unbounded auto run."""
+    _, report = _auto_compress(model, calib, monkeypatch, 1e9, clock=FakeClock(monkeypatch, 1.0))
+    return [x.selection["seconds"] for x in report.layers]
+
+
 def test_auto_spends_its_budget_nearest_the_output_first(tmp_path: Path, monkeypatch) -> None:
-    """Every global attempt reads the clock twice: 10 s each. The predictions are set so that each group is
-    predicted 10 s; a 25 s budget plans the last two groups and the first one is left to omp."""
+    """With exact predictions, a budget that holds the last two groups' attempts plans them and leaves the first
+    one to omp; it spends exactly their seconds."""
     model = _net()
     calib = _calib(tmp_path, model)
-    monkeypatch.setattr(strategies.TimeBudget, "__init__", _predict_ten(strategies.TimeBudget.__init__))
-    _, report = _auto_compress(model, calib, monkeypatch, 25.0, clock=FakeClock(10.0))
-    ran = ["global" in x.selection for x in report.layers]
-    assert ran == [False, True, True]
+    true = _true_seconds(model, calib, monkeypatch)
+    monkeypatch.setattr(strategies.TimeBudget, "__init__", _predict(true))
+    budget = true[1] + true[2] + 0.5
+    _, report = _auto_compress(model, calib, monkeypatch, budget, clock=FakeClock(monkeypatch, 1.0))
+    assert ["global" in x.selection for x in report.layers] == [False, True, True]
     assert report.layers[0].selection["why"].startswith("global not planned")
-    assert report.selection["spent_s"] == pytest.approx(20.0) and report.selection["spent_s"] <= 25.0
+    assert report.selection["spent_s"] == pytest.approx(true[1] + true[2])
 
 
-def _predict_ten(init):
-    def patched(self, budget, predicted):
-        init(self, budget, {g: 10.0 for g in predicted})
-    return patched
+def test_auto_stops_a_search_when_its_share_of_the_budget_runs_out(tmp_path: Path, monkeypatch) -> None:
+    """A prediction of half the real cost plans the last group, whose search is stopped once its share (the whole
+    budget, nothing planned after it) is spent: omp's choice is written and the overrun is less than one step."""
+    model = _net()
+    calib = _calib(tmp_path, model)
+    true = _true_seconds(model, calib, monkeypatch)
+    monkeypatch.setattr(strategies.TimeBudget, "__init__", _predict([1e9, 1e9, true[2] / 2]))
+    budget = 0.75 * true[2]
+    pruned, report = _auto_compress(model, calib, monkeypatch, budget, clock=FakeClock(monkeypatch, 1.0))
+    last = report.layers[2].selection
+    assert last["method"] == "omp" and last["why"].startswith("global stopped at step ")
+    assert last["why"].endswith(f"its {budget:.1f} s of the budget ran out")
+    step = max(size for _, size in plan(12, 5, 8, 4))  # the last group's widest step: 12 channels kept to 5
+    assert budget < report.selection["spent_s"] <= budget + step
+    assert _same(pruned, _compress(model, calib, OMP())[0])
 
 
 def test_time_budget_plans_from_the_output_and_skips_what_no_longer_fits() -> None:
@@ -203,12 +254,15 @@ def test_time_budget_plans_from_the_output_and_skips_what_no_longer_fits() -> No
     assert t.plan == [4, 3, 2]  # 10 + 5 + 10 = 25 <= 30; group 1 (20 s) no longer fits
     assert t.allows(1).startswith("global not planned")
     assert t.allows(2) is None
+    assert (t.share(2), t.share(3), t.share(4)) == (15.0, 20.0, 30.0)  # the later planned groups' time is reserved
     t.spend(2, 20.0)  # took twice its prediction: later predictions double
     assert t.scale == 2.0
     assert t.allows(3) == "global skipped: predicted 10.0 s (+20.0 s planned later) > 10.0 s left"
     assert t.allows(4) == "global skipped: predicted 20.0 s (+0.0 s planned later) > 10.0 s left"
     t.spend(4, 5.0)
     assert t.spent == 25.0 and t.scale == pytest.approx(25.0 / 20.0)
+    t.spend(3, 4.0, finished=False)  # a stopped search counts its seconds but says nothing of the predictions
+    assert t.spent == 29.0 and t.scale == pytest.approx(25.0 / 20.0)
 
 
 def test_global_imitation_shows_its_steps(tmp_path: Path) -> None:

@@ -107,6 +107,22 @@ def evaluations(n: int, width: int, steps: int, shortlist: int) -> int:
     return sum(size for _, size in plan(n, width, steps, shortlist))
 
 
+def lu_flops(d: int, outputs: int) -> float:
+    """Floating-point operations of an LU solve of d unknowns for ``outputs`` right-hand sides."""
+    return 2 / 3 * d ** 3 + 2 * d ** 2 * outputs
+
+
+def solve_flops(n: int, width: int, steps: int, shortlist: int, consumers: Sequence[tuple[int, int]]) -> float:
+    """Floating-point operations of the least-squares solves of ``shortlisted_global``'s candidates: each refits
+    every consumer, ``(k, outputs)`` (k columns per channel), on its support (the channels taken so far and
+    itself): an LU solve of d = |S|·k unknowns (``lu_flops``)."""
+    total, chosen = 0.0, 0
+    for take, size in plan(n, width, steps, shortlist):
+        total += size * sum(lu_flops((chosen + 1) * k, outputs) for k, outputs in consumers)
+        chosen += take
+    return total
+
+
 def shortlisted_global(rank: Ranker, losses: SupportLosses, n: int, width: int, *, steps: int = 8,
                        shortlist: int = 4) -> ShortlistPath:
     """Shortlisted greedy global imitation (see the module docstring): ``width`` of ``n`` channels in ``steps``

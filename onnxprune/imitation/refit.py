@@ -45,11 +45,15 @@ def refit_full(
     return w, mt - w @ mx
 
 
+RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
+CV_SOLVES = 2 * len(RIDGE_GRID) + 1  # least-squares solves of one ``refit_cv``: each ridge on each fold, then the best
+
+
 def refit_cv(
     folds: tuple[ConsumerStats, ConsumerStats],
     keep_cols: np.ndarray,
     prior: np.ndarray,
-    grid: tuple[float, ...] = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0),
+    grid: tuple[float, ...] = RIDGE_GRID,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Refit with the ridge (towards ``prior``) chosen by two-fold cross-validation.
 

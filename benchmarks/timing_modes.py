@@ -13,6 +13,7 @@ photos with index % 5 != 0) in five ways, `--repeats` times each with the order 
 Writes `<out>/timing_modes.json` and `<out>/timing_modes.md`.
 
     python benchmarks/timing_modes.py --target 170M --out benchmarks/results/timing_modes
+    python benchmarks/timing_modes.py --quick    # tiny run (a 245M model from 16 photos, batch 1), for the tests
 """
 
 from __future__ import annotations
@@ -70,13 +71,17 @@ def main() -> None:
     parser.add_argument("--runs", default="200,15", help="timed runs per model, per batch size")
     parser.add_argument("--repeats", type=int, default=4)
     parser.add_argument("--threads", type=int, help="intra-op threads (default: onnxruntime's)")
+    parser.add_argument("--quick", action="store_true", help="tiny run: a 245M model from 16 photos, batch 1")
     args = parser.parse_args()
+    calib = "!0%5"
+    if args.quick:
+        args.target, args.batches, args.runs, args.repeats, calib = "245M", "1", "3", 1, "0:16"
     args.out.mkdir(parents=True, exist_ok=True)
     original = original_model(args.out)
     model = args.model
     if model is None:
         model = args.out / f"pruned_{args.target}.onnx"
-        compress(original, model, args.data, ["--subset", "!0%5", "--target-flops", args.target])
+        compress(original, model, args.data, ["--subset", calib, "--target-flops", args.target])
     mac_ratio = analyze(load_model(original)).macs.total / analyze(load_model(model)).macs.total
     load = os.getloadavg()
     rows = []

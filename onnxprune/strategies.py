@@ -511,9 +511,9 @@ class _AutoRun(Selector):
         t0 = self.auto.clock()
         share = self.time.share(group.id)
         predicted = self.time.predicted[group.id] * self.time.scale
+        until = t0 + share - self.judge_seconds[group.id] * self.time.scale  # the judgement's time kept for it
         search = _Search(ctx, group, data, self.auto.held)
         try:
-            until = t0 + share - self.judge_seconds[group.id] * self.time.scale
             path = search.path(ctx, group, width, self.auto, until=until, clock=self.auto.clock)
         except _OutOfTime as stop:
             seconds = self.auto.clock() - t0
@@ -544,7 +544,7 @@ def _flop_seconds(d: int = 512, outputs: int = 64) -> float:
         t0 = time.perf_counter()
         np.linalg.solve(a, b)
         best = min(best, time.perf_counter() - t0)
-    return best / (2 / 3 * d ** 3 + 2 * d ** 2 * outputs)
+    return best / lu_flops(d, outputs)
 
 
 def _row_seconds(ctx: Context, rows: int) -> float:

@@ -59,7 +59,8 @@ def time_rounds(
         blocks.append(max(1, min(runs, int(block_seconds / once))) if once > 0 else 1)
     times: list[list[float]] = [[] for _ in runs_of]
     started = time.perf_counter()
-    while min(map(len, times)) < runs or (min_seconds is not None and time.perf_counter() - started < min_seconds):
+    while (min(map(len, times), default=runs) < runs
+           or (min_seconds is not None and time.perf_counter() - started < min_seconds)):
         for (session, feed), out, block in zip(runs_of, times, blocks):
             if block_seconds > 0:
                 session.run(None, feed)

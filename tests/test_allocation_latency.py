@@ -169,6 +169,10 @@ def test_cost_table_round_trip_and_mismatch(tmp_path: Path) -> None:
     (tmp_path / "bad.json").write_text("{}")
     with pytest.raises(ModelError, match="not a cost table"):
         CostTable.load(tmp_path / "bad.json", renumbered)
+    old = json.loads(path.read_text()) | {"version": 2}  # timed one run per turn with sleeping threads
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    with pytest.raises(ModelError, match="has version 2, this onnxprune reads 3: measure a new one"):
+        CostTable.load(tmp_path / "old.json", renumbered)
 
 
 # ---------------------------------------------------------------- measuring on a real (tiny) model

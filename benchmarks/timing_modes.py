@@ -53,7 +53,7 @@ def medians(models: list[Path], batch: int, threads: int | None, runs: int, mode
         out = []
         for m, feed in zip(models, feeds):
             session, _ = make_session(m, "cpu", threads)
-            out.append(float(np.median(time_rounds([(session, feed)], 10, runs))) * 1e3)
+            out.append(float(np.median(time_rounds([(session, feed)], 10, runs, block_seconds=block))) * 1e3)
             del session
         return out
     sessions = [make_session(m, "cpu", threads, spinning=spinning, spin_between_runs=between)[0] for m in models]

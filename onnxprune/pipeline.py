@@ -22,7 +22,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.allocation import group_step
+from onnxprune.allocation import check_target, group_step
 from onnxprune.analysis import Analysis, analyze, consumers
 from onnxprune.analysis.graph import infer_shapes, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
@@ -35,7 +35,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
 from onnxprune.passes import refit_consumer, remove_block, scale_columns, slice_channels
-from onnxprune.runtime.probe import FixedBatch, fixed_batch
+from onnxprune.runtime.probe import FixedBatch, fixed_batch, free_batch, restore_batch, static_batch
 from onnxprune.runtime.segments import Liveness, run_segment
 from onnxprune.runtime.store import Array, Store, default_budget, show_bytes
 from onnxprune.strategies import CompressOptions
@@ -84,6 +84,7 @@ class CompressReport:
     requested_macs: float | None = None  # the budget asked for, when best_effort raised it to the lowest reachable
     latency: LatencyReport | None = None  # with a latency target (target_macs: the MACs its widths come to)
     fixed_batch: dict | None = None  # {"size", "reason"}: the graph fixes its batch, calibration ran at that batch
+    written_batch: dict | None = None  # {"size", "reason"}: only the input fixes it; calibration batched, model kept it
     allocation: dict | None = None  # what the allocator measured: the output allocation's probes and their time
     selection: dict | None = None  # what the selector recorded of the run (auto: its global budget and spending)
 
@@ -192,7 +193,12 @@ class Compressor:
     def __init__(self, model: onnx.ModelProto, calib: CalibrationSet, options: CompressOptions) -> None:
         self.model = model
         self.options = options
-        self.analysis = analyze(model)
+        # a graph whose input alone fixes the batch is calibrated through a copy with a free batch
+        self.written_batch = static_batch(model)
+        self.batched = free_batch(model) if self.written_batch is not None else None
+        if self.batched is None:
+            self.written_batch = None
+        self.analysis = analyze(self.batched or model)
         self.original = self.analysis.graph.copy()
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
@@ -501,6 +507,8 @@ class Compressor:
 
     def export(self) -> onnx.ModelProto:
         model = gs.export_onnx(self.graph.cleanup().toposort())
+        if self.batched is not None:
+            model = restore_batch(model, self.model)
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
         return infer_shapes(model)
@@ -564,7 +572,7 @@ def compress(
     """Prune ``model`` to the options' budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
     run = Compressor(model, calib, options)
-    _check_batch(run.fixed_batch, options)
+    _check_batch(run.fixed_batch or run.written_batch, options)
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)
@@ -575,6 +583,7 @@ def compress(
         target_macs=target_macs, options=options.to_dict(), provider="",
         calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
         fixed_batch=run.fixed_batch and asdict(run.fixed_batch), allocation=run.allocation,
+        written_batch=run.written_batch and asdict(run.written_batch),
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
@@ -608,6 +617,8 @@ def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_
         lowest = options.allocate.lowest(spend.cost, groups, options.min_channels, options.round_to)
         if target < lowest:
             requested, target = target, lowest
+    # before the curves, which may take minutes: an unreachable target is the user's to fix at once
+    check_target(spend.cost, groups, target, options.min_channels, options.round_to, options.allocate.floor)
     curves, run.allocation = options.allocate.curves(run, order, on_layer)
     widths = options.allocate.widths(spend.cost, groups, curves, target, options.min_channels, options.round_to)
     return widths, target, requested

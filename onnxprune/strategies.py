@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxprune.tasks import TASKS
 from onnxprune.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, lowest_macs, uniform_widths
 from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
@@ -140,9 +141,14 @@ class Allocator(Strategy):
         """Each group's width, the model's ``cost`` at most ``target``."""
         raise NotImplementedError
 
+    @property
+    def floor(self) -> float:
+        """The least share of its channels every group keeps with these widths."""
+        return 0.0
+
     def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
         """The lowest cost these widths can reach (what best_effort prunes to)."""
-        return lowest_macs(cost, groups, min_channels, round_to)
+        return lowest_macs(cost, groups, min_channels, round_to, share=self.floor)
 
 
 class Reconstruction(Strategy):
@@ -614,8 +620,9 @@ class Curve(Allocator):
                min_channels: int, round_to: int) -> dict[int, int]:
         return curve_widths(cost, groups, curves, target, min_channels, round_to)
 
-    def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
-        return lowest_macs(cost, groups, min_channels, round_to, share=CURVE_FLOOR)
+    @property
+    def floor(self) -> float:
+        return CURVE_FLOOR
 
 
 @dataclass(frozen=True)
@@ -651,8 +658,9 @@ class Output(Allocator):
                min_channels: int, round_to: int) -> dict[int, int]:
         return curve_widths(cost, groups, curves, target, min_channels, round_to, floor=min(self.ratios))
 
-    def lowest(self, cost: Cost, groups: list[Group], min_channels: int, round_to: int) -> float:
-        return lowest_macs(cost, groups, min_channels, round_to, share=min(self.ratios))
+    @property
+    def floor(self) -> float:
+        return min(self.ratios)
 
 
 @dataclass(frozen=True)
@@ -724,6 +732,7 @@ class CompressOptions:
     memory: int | None = None  # bytes of cached activations held in RAM, the rest spilled to disk (None: half
     # of the memory available when compress starts)
     spill_dir: str | None = None  # where spilled activations go (None: the system's temporary folder)
+    task: str = "auto"  # how the output allocation reads the outputs (``onnxprune.tasks``): "raw" for plain L2
 
     def __post_init__(self) -> None:
         for name, kind in STRATEGY_KINDS.items():
@@ -734,6 +743,7 @@ class CompressOptions:
             if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
                 raise OptionError(f"{name}={value!r}: a whole number of at least 1 (--{name.replace('_', '-')})")
         check_choice("provider", self.provider, ("auto", *PROVIDER_CHAINS))
+        check_choice("task", self.task, TASKS)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: each strategy as its ``describe()`` ({"kind": "OMP", ...}), the knobs as they are."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -110,6 +110,7 @@ def bench_many(
     min_seconds: float | None = None,
     input_shape: Mapping[str | None, Sequence[int]] | Iterable[str] | None = None,
     seed: int = 0,
+    on_round: Callable[[int, int], None] | None = None,
 ) -> list[BenchResult]:
     """The latency of ``paths`` with onnxruntime on random inputs, timed in rounds (one block of back-to-back
     runs of each model per round, so a drifting machine affects all alike); ``onnxprune.bench``.
@@ -126,6 +127,7 @@ def bench_many(
         min_seconds: go on with more rounds until this much time has passed.
         input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``).
         seed: seed of the random inputs.
+        on_round: ``on_round(done, runs)`` after each round (timed runs of the model with the fewest so far).
 
     Returns one ``BenchResult`` per model (median/p90/p99/mean ms, throughput, MACs and parameters). A
     model's threads stop spinning when its run returns, and each of its blocks starts with an untimed run.
@@ -142,7 +144,8 @@ def bench_many(
         raise OnnxPruneError(f"runs {runs} / warmup {warmup} are invalid: use runs >= 1 and warmup >= 0",
                              option="runs" if runs < 1 else "warmup")
     targets = [_prepare(Path(p), provider, batch, threads, spin, input_shape, seed) for p in paths]
-    times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds, block_seconds=BLOCK_SECONDS)
+    times = time_rounds([(t.session, t.feed) for t in targets], warmup, runs, min_seconds, block_seconds=BLOCK_SECONDS,
+                        on_round=on_round)
     for t, seconds in zip(targets, times):
         t.times = seconds
     return [_result(t, batch, threads, spin) for t in targets]

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 
 from onnxprune.runtime.ort import make_session
 
@@ -56,6 +57,16 @@ class FixedBatch:
     reason: str
 
 
+def static_batch(model: onnx.ModelProto) -> FixedBatch | None:
+    """The batch an input's static leading dim fixes, if one does."""
+    inputs = real_inputs(model)
+    static = {v.type.tensor_type.shape.dim[0].dim_value for v in inputs
+              if v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].dim_value > 0}
+    if not static:
+        return None
+    return FixedBatch(min(static), f"input {inputs[0].name!r} has a static batch of {min(static)}")
+
+
 def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = None) -> FixedBatch | None:
     """None when samples can be batched freely, else the batch the graph was exported for.
 
@@ -65,11 +76,9 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
     or a failed run means the graph holds batch 1 as a constant, and running several samples at once would
     mix them without any error."""
     inputs = real_inputs(model)
-    static = {v.type.tensor_type.shape.dim[0].dim_value for v in inputs
-              if v.type.tensor_type.shape.dim and v.type.tensor_type.shape.dim[0].dim_value > 0}
-    if static:
-        size = min(static)
-        return FixedBatch(size, f"input {inputs[0].name!r} has a static batch of {size}")
+    static = static_batch(model)
+    if static is not None:
+        return static
     if feed is None:
         feed = random_feed(inputs, 2)
     else:
@@ -85,3 +94,57 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
                 return FixedBatch(1, f"{node.op_type} {node.name or name} gives {name} shape {list(a.shape)} at "
                                      "batch 2: the graph writes batch 1 into its shapes")
     return None
+
+
+def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
+    """A copy of ``model`` that batches freely, when its batch is fixed only by a static input dim and by
+    ``Reshape`` targets whose first entry is that batch (rewritten to 0, "copy the input's dim"), and that copy
+    at batch 2 gives what ``model`` gives on each sample alone (random inputs); else None. An exporter often
+    fixes the batch this way (``torch.onnx.export`` without ``dynamic_axes``), and running such a graph one sample
+    at a time costs far more than batching."""
+    fixed = static_batch(model)
+    if fixed is None:
+        return None
+    free = onnx.ModelProto()
+    free.CopyFrom(model)
+    del free.graph.value_info[:]
+    for value in [*real_inputs(free), *free.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if dims and dims[0].dim_value > 0:
+            dims[0].dim_param = "N"
+    weights = {init.name: init for init in free.graph.initializer}
+    readers: dict[str, int] = {}
+    for node in free.graph.node:
+        for name in node.input:
+            readers[name] = readers.get(name, 0) + 1
+    for node in free.graph.node:
+        target = weights.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
+        if target is None or readers[target.name] != 1:
+            continue
+        shape = numpy_helper.to_array(target)
+        if shape.ndim == 1 and len(shape) > 1 and shape[0] == fixed.size:
+            target.CopyFrom(numpy_helper.from_array(np.concatenate([[0], shape[1:]]).astype(shape.dtype), target.name))
+    feed = random_feed(real_inputs(model), fixed.size * 2)
+    if fixed_batch(free, feed) is not None:
+        return None
+    names = [o.name for o in model.graph.output]
+    both = run_all_tensors(free, names, feed)
+    for half in range(2):
+        part = {k: v[half * fixed.size:(half + 1) * fixed.size] for k, v in feed.items()}
+        alone = run_all_tensors(model, names, part)
+        if both is None or alone is None or any(
+                not np.allclose(both[k][half * fixed.size:(half + 1) * fixed.size], alone[k], rtol=1e-4, atol=1e-5)
+                for k in names):
+            return None
+    return free
+
+
+def restore_batch(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (pruned from ``free_batch(original)``) with ``original``'s input and output shapes written back
+    (the user's fixed batch), the inner shapes left to be inferred again."""
+    shapes = {v.name: v.type for v in [*real_inputs(original), *original.graph.output]}
+    del model.graph.value_info[:]
+    for value in [*real_inputs(model), *model.graph.output]:
+        if value.name in shapes:
+            value.type.CopyFrom(shapes[value.name])
+    return model

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def random_inputs(
 
 def time_rounds(
     runs_of: Sequence[tuple[object, dict[str, np.ndarray]]], warmup: int, runs: int, min_seconds: float | None = None,
-    block_seconds: float = 0.0,
+    block_seconds: float = 0.0, on_round: Callable[[int, int], None] | None = None,
 ) -> list[list[float]]:
     """Seconds of each timed ``session.run(None, feed)``, per (session, feed): ``warmup`` untimed runs
     each, then rounds in which every session takes a turn (so drift hits all alike), until each has at
@@ -46,7 +46,8 @@ def time_rounds(
 
     A turn is one timed run, or with ``block_seconds`` > 0 a block: one untimed run (the caches the
     previous session filled settle), then as many timed runs as fill about ``block_seconds`` (at least
-    one, at most ``runs``), so the timings see the session as it runs back to back, as a deployment does."""
+    one, at most ``runs``), so the timings see the session as it runs back to back, as a deployment does.
+    ``on_round(done, runs)`` is called after each round with the fewest timed runs any session has."""
     blocks = []
     for session, feed in runs_of:
         for _ in range(warmup):
@@ -68,4 +69,6 @@ def time_rounds(
                 t0 = time.perf_counter()
                 session.run(None, feed)
                 out.append(time.perf_counter() - t0)
+        if on_round is not None:
+            on_round(min(map(len, times)), runs)
     return times

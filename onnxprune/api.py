@@ -31,6 +31,8 @@ from onnxprune.fileio import save_model
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.ort import InputSpec, model_input_specs
 from onnxprune.runtime.store import memory_bytes
+from onnxprune.tasks import CONF, NMS_IOU
+from onnxprune.tasks.labels import Labels
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 
 ModelSource = Union[str, Path, onnx.ModelProto]
@@ -160,6 +162,7 @@ def compress(
     residual_streams: bool = False,
     memory: int | str | None = None,
     spill_dir: str | Path | None = None,
+    task: str = "auto",
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Prune ``model``'s channels to ``budget`` on the samples of ``calib``; returns the pruned model and its report.
@@ -194,12 +197,16 @@ def compress(
             ``spill_dir`` (default: half of the memory available at the start). The result does not depend on it.
         spill_dir: where spilled activations go (default: the system's temporary folder); the files are
             unlinked as soon as they are open, so nothing is left behind.
+        task: how the output allocation compares the network's outputs ('auto': read from their layout, see
+            ``evaluate``): a detector's class scores on every anchor plus its boxes where the original sees an
+            object, a classifier's KL; 'raw': the relative squared error of the raw tensors.
         on_layer: ``on_layer(i, total, label)`` is called as each group is pruned (progress).
 
     The result's ``recover()`` continues with few-shot recovery towards ``model`` on the same samples."""
     options = options_from(budget, select, allocate, reconstruct, round_to=round_to, batch_size=batch_size,
                            provider=provider, best_effort=best_effort, residual_streams=residual_streams,
-                           memory=memory_bytes(memory), spill_dir=None if spill_dir is None else str(spill_dir))
+                           memory=memory_bytes(memory), spill_dir=None if spill_dir is None else str(spill_dir),
+                           task=task)
     onnx_model = load(model, input_shape)
     preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
     data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)
@@ -254,6 +261,10 @@ def evaluate(
     labels: Callable[[Path], int | None] = label_from_name,
     batch_size: int = 32,
     provider: str = "auto",
+    task: str = "auto",
+    conf: float = CONF,
+    iou: float = NMS_IOU,
+    truth: str | Path | None = None,
 ) -> EvalResult:
     """The fidelity of ``model`` on a folder of images, against ``reference`` when given.
 
@@ -270,11 +281,19 @@ def evaluate(
             top-5 accuracy are reported when every image has one and the first output is (batch, classes).
         batch_size: images per run.
         provider: onnxruntime's execution provider: 'auto', 'cpu' or 'cuda'.
+        task: how the outputs are read ('auto': from their layout; 'classify', 'detect', 'segment', 'ctc',
+            'textdet', 'raw'), for the task's metrics in ``EvalResult.metrics``: a detector's mAP50 and mAP50-95
+            against the reference's detections (``mAP50_ref``; 1.0 for the reference itself) and against
+            ``truth``, a segmenter's mask IoU, a CTC recogniser's string agreement, a text detector's region F1.
+        conf: a detection counts (as the reference's ground truth, and for masks) from this score.
+        iou: the IoU of the detectors' non-maximum suppression.
+        truth: ground-truth boxes: a folder of YOLO txt files (named as the images) or a COCO json.
 
     Returns an ``EvalResult`` (``to_dict()`` is what ``onnxprune eval --json`` prints); a metric that does not
     apply is None (or empty)."""
     return _evaluate(model, images, ref=reference, subset=subset, limit=limit, labels=labels, batch_size=batch_size,
-                     preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider)
+                     preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider,
+                     task=task, conf=conf, iou=iou, truth=None if truth is None else Labels.load(truth))
 
 
 @dataclass

@@ -29,6 +29,8 @@ from onnxprune.errors import ModelError, OnnxPruneError, OutputError, TargetErro
 from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.pipeline import CompressReport, LatencyReport
+from onnxprune.progress import Heartbeat
+from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.recovery import Progress as RecoveryProgress, RecoverOptions, RecoverReport
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import MACs, Latency, Ratio, named
@@ -222,6 +224,13 @@ MemoryOpt = Annotated[Optional[str], typer.Option(
 SpillDirOpt = Annotated[Optional[Path], typer.Option(
     help="Folder for spilled activations (default: the system's temporary folder); the files are unlinked as "
          "soon as they are open, so nothing is left behind.")]
+TaskOpt = Annotated[str, typer.Option(
+    help="How the outputs are read: 'auto' (from their layout), 'classify', 'detect' (YOLOv5/v8/v11, YOLOX, "
+         "PicoDet/PP-YOLOE score and box outputs), 'segment' (a YOLO mask head), 'ctc' (a text recogniser), "
+         "'textdet' (a text detector's probability map) or 'raw' (the tensors as they are).")]
+QuietOpt = Annotated[bool, typer.Option(
+    "--quiet", "-q", help="No progress on stderr (by default: a bar on a terminal, else a plain line at least "
+                          "every 10 s: the phase, the step, the time spent and an estimate of what is left).")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
 
@@ -265,6 +274,12 @@ def compress_cmd(
     spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
+    task: Annotated[str, typer.Option(
+        help="What the output allocation compares: 'auto' (read from the outputs' layout: a detector's class "
+             "scores on every anchor plus its boxes, in units of their size, where the original sees an object; a "
+             "classifier's KL), a task named as in `eval --task`, or 'raw' (the relative squared error of the raw "
+             "output tensors).")] = "auto",
+    quiet: QuietOpt = False,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
 
@@ -282,16 +297,16 @@ def compress_cmd(
         onnx_model = api.load(model, input_shape)
         preprocess = _preprocess(onnx_model, resize, crop, mean, std, layout, bgr)
         data, held = _calibration(calib, onnx_model, preprocess, subset, limit, flip, recover_held_subset)
-        with _progress("pruning") as advance:
+        with _progress("compress", quiet) as advance:
             pruned = api.compress(onnx_model, data, budget=budget, select=select, allocate=allocate,
                                    reconstruct=refit, preprocess=preprocess, round_to=round_to,
                                    batch_size=batch_size, provider=provider, best_effort=best_effort,
                                    residual_streams=residual_streams, memory=memory, spill_dir=spill_dir,
-                                   on_layer=advance)
+                                   task=task, on_layer=advance)
         outcome = pruned if recover_steps < 1 else _recover(lambda on_progress: pruned.recover(
             RecoverOptions(steps=recover_steps, batch_size=batch_size, provider=provider, seed=seed,
                            memory=memory_bytes(memory), spill_dir=spill_dir and str(spill_dir)), held=held,
-            on_progress=on_progress))
+            on_progress=on_progress), quiet)
         _save(outcome, output, report, refuse=[model])
     except OnnxPruneError as exc:
         _fail(exc)
@@ -318,8 +333,16 @@ def _budget(target_flops: str | None, target_ratio: float | None, target_latency
 
 
 @contextmanager
-def _progress(description: str) -> Iterator[Callable[[int, int, str], None]]:
-    """A transient progress bar on a terminal's stderr; yields ``advance(completed, total, description)``."""
+def _progress(description: str, quiet: bool = False) -> Iterator[Callable[[int, int, str], None]]:
+    """Progress on stderr, yielding ``advance(completed, total, description)``: a transient bar on a terminal,
+    plain lines elsewhere (a log, CI, a notebook's subprocess; ``Heartbeat``), nothing with ``quiet``."""
+    if quiet:
+        yield lambda completed, total, label: None
+        return
+    if not err_console.is_terminal:
+        with Heartbeat(description) as heartbeat:
+            yield heartbeat.update
+        return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=err_console, transient=True,
                   disable=not err_console.is_terminal) as progress:
@@ -354,6 +377,10 @@ def _print_compress(result: CompressReport, method: str, reconstruct: str, round
         console.print(f"{len(finer)} groups narrower than {4 * round_to} channels were cut in finer steps than "
                       f"--round-to {round_to}: " + ", ".join(f"{x.group} ({x.kept}/{x.channels}, step {x.step})"
                                                               for x in finer))
+    if result.written_batch is not None:
+        console.print(f"the input fixes the batch ({result.written_batch['reason']}) and nothing in the graph does: "
+                      f"calibration batched samples through a copy with a free batch; the written model keeps batch "
+                      f"{result.written_batch['size']}")
     if result.fixed_batch is not None:
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
@@ -407,11 +434,11 @@ def _print_latency(r: LatencyReport) -> None:
 # ---------------------------------------------------------------- recover
 
 
-def _recover(call: Callable[[RecoveryProgress], api.Result]) -> api.Result:
+def _recover(call: Callable[[RecoveryProgress], api.Result], quiet: bool) -> api.Result:
     """``call(on_progress)`` (a recovery) with a progress bar (segment, step, best held-out loss), torch on every
     core of the process (its default may take fewer; the library leaves torch's global settings to its caller)."""
     torch.set_num_threads(os.cpu_count() or 1)
-    with _progress("recovering") as advance:
+    with _progress("recover", quiet) as advance:
         def on_progress(label: str, step: int, total: int, held: float | None) -> None:
             advance(step, total, f"{label} (held-out loss {held:.4f})" if held is not None else label)
 
@@ -510,6 +537,7 @@ def recover_cmd(
     spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
+    quiet: QuietOpt = False,
 ) -> None:
     """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher.
 
@@ -528,7 +556,7 @@ def recover_cmd(
         preprocess = _preprocess(teacher_model, resize, crop, mean, std, layout, bgr)
         data, held = _calibration(calib, teacher_model, preprocess, subset, limit, flip, held_subset)
         result = _recover(lambda on_progress: api.recover(student, teacher_model, data, options=options, held=held,
-                                                          on_progress=on_progress))
+                                                          on_progress=on_progress), quiet)
         _save(result, output, report, refuse=[model, teacher])
     except OnnxPruneError as exc:
         _fail(exc)
@@ -553,14 +581,25 @@ def eval_cmd(
     bgr: BgrOpt = False,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     input_shape: InputShapeOpt = None,
+    task: TaskOpt = "auto",
+    conf: Annotated[float, typer.Option(
+        help="Detectors: a detection counts from this score (the reference's detections are the ground truth "
+             "of mAP against --ref).")] = CONF,
+    iou: Annotated[float, typer.Option(help="Detectors: IoU of the non-maximum suppression.")] = NMS_IOU,
+    labels: Annotated[Optional[Path], typer.Option(
+        help="Detectors: ground-truth boxes, a folder of YOLO .txt files named as the images or a COCO .json; "
+             "adds mAP against them.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
-    """Top-1/top-5 from file-name labels, and agreement/KL/output error against --ref."""
+    """Top-1/top-5 from file-name labels, agreement/KL/output error against --ref, and the task's metrics:
+    mAP50 and mAP50-95 of a detector against --ref's detections (and --labels), mask IoU of a segmenter,
+    string agreement of a CTC recogniser, region F1 of a text detector."""
     try:
         if not model.is_file():
             raise ModelError(f"{model}: no such file")
         preprocess = _preprocess(model, resize, crop, mean, std, layout, bgr, input_shape)
-        result = api.evaluate(model, images, ref, preprocess=preprocess, subset=subset, provider=provider)
+        result = api.evaluate(model, images, ref, preprocess=preprocess, subset=subset, provider=provider, task=task,
+                              conf=conf, iou=iou, truth=labels)
     except OnnxPruneError as exc:
         _fail(exc)
     if as_json:
@@ -582,13 +621,16 @@ def bench_cmd(
     runs: Annotated[int, typer.Option(help="Timed runs.")] = 50,
     input_shape: InputShapeOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    quiet: QuietOpt = False,
 ) -> None:
     """Latency (median/p90/p99) and throughput with onnxruntime, side by side with MACs and params.
 
     The models take turns, each timed in blocks of back-to-back runs (about 50 ms after an untimed run)."""
     try:
-        results = api.bench(models, provider=provider, batch=batch, threads=threads, spin=spin, warmup=warmup,
-                            runs=runs, input_shape=input_shape)
+        with _progress("bench", quiet) as advance:
+            results = api.bench(models, provider=provider, batch=batch, threads=threads, spin=spin, warmup=warmup,
+                                runs=runs, input_shape=input_shape,
+                                on_round=lambda done, total: advance(done, total, "timing rounds"))
     except OnnxPruneError as exc:
         _fail(exc)
     if as_json:
@@ -646,18 +688,23 @@ def export_cmd(
 def format_table(results: dict[str, EvalResult]) -> Table:
     """A rich table with one row per model (keyed by its label) and one column per metric."""
     outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
-    table = Table(title="Fidelity")
+    tasks = sorted({r.task for r in results.values() if r.task})
+    table = Table(title=f"Fidelity ({', '.join(tasks)})" if tasks else "Fidelity")
     for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
         table.add_column(header, justify="left" if header == "model" else "right")
     for name in outputs:
         suffix = f" {name}" if len(outputs) > 1 else ""
         table.add_column(f"rel-L2{suffix}", justify="right")
         table.add_column(f"cos{suffix}", justify="right")
+    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
+    for name in metrics:
+        table.add_column(name, justify="right")
     for label, r in results.items():
         row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
                _fmt(r.kl, ".4g")]
         for name in outputs:
             row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
+        row += [_fmt(r.metrics.get(name), ".4g") for name in metrics]
         table.add_row(*row)
     return table
 

@@ -16,6 +16,8 @@ from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.runtime.ort import make_session, model_input_specs, run_session
 from onnxprune.runtime.probe import fixed_batch
+from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_softmax, task_named
+from onnxprune.tasks.labels import Labels
 
 EPS = 1e-12
 SAME_ORIGIN = "compare against the model this one was pruned from"
@@ -34,6 +36,8 @@ class EvalResult:
     kl: float | None = None
     rel_l2: dict[str, float] = field(default_factory=dict)  # sqrt(sum ||y - r||^2 / sum ||r||^2) over all images
     cosine: dict[str, float] = field(default_factory=dict)
+    task: str | None = None  # what the outputs were read as (``onnxprune.tasks``)
+    metrics: dict[str, float | None] = field(default_factory=dict)  # the task's scores (mAP50_ref, ...)
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -51,6 +55,10 @@ def evaluate(
     labels: Callable[[Path], int | None] = label_from_name,
     batch_size: int = 32,
     provider: str = "auto",
+    task: str = "auto",
+    conf: float = CONF,
+    iou: float = NMS_IOU,
+    truth: Labels | None = None,
 ) -> EvalResult:
     """Run ``model`` (a path or a ModelProto) on the images in ``images`` (after ``subset``, then the first
     ``limit``) and measure it.
@@ -60,6 +68,10 @@ def evaluate(
     KL(softmax(ref) || softmax(model)) for such a classifier, and for every output the relative L2 error over
     the whole set (the error's energy over the reference's, so an image whose reference is ~0, e.g. a text
     detector's map of a photo without text, does not blow it up) and the mean cosine similarity per image.
+    ``task`` ('auto': read from the outputs' layout, see ``onnxprune.tasks``) adds the task's metrics: a
+    detector's mAP against the reference's detections of score ≥ ``conf`` (NMS at ``iou``) and against
+    ``truth`` (boxes from label files), a segmenter's mask IoU, a CTC recogniser's string agreement, a text
+    detector's region F1.
     """
     session, active = make_session(model, provider)
     ref_session = None
@@ -70,6 +82,7 @@ def evaluate(
     sample = next(data.batches(2))
     batch, ref_batch = (_batch_of(m, sample) for m in (model, ref))
     classes = [labels(p) for p in data.paths]
+    boxes = None if truth is None else truth.for_images(data.paths, preprocess)
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
     kl = 0.0
@@ -77,16 +90,21 @@ def evaluate(
     energy = dict.fromkeys(names, 0.0)
     cos = dict.fromkeys(names, 0.0)
     classifier = False
+    reader: Task | None = None
+    metric = None
     offset = 0
     for feed in data.batches(batch_size):
         ys = run_session(session, feed, batch)
-        n = len(ys[0])
-        classifier = ys[0].ndim == 2
+        n = len(next(iter(feed.values())))
+        refs = None if ref_session is None else run_session(ref_session, feed, ref_batch)
+        if reader is None:
+            reader = task_named(task, refs or ys, image_hw(next(iter(feed.values()))), n)
+            metric = reader.metric()
+        classifier = reader.name == "classify"
         if classifier and None not in classes:
             top1, top5 = _hits(ys[0], np.asarray(classes[offset : offset + n]))
             hits1, hits5 = hits1 + top1, hits5 + top5
-        if ref_session is not None:
-            refs = run_session(ref_session, feed, ref_batch)
+        if refs is not None:
             for name, y, r in zip(names, ys, refs):
                 if y.shape != r.shape:
                     raise _mismatch(name, y.shape, r.shape, _name(model), _name(ref))
@@ -98,8 +116,11 @@ def evaluate(
                 agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
                 log_p, log_q = log_softmax(refs[0]), log_softmax(ys[0])
                 kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+        if metric is not None:
+            metric.update(ys, refs, None if boxes is None else boxes[offset : offset + n])
         offset += n
-    result = EvalResult(images=offset, provider=active)
+    result = EvalResult(images=offset, provider=active, task=reader.name if reader else None,
+                        metrics=metric.result() if metric is not None else {})
     if classifier and None not in classes:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
@@ -137,13 +158,6 @@ def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float, float]:
     ny, nr = np.linalg.norm(y, axis=1), np.linalg.norm(r, axis=1)
     cos = (y * r).sum(axis=1) / np.maximum(ny * nr, EPS)
     return float(((y - r) ** 2).sum()), float((nr**2).sum()), float(cos.sum())
-
-
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64."""
-    x = x.astype(np.float64)
-    x = x - x.max(axis=1, keepdims=True)
-    return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 
 
 def _mismatch(name: str, ours: object, theirs: object, model: str | Path, ref: str | Path) -> OnnxPruneError:

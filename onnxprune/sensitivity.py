@@ -23,16 +23,19 @@ from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
 from onnxprune.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
-from onnxprune.evaluation import log_softmax
 from onnxprune.imitation.omp import stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
 from onnxprune.runtime.segments import cut_graph, run_cut
+from onnxprune.tasks import Task, image_hw, task_named
+from onnxprune.tasks import raw_discrepancy as output_discrepancy  # noqa: F401 (the classifier's and raw tensors')
 
 if TYPE_CHECKING:
     from onnxprune.pipeline import Compressor
 
 Progress = Callable[[int, int, str], None]
+PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
+MIN_PROBE_SAMPLES = 4
 
 
 @dataclass
@@ -43,25 +46,7 @@ class Sensitivity:
     fit_samples: int = 0
     probe_samples: int = 0
     seconds: float = 0.0
-
-
-def output_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
-                       ) -> float:
-    """Summed over the float outputs of chunks of samples (each chunk: output name -> array, as the graph gives
-    it): the mean KL(softmax(reference) || softmax(output)) over the rows of a 2-D output with several columns
-    (logits), else the squared error's energy over the reference's."""
-    kl, rows, err, energy = {}, {}, {}, {}
-    for ref_chunk, out_chunk in zip(reference, outputs, strict=True):
-        for name, ref in ref_chunk.items():
-            ref, y = ref.astype(np.float64), out_chunk[name].astype(np.float64)
-            if ref.ndim == 2 and ref.shape[1] > 1:
-                log_p, log_q = log_softmax(ref), log_softmax(y)
-                kl[name] = kl.get(name, 0.0) + float(np.sum(np.exp(log_p) * (log_p - log_q)))
-                rows[name] = rows.get(name, 0) + len(ref)
-            else:
-                err[name] = err.get(name, 0.0) + float(np.sum(np.square(y - ref)))
-                energy[name] = energy.get(name, 0.0) + float(np.sum(np.square(ref)))
-    return sum(kl[k] / rows[k] for k in kl) + sum(err[k] / max(energy[k], 1e-30) for k in err)
+    task: str = "raw"  # how the outputs were compared (``onnxprune.tasks``)
 
 
 def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int) -> list[int]:
@@ -82,6 +67,26 @@ def curve_of(channels: int, probes: Mapping[int, float]) -> np.ndarray:
     curve = np.interp(np.arange(channels + 1), xs, ys)
     curve[0] = max(probes[0], curve[1]) if 0 in probes else np.inf
     return curve
+
+
+def after_cut(run: Compressor, order: list[tuple[int, Group]]) -> list[float]:
+    """The share of the network's MACs that runs after each group's cut (what one probe sample costs, in whole
+    forward passes)."""
+    position = run.live.position
+    entries = [(position[e.node], e.macs) for e in run.analysis.macs.entries]
+    total = sum(m for _, m in entries) or 1
+    return [sum(m for p, m in entries if p >= cut) / total for cut, _ in order]
+
+
+def probe_count(n: int, most: int, widths: Sequence[int], shares: Sequence[float]) -> int:
+    """How many samples the probes run on: at most ``most``, and so that all the probes together (``widths[i]``
+    runs of the graph after group i's cut, ``shares[i]`` of the network each) cost at most ``PROBE_PASSES``
+    forward passes of the ``n`` calibration samples; never fewer than ``MIN_PROBE_SAMPLES``. A detector's
+    many groups and few calibration images would otherwise make probing cost dozens of forward passes."""
+    per_sample = sum(w * s for w, s in zip(widths, shares, strict=True))
+    if per_sample <= 0:
+        return most
+    return int(min(most, max(MIN_PROBE_SAMPLES, PROBE_PASSES * n // per_sample)))
 
 
 def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str] = (
@@ -106,6 +111,8 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
     width 0 (the block removed) for the groups in ``removable``."""
     t0 = time.perf_counter()
     n = len(next(iter(run.inputs.values())))
+    plans = [candidate_widths(g.channels, ratios, run.options.round_to) + [0] * (g.id in removable) for _, g in order]
+    probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(run, order))
     fit, probe = split(n, fit_samples, probe_samples)
     values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in run.inputs.items()}
     floats = [t.name for t in run.original.outputs if t.dtype is None or np.issubdtype(np.dtype(t.dtype), np.floating)]
@@ -114,7 +121,9 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
                             "epsilon", option="allocation")
     probe_values = {k: v[len(fit):] for k, v in values.items()}
     reference = _run(run, cut_graph(run.original, probe_values, floats), probe_values)
-    report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe))
+    first = next(iter(probe_values.values()))
+    task = task_named(run.options.task, [reference[0][k] for k in floats], image_hw(first), min(len(first), run.run_batch))
+    report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name)
     curves = {}
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
@@ -123,8 +132,7 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
         ahead = run.peek(run.original, values, {use.tensor for use in group.consumers})
         fitted = {k: v[: len(fit)] for k, v in ahead.items()}
         at_cut = {k: v[len(fit):] for k, v in values.items()}
-        widths = candidate_widths(group.channels, ratios, run.options.round_to) + [0] * (group.id in removable)
-        probes = _probe(run, group, fitted, at_cut, reference, widths)
+        probes = _probe(run, group, fitted, at_cut, reference, plans[i], task)
         report.probes[group.name] = probes
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
@@ -132,7 +140,7 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
 
 
 def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
-           reference: list[dict[str, np.ndarray]], widths: list[int]) -> dict[int, float]:
+           reference: list[dict[str, np.ndarray]], widths: list[int], task: Task = Task("raw")) -> dict[int, float]:
     """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``; width 0:
     only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples."""
     if not widths:
@@ -155,7 +163,7 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
             consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))
         downstream.cleanup().toposort()  # a MatMul's first bias adds a node
-        out[width] = output_discrepancy(reference, _run(run, downstream, at_cut))
+        out[width] = task.discrepancy(reference, _run(run, downstream, at_cut))
     return out
 
 

@@ -122,3 +122,13 @@ def test_a_graph_with_no_float_output_is_refused(tmp_path) -> None:
     calib = load_calibration(str(tmp_path / "x.npy"), model_input_specs(model))
     with pytest.raises(AnalysisError, match="compares float outputs"):
         compress(model, calib, options_from(Ratio(0.6), allocate=Output(), provider="cpu", round_to=1))
+
+
+def test_probe_samples_are_sized_to_a_budget_of_forward_passes() -> None:
+    from onnxprune.sensitivity import MIN_PROBE_SAMPLES, PROBE_PASSES, probe_count
+
+    # 20 groups of 3 widths, each probe running half the network: 30 forward passes per probe sample
+    assert probe_count(500, 32, [3] * 20, [0.5] * 20) == 32  # 4 passes of 500 samples allow 66
+    assert probe_count(240, 32, [3] * 20, [0.5] * 20) == PROBE_PASSES * 240 // 30
+    assert probe_count(16, 32, [3] * 20, [0.5] * 20) == MIN_PROBE_SAMPLES
+    assert probe_count(16, 32, [], []) == 32

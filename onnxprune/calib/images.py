@@ -79,16 +79,26 @@ class Preprocess:
             x = x.transpose(2, 0, 1)
         return np.ascontiguousarray(x, dtype=np.float32)
 
-    def _resize(self, img: Image.Image) -> Image.Image:
-        """Bilinear resize so the short side is ``resize`` (or just large enough for the crop)."""
-        w, h = img.size
+    def _resized(self, w: int, h: int) -> tuple[int, int]:
+        """The size an image of ``w``×``h`` is resized to: short side ``resize``, or just large enough for the crop."""
         ch, cw = self.crop_hw or (0, 0)
         factor = self.resize / min(w, h) if self.resize is not None else 1.0
         factor = max(factor, ch / h, cw / w)
-        size = (max(round(w * factor), cw), max(round(h * factor), ch))
-        if size == (w, h):
+        return max(round(w * factor), cw), max(round(h * factor), ch)
+
+    def _resize(self, img: Image.Image) -> Image.Image:
+        """Bilinear resize to ``_resized``."""
+        size = self._resized(*img.size)
+        if size == img.size:
             return img
         return img.resize(size, Image.Resampling.BILINEAR)
+
+    def placement(self, w: int, h: int) -> tuple[float, float, int, int]:
+        """Where a ``w``×``h`` image's pixels land in the input: (sx, sy, left, top), x' = x·sx − left and
+        y' = y·sy − top (the resize, then the centre crop)."""
+        rw, rh = self._resized(w, h)
+        ch, cw = self.crop_hw or (rh, rw)
+        return rw / w, rh / h, (rw - cw) // 2, (rh - ch) // 2
 
 
 @contextmanager

@@ -1,0 +1,213 @@
+"""Detections from the common detector output layouts, non-maximum suppression and COCO-style mAP.
+
+Layouts (``DetectionLayout``), all boxes in the model input's pixels:
+- ``channels_first``: ultralytics YOLOv8/v11 ``[N, 4 + classes (+ mask coefficients), anchors]``, rows cx, cy,
+  w, h then the class scores (sigmoid applied), then a mask head's coefficients (``masks``).
+- ``anchors_first``: YOLOv5 / YOLOX ``[N, anchors, 5 + classes]``: cx, cy, w, h, objectness, class scores; a
+  YOLOX export that leaves the grid decoding to its caller (``grid``: offsets and log sizes per cell of
+  strides 8, 16, 32) is decoded here.
+- ``split``: scores and boxes in outputs of their own, per level ``[N, cells, classes]`` with
+  ``[N, cells, 4·(reg_max + 1)]`` distance distributions (PicoDet, GFL heads), or one ``[N, anchors, 4]``
+  of xyxy boxes (PP-YOLOE).
+
+``average_precision`` follows pycocotools' bbox evaluation (IoU thresholds .50:.05:.95, 101 recall points,
+at most 100 detections per image, classes without ground truth left out) and is tested against it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+STRIDES = ((8, 16, 32), (8, 16, 32, 64))
+IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)
+MAX_DETECTIONS = 100
+PRE_NMS = 3000  # candidates kept by score before NMS, as ultralytics' max_nms keeps a bound
+
+
+@dataclass
+class Detections:
+    """One image's detections: ``boxes`` (n, 4) xyxy in input pixels, ``scores`` (n,), ``classes`` (n,), and the
+    mask coefficients (n, m) of a segmenter."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    classes: np.ndarray
+    coefficients: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.scores)
+
+    def take(self, index: np.ndarray) -> Detections:
+        return Detections(self.boxes[index], self.scores[index], self.classes[index],
+                          None if self.coefficients is None else self.coefficients[index])
+
+
+def cells(hw: tuple[int, int], strides: Sequence[int]) -> list[int]:
+    """Grid cells per level of an input of ``hw`` pixels (exporters round the map sizes up)."""
+    return [-(-hw[0] // s) * -(-hw[1] // s) for s in strides]
+
+
+def grid_centres(hw: tuple[int, int], strides: Sequence[int], offset: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each cell's (x, y) index + ``offset`` and its stride, levels concatenated: (A, 2), (A,)."""
+    xy, stride = [], []
+    for s in strides:
+        h, w = -(-hw[0] // s), -(-hw[1] // s)
+        xs, ys = np.meshgrid(np.arange(w), np.arange(h))
+        xy.append(np.stack([xs.ravel(), ys.ravel()], 1) + offset)
+        stride.append(np.full(h * w, s))
+    return np.concatenate(xy).astype(np.float64), np.concatenate(stride).astype(np.float64)
+
+
+def xywh_to_xyxy(b: np.ndarray) -> np.ndarray:
+    return np.concatenate([b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2], axis=-1)
+
+
+@dataclass(frozen=True)
+class DetectionLayout:
+    """Where a detector's boxes and scores are among its outputs (see the module's docstring)."""
+
+    kind: str  # "channels_first", "anchors_first" or "split"
+    hw: tuple[int, int]  # the input's height and width
+    classes: int
+    outputs: tuple[int, ...] = (0,)  # channels_first / anchors_first: the output; split: score outputs
+    box_outputs: tuple[int, ...] = ()  # split: the box outputs, level by level as the score outputs
+    masks: int = 0  # mask coefficients per detection (channels_first with a prototype output)
+    protos: int | None = None  # the output holding the mask prototypes
+    grid: tuple[int, ...] | None = None  # anchors_first: strides of a grid the export did not decode
+    reg_max: int | None = None  # split: bins per side of the distance distributions, less one
+
+    def candidates(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """Per anchor: xyxy boxes (N, A, 4), class scores (N, A, C) and mask coefficients (N, A, M) or None."""
+        if self.kind == "channels_first":
+            y = np.asarray(outputs[self.outputs[0]], np.float64).transpose(0, 2, 1)
+            coef = y[..., 4 + self.classes:4 + self.classes + self.masks] if self.masks else None
+            return xywh_to_xyxy(y[..., :4]), y[..., 4:4 + self.classes], coef
+        if self.kind == "anchors_first":
+            y = np.asarray(outputs[self.outputs[0]], np.float64)
+            box = y[..., :4]
+            if self.grid is not None:
+                xy, stride = grid_centres(self.hw, self.grid, 0.0)
+                box = np.concatenate([(box[..., :2] + xy) * stride[:, None],
+                                      np.exp(np.minimum(box[..., 2:4], 30.0)) * stride[:, None]], axis=-1)
+            return xywh_to_xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
+        scores = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.outputs], axis=1)
+        raw = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.box_outputs], axis=1)
+        if self.reg_max is None:
+            return raw[..., :4], scores, None
+        strides = STRIDES[1][: len(self.outputs)]
+        centre, stride = grid_centres(self.hw, strides, 0.5)
+        bins = raw.reshape(*raw.shape[:2], 4, self.reg_max + 1)
+        bins = np.exp(bins - bins.max(axis=-1, keepdims=True))
+        dist = (bins / bins.sum(axis=-1, keepdims=True)) @ np.arange(self.reg_max + 1) * stride[:, None]
+        centre = centre * stride[:, None]
+        return np.concatenate([centre - dist[..., :2], centre + dist[..., 2:]], axis=-1), scores, None
+
+    def decode(self, outputs: Sequence[np.ndarray], conf: float, iou: float) -> list[Detections]:
+        """Each image's detections of score ≥ ``conf`` after class-aware NMS at ``iou`` (best class per anchor)."""
+        boxes, scores, coef = self.candidates(outputs)
+        out = []
+        for i in range(len(boxes)):
+            cls = scores[i].argmax(axis=1)
+            best = scores[i][np.arange(len(cls)), cls]
+            keep = np.flatnonzero(best >= conf)
+            keep = keep[np.argsort(-best[keep], kind="stable")[:PRE_NMS]]
+            det = Detections(boxes[i][keep], best[keep], cls[keep], None if coef is None else coef[i][keep])
+            out.append(det.take(nms(det.boxes, det.scores, det.classes, iou)))
+        return out
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every xyxy box of ``a`` (n, 4) with every one of ``b`` (m, 4): (n, m)."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area_a = np.prod(np.clip(a[:, 2:] - a[:, :2], 0, None), axis=1)
+    area_b = np.prod(np.clip(b[:, 2:] - b[:, :2], 0, None), axis=1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
+
+
+def nms(boxes: np.ndarray, scores: np.ndarray, classes: np.ndarray, iou: float) -> np.ndarray:
+    """Indices kept by greedy class-aware NMS, best score first."""
+    order = np.argsort(-scores, kind="stable")
+    if not len(order):
+        return order
+    shifted = boxes + (np.abs(boxes).max() + 1) * 2 * classes[:, None].astype(np.float64)  # classes never overlap
+    keep = []
+    while len(order):
+        i, rest = order[0], order[1:]
+        keep.append(i)
+        order = rest[box_iou(shifted[i:i + 1], shifted[rest])[0] <= iou]
+    return np.asarray(keep, dtype=np.int64)
+
+
+@dataclass
+class Truth:
+    """One image's ground truth: xyxy ``boxes`` (n, 4) and ``classes`` (n,)."""
+
+    boxes: np.ndarray
+    classes: np.ndarray
+
+
+@dataclass
+class APAccumulator:
+    """Matches detections to ground truth image by image; ``result()`` is mAP50 and mAP50-95 over the classes
+    that have ground truth (None when no image has any)."""
+
+    records: dict[int, list[tuple[np.ndarray, np.ndarray]]] = field(default_factory=dict)  # class -> (scores, tp)
+    truths: dict[int, int] = field(default_factory=dict)  # class -> ground-truth boxes
+
+    def add(self, det: Detections, truth: Truth) -> None:
+        for c in np.union1d(np.unique(det.classes), np.unique(truth.classes)).astype(int):
+            d = det.take(np.flatnonzero(det.classes == c))
+            d = d.take(np.argsort(-d.scores, kind="mergesort")[:MAX_DETECTIONS])
+            g = truth.boxes[truth.classes == c]
+            self.truths[c] = self.truths.get(c, 0) + len(g)
+            self.records.setdefault(c, []).append((d.scores, match(d.boxes, g)))
+
+    def result(self) -> dict[str, float | None]:
+        ap = []
+        for c, n in self.truths.items():
+            if n == 0:
+                continue
+            scores = np.concatenate([s for s, _ in self.records[c]])
+            tp = np.concatenate([t for _, t in self.records[c]], axis=0)
+            order = np.argsort(-scores, kind="mergesort")
+            ap.append([precision_at_recall(tp[order, t], n) for t in range(len(IOU_THRESHOLDS))])
+        if not ap:
+            return {"mAP50": None, "mAP50-95": None}
+        table = np.asarray(ap)
+        return {"mAP50": float(table[:, 0].mean()), "mAP50-95": float(table.mean())}
+
+
+def match(boxes: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(detections, thresholds) bool: whether each detection, in the given (score) order, takes a ground-truth
+    box not yet taken at each IoU threshold (the unmatched one of highest IoU, as pycocotools matches)."""
+    tp = np.zeros((len(boxes), len(IOU_THRESHOLDS)), dtype=bool)
+    if not len(boxes) or not len(truth):
+        return tp
+    ious = box_iou(boxes, truth)
+    for t, thr in enumerate(IOU_THRESHOLDS):
+        taken = np.zeros(len(truth), dtype=bool)
+        for d in range(len(boxes)):
+            cand = np.where(taken, -1.0, ious[d])
+            g = int(cand.argmax())
+            if cand[g] >= thr - 1e-10:  # pycocotools compares with min(t, 1 - 1e-10)
+                taken[g], tp[d, t] = True, True
+    return tp
+
+
+def precision_at_recall(tp: np.ndarray, truths: int) -> float:
+    """AP of detections in score order with ``tp`` flags: pycocotools' precision at 101 recall points."""
+    if not len(tp):
+        return 0.0
+    ctp, cfp = np.cumsum(tp), np.cumsum(~tp)
+    recall = ctp / truths
+    precision = ctp / np.maximum(ctp + cfp, np.spacing(1))
+    precision = np.maximum.accumulate(precision[::-1])[::-1]
+    idx = np.searchsorted(recall, RECALL_POINTS, side="left")
+    return float(np.where(idx < len(precision), precision[np.minimum(idx, len(precision) - 1)], 0.0).mean())

@@ -120,9 +120,11 @@ def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple
         raise AnalysisError("the output allocation compares float outputs, and this graph has none: allocate with "
                             "epsilon", option="allocation")
     probe_values = {k: v[len(fit):] for k, v in values.items()}
-    reference = _run(run, cut_graph(run.original, probe_values, floats), probe_values)
+    # in the graph's order of outputs, which the task's layout counts by (a cut graph's come sorted by name)
+    reference = [{k: chunk[k] for k in floats} for chunk in _run(run, cut_graph(run.original, probe_values, floats),
+                                                                   probe_values)]
     first = next(iter(probe_values.values()))
-    task = task_named(run.options.task, [reference[0][k] for k in floats], image_hw(first), min(len(first), run.run_batch))
+    task = task_named(run.options.task, list(reference[0].values()), image_hw(first), min(len(first), run.run_batch))
     report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name)
     curves = {}
     for i, (cut, group) in enumerate(order):

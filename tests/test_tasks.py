@@ -267,3 +267,23 @@ def test_eval_of_a_real_detector_against_itself_is_map_one(package: str, rel: st
     assert data["task"] == "detect"
     assert data["metrics"]["ref_detections"] > 0
     assert data["metrics"]["mAP50_ref"] == data["metrics"]["mAP50-95_ref"] == 1.0
+
+
+def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects() -> None:
+    rng = np.random.default_rng(4)
+    (y,) = _yolov8(rng)
+    y[:, 4:7] = 0.0
+    y[:, 4, :10] = 0.9  # ten anchors see an object
+    det = infer_task([y], (64, 64), 2)
+    ref = [{"out": y}]
+    assert det.discrepancy(ref, ref) == 0.0
+    background = y.copy()
+    background[:, :4, 10:] += 5.0  # boxes move where nothing is seen: no cost (the raw L2 would count them)
+    assert det.discrepancy(ref, [{"out": background}]) == 0.0
+    moved = y.copy()
+    moved[:, 0, :10] += 0.1 * y[:, 2, :10]  # boxes moved by a tenth of their width where objects are
+    assert det.discrepancy(ref, [{"out": moved}]) == pytest.approx(0.01 * np.mean(
+        (y[:, 2, :10] / np.maximum(y[:, 2, :10], y[:, 3, :10])) ** 2) * 2, rel=1e-6)
+    scored = y.copy()
+    scored[:, 5, 20:30] = 0.3  # false alarms: the scores' error counts on every anchor
+    assert det.discrepancy(ref, [{"out": scored}]) == pytest.approx(2 * 10 * 0.09 / (2 * 10 * 0.81))

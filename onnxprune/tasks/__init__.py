@@ -94,7 +94,8 @@ class Detect(Task):
                     outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
         """The class scores' squared error over the reference's, on every anchor, plus the boxes' squared error
         in units of each box's size, weighted by the reference's best class score where it is at least
-        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise)."""
+        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise). The reference's
+        chunks hold the outputs in the order the layout counts them by."""
         err = energy = box_err = weight = 0.0
         for ref_chunk, out_chunk in zip(reference, outputs, strict=True):
             ref, ys = list(ref_chunk.values()), [out_chunk[k] for k in ref_chunk]

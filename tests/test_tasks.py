@@ -287,3 +287,14 @@ def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects(
     scored = y.copy()
     scored[:, 5, 20:30] = 0.3  # false alarms: the scores' error counts on every anchor
     assert det.discrepancy(ref, [{"out": scored}]) == pytest.approx(2 * 10 * 0.09 / (2 * 10 * 0.81))
+
+
+def test_detection_metrics_without_a_reference_are_those_of_the_labels_only() -> None:
+    rng = np.random.default_rng(5)
+    outs = _yolov8(rng, n=1)
+    outs[0][:, 4, :3] = 0.9
+    boxes, _, _ = infer_task(outs, (64, 64), 1).layout.candidates(outs)
+    metric = infer_task(outs, (64, 64), 1).metric()
+    metric.update(outs, None, [Truth(boxes[0, :3], np.zeros(3, int))])
+    result = metric.result()
+    assert set(result) == {"mAP50_labels", "mAP50-95_labels"} and result["mAP50_labels"] > 0.3

@@ -119,6 +119,7 @@ class DetectionMetric(Metric):
         self.task = task
         self.vs_ref, self.vs_labels = APAccumulator(), APAccumulator()
         self.images = self.with_objects = self.found = 0
+        self.compared = False  # a reference was given
         self.masks: MaskIoU | None = MaskIoU(task.layout) if task.layout.protos is not None else None
 
     def update(self, ys: Sequence[np.ndarray], refs: Sequence[np.ndarray] | None,
@@ -127,6 +128,7 @@ class DetectionMetric(Metric):
         dets = t.layout.decode(ys, LOW_CONF, t.iou)
         self.images += len(dets)
         if refs is not None:
+            self.compared = True
             seen = t.layout.decode(refs, t.conf, t.iou)
             for d, r in zip(dets, seen):
                 self.vs_ref.add(d, Truth(r.boxes, r.classes))
@@ -140,7 +142,7 @@ class DetectionMetric(Metric):
 
     def result(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
-        if self.vs_ref.truths or self.found == 0:
+        if self.compared:
             ref = self.vs_ref.result()
             out.update({"mAP50_ref": ref["mAP50"], "mAP50-95_ref": ref["mAP50-95"],
                         "ref_detections": float(self.found), "ref_images_with_objects": float(self.with_objects)})

@@ -272,7 +272,7 @@ def test_eval_of_a_real_detector_against_itself_is_map_one(package: str, rel: st
 def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects() -> None:
     rng = np.random.default_rng(4)
     (y,) = _yolov8(rng)
-    y[:, 4:7] = 0.0
+    y[:, 4:7] = 0.01  # background: below the objective's floor of 0.05
     y[:, 4, :10] = 0.9  # ten anchors see an object
     det = infer_task([y], (64, 64), 2)
     ref = [{"out": y}]
@@ -286,7 +286,8 @@ def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects(
         (y[:, 2, :10] / np.maximum(y[:, 2, :10], y[:, 3, :10])) ** 2) * 2, rel=1e-6)
     scored = y.copy()
     scored[:, 5, 20:30] = 0.3  # false alarms: the scores' error counts on every anchor
-    assert det.discrepancy(ref, [{"out": scored}]) == pytest.approx(2 * 10 * 0.09 / (2 * 10 * 0.81))
+    energy = 2 * (10 * 0.81 + (3 * y.shape[2] - 10) * 0.0001)
+    assert det.discrepancy(ref, [{"out": scored}]) == pytest.approx(2 * 10 * 0.29**2 / energy)
 
 
 def test_detection_metrics_without_a_reference_are_those_of_the_labels_only() -> None:

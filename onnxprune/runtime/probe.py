@@ -103,8 +103,8 @@ def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
     fixes the batch this way (``torch.onnx.export`` without ``dynamic_axes``), and running such a graph one sample
     at a time costs far more than batching."""
     fixed = static_batch(model)
-    if fixed is None:
-        return None
+    if fixed is None or any(d.dim_value <= 0 for v in real_inputs(model) for d in v.type.tensor_type.shape.dim):
+        return None  # a batch free already, or other dims unknown: nothing to check the copy on
     free = onnx.ModelProto()
     free.CopyFrom(model)
     del free.graph.value_info[:]

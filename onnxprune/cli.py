@@ -179,7 +179,8 @@ GlobalBudgetOpt = Annotated[Optional[float], typer.Option(
          "method won each layer and why.")]
 AllocationOpt = Annotated[str, typer.Option(
     help="Per-layer widths: 'output' (default; judged on the network's output: each layer alone pruned to "
-         "75/50/25% on 64 calibration samples, the output's KL or relative error measured on 32 others; the "
+         "75/50/25% on 64 calibration samples, the output's discrepancy (see --task) measured on up to 32 "
+         "others, fewer where probing would cost more than 4 forward passes of the calibration set; the "
          "budget goes where the output degrades least per MAC saved, each layer ≥ 25%), 'epsilon' (one "
          "threshold on every layer's relative imitation loss, the paper's rule, searched to meet the budget), "
          "'uniform' keep ratio, or 'curve' (greedy on the local error curves, each layer ≥ 25%).")]

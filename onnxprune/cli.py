@@ -345,8 +345,7 @@ def _progress(description: str, quiet: bool = False) -> Iterator[Callable[[int, 
             yield heartbeat.update
         return
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True,
-                  disable=not err_console.is_terminal) as progress:
+                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
         task = progress.add_task(description, total=None)
 
         def advance(completed: int, total: int, label: str) -> None:

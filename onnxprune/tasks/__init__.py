@@ -118,7 +118,7 @@ class DetectionMetric(Metric):
     def __init__(self, task: Detect) -> None:
         self.task = task
         self.vs_ref, self.vs_labels = APAccumulator(), APAccumulator()
-        self.images = self.with_objects = self.found = 0
+        self.with_objects = self.found = 0
         self.compared = False  # a reference was given
         self.masks: MaskIoU | None = MaskIoU(task.layout) if task.layout.protos is not None else None
 
@@ -126,7 +126,6 @@ class DetectionMetric(Metric):
                truths: Sequence[Truth] | None = None) -> None:
         t = self.task
         dets = t.layout.decode(ys, LOW_CONF, t.iou)
-        self.images += len(dets)
         if refs is not None:
             self.compared = True
             seen = t.layout.decode(refs, t.conf, t.iou)
@@ -149,7 +148,7 @@ class DetectionMetric(Metric):
         if self.vs_labels.truths:
             labels = self.vs_labels.result()
             out.update({"mAP50_labels": labels["mAP50"], "mAP50-95_labels": labels["mAP50-95"]})
-        if self.masks is not None:
+        if self.masks is not None and self.compared:
             out["mask_iou_ref"] = self.masks.result()
         return out
 

@@ -64,17 +64,19 @@ def evaluate(model: Path, original: Path, data: Path, subset: str, flags: list[s
     _echo("eval", model, "--images", data, "--subset", subset, "--ref", original, "--json", *flags)
     a = _image_flags(argparse.ArgumentParser(prog="onnxprune eval", exit_on_error=False)).parse_args(list(flags))
     return onnxprune.evaluate(model, data, original, subset=subset, preprocess=_preprocess(model, a),
-                              provider=a.provider).to_dict()
+                              provider=a.provider, task=a.task).to_dict()
 
 
 def _image_flags(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """``p`` with the flags of the image preprocessing, --input-shape and --provider (the CLI's defaults)."""
+    """``p`` with the flags of the image preprocessing, --input-shape, --provider and --task (the CLI's
+    defaults)."""
     p.add_argument("--input-shape", action="append")
     for flag in ("--resize", "--crop"):
         p.add_argument(flag, type=int)
     p.add_argument("--mean", default=",".join(map(str, IMAGENET_MEAN)))
     p.add_argument("--std", default=",".join(map(str, IMAGENET_STD)))
-    p.add_argument("--layout", default="nchw")
+    p.add_argument("--layout", default="auto")
+    p.add_argument("--task", default="auto")
     p.add_argument("--bgr", action="store_true")
     p.add_argument("--provider", default="auto")
     return p
@@ -136,7 +138,7 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
                                 reconstruct=reconstruct, preprocess=_preprocess(model, a), subset=a.subset,
                                 limit=a.limit, flip=a.flip, round_to=a.round_to, batch_size=a.batch_size, provider=a.provider,
                                 best_effort=a.best_effort, residual_streams=a.residual_streams, memory=a.memory,
-                                spill_dir=a.spill_dir)
+                                spill_dir=a.spill_dir, task=a.task)
     result.save(output, refuse=[original])
     if report is not None:
         atomic_write(report, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))

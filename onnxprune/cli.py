@@ -109,7 +109,9 @@ CropOpt = Annotated[Optional[int], typer.Option(
     help="Centre-crop images to this square size (default: the model input's H,W, after --input-shape; else 224).")]
 MeanOpt = Annotated[str, typer.Option(help="Per-channel mean (R,G,B) after scaling to [0,1].")]
 StdOpt = Annotated[str, typer.Option(help="Per-channel std (R,G,B).")]
-LayoutOpt = Annotated[str, typer.Option(help="Input layout: nchw or nhwc.")]
+LayoutOpt = Annotated[str, typer.Option(
+    help="Input layout: nchw, nhwc, or auto (nhwc when the image input's last dim is 1, 3 or 4 and its second "
+         "is not).")]
 LimitOpt = Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")]
 FlipOpt = Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")]
 DEFAULT_MEAN = ",".join(map(str, IMAGENET_MEAN))
@@ -148,6 +150,8 @@ def analyze_cmd(
     console.print(f"MACs {_mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
                   f"{len(result.prunable)}/{len(result.groups)} groups prunable, "
                   f"{result.prunable_share():.0%} of MACs touch a prunable group")
+    for where in result.uncounted:
+        console.print(f"not counted: the MACs inside the subgraph of {where}, which is left as it is")
 
 
 # ---------------------------------------------------------------- compress
@@ -228,6 +232,7 @@ SpillDirOpt = Annotated[Optional[Path], typer.Option(
 TaskOpt = Annotated[str, typer.Option(
     help="How the outputs are read: 'auto' (from their layout), 'classify', 'detect' (YOLOv5/v8/v11, YOLOX, "
          "PicoDet/PP-YOLOE score and box outputs), 'segment' (a YOLO mask head), 'ctc' (a text recogniser), "
+         "'seq' (an attention decoder's [N, L, classes] token scores, L varying; the last class ends a sequence), "
          "'textdet' (a text detector's probability map) or 'raw' (the tensors as they are).")]
 QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress on stderr (by default: a bar on a terminal, else a plain line at least "
@@ -260,7 +265,7 @@ def compress_cmd(
     crop: CropOpt = None,
     mean: MeanOpt = DEFAULT_MEAN,
     std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "nchw",
+    layout: LayoutOpt = "auto",
     bgr: BgrOpt = False,
     batch_size: CompressBatchOpt = 32,
     provider: CompressProviderOpt = "auto",
@@ -528,7 +533,7 @@ def recover_cmd(
     crop: CropOpt = None,
     mean: MeanOpt = DEFAULT_MEAN,
     std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "nchw",
+    layout: LayoutOpt = "auto",
     bgr: BgrOpt = False,
     batch_size: TrainBatchOpt = 32,
     provider: TeacherProviderOpt = "auto",
@@ -547,13 +552,13 @@ def recover_cmd(
         if output.resolve() in (model.resolve(), teacher.resolve()):
             raise OutputError(f"output {output} is an input model: choose another -o path")
         _check_outputs((output, "-o"), (report, "--report"), inputs=[model, teacher])
-        options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
-                                 distill_segments=distill_segments, distill_views=distill_views,
-                                 mix=mix, layout=layout, batch_size=batch_size, holdout=holdout, train=train,
-                                 pull=pull, seed=seed, provider=provider, memory=memory_bytes(memory),
-                                 spill_dir=spill_dir and str(spill_dir))
         student, teacher_model = api.load(model, input_shape), api.load(teacher, input_shape)
         preprocess = _preprocess(teacher_model, resize, crop, mean, std, layout, bgr)
+        options = RecoverOptions(method=method, steps=steps, lr=lr, distill_steps=distill_steps, distill_lr=distill_lr,
+                                 distill_segments=distill_segments, distill_views=distill_views,
+                                 mix=mix, layout=preprocess.layout, batch_size=batch_size, holdout=holdout,
+                                 train=train, pull=pull, seed=seed, provider=provider, memory=memory_bytes(memory),
+                                 spill_dir=spill_dir and str(spill_dir))
         data, held = _calibration(calib, teacher_model, preprocess, subset, limit, flip, held_subset)
         result = _recover(lambda on_progress: api.recover(student, teacher_model, data, options=options, held=held,
                                                           on_progress=on_progress), quiet)
@@ -577,7 +582,7 @@ def eval_cmd(
     crop: CropOpt = None,
     mean: MeanOpt = DEFAULT_MEAN,
     std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "nchw",
+    layout: LayoutOpt = "auto",
     bgr: BgrOpt = False,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     input_shape: InputShapeOpt = None,
@@ -706,6 +711,10 @@ def format_table(results: dict[str, EvalResult]) -> Table:
             row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
         row += [_fmt(r.metrics.get(name), ".4g") for name in metrics]
         table.add_row(*row)
+    padded = sorted({name for r in results.values() for name in r.padded})
+    if padded:
+        table.caption = (f"{', '.join(padded)}: length varies from image to image; compared zero-padded to the "
+                         "longer of the two")
     return table
 
 

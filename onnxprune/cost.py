@@ -274,7 +274,7 @@ def _subgraph(graph: gs.Graph, group: Group) -> gs.Graph:
     outputs = [t for n in nodes for t in n.outputs
                if t in sub.outputs or any(c.name not in members for c in t.outputs)]
     sub.inputs, sub.outputs = list(inputs.values()), outputs
-    return sub.cleanup()
+    return sub.cleanup(recurse_subgraphs=False)
 
 
 def _timing_model(graph: gs.Graph, opset_model: onnx.ModelProto) -> onnx.ModelProto:

@@ -14,7 +14,7 @@ import onnxruntime as ort
 from onnxprune.calib.images import Preprocess, label_from_name
 from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
-from onnxprune.runtime.ort import make_session, model_input_specs, run_session
+from onnxprune.runtime.ort import make_session, model_input_specs, run_session, zero_pad
 from onnxprune.runtime.probe import fixed_batch
 from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_softmax, task_named
 from onnxprune.tasks.labels import Labels
@@ -38,6 +38,7 @@ class EvalResult:
     cosine: dict[str, float] = field(default_factory=dict)
     task: str | None = None  # what the outputs were read as (``onnxprune.tasks``)
     metrics: dict[str, float | None] = field(default_factory=dict)  # the task's scores (mAP50_ref, ...)
+    padded: list[str] = field(default_factory=list)  # outputs of varying length, compared zero-padded to the longer
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-ready dict."""
@@ -90,6 +91,7 @@ def evaluate(
     energy = dict.fromkeys(names, 0.0)
     cos = dict.fromkeys(names, 0.0)
     classifier = False
+    padded: set[str] = set()
     reader: Task | None = None
     metric = None
     offset = 0
@@ -107,7 +109,10 @@ def evaluate(
         if refs is not None:
             for name, y, r in zip(names, ys, refs):
                 if y.shape != r.shape:
-                    raise _mismatch(name, y.shape, r.shape, _name(model), _name(ref))
+                    if not _varying(name, y.shape, r.shape, session, ref_session):
+                        raise _mismatch(name, y.shape, r.shape, _name(model), _name(ref))
+                    y, r = zero_pad(y, r)
+                    padded.add(name)
                 err_sq, ref_sq, cos_sum = _similarity(y, r)
                 err[name] += err_sq
                 energy[name] += ref_sq
@@ -120,7 +125,7 @@ def evaluate(
             metric.update(ys, refs, None if boxes is None else boxes[offset : offset + n])
         offset += n
     result = EvalResult(images=offset, provider=active, task=reader.name if reader else None,
-                        metrics=metric.result() if metric is not None else {})
+                        metrics=metric.result() if metric is not None else {}, padded=sorted(padded))
     if classifier and None not in classes:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
@@ -158,6 +163,16 @@ def _similarity(y: np.ndarray, r: np.ndarray) -> tuple[float, float, float]:
     ny, nr = np.linalg.norm(y, axis=1), np.linalg.norm(r, axis=1)
     cos = (y * r).sum(axis=1) / np.maximum(ny * nr, EPS)
     return float(((y - r) ** 2).sum()), float((nr**2).sum()), float(cos.sum())
+
+
+def _varying(name: str, ours: tuple[int, ...], theirs: tuple[int, ...], *sessions: ort.InferenceSession) -> bool:
+    """Whether output ``name`` differs between two runs only on axes past the batch that both models declare
+    dynamic (a decoded sequence's length), so the two can be lined up."""
+    declared = [next(o.shape for o in s.get_outputs() if o.name == name) for s in sessions]
+    if len(ours) != len(theirs) or ours[0] != theirs[0] or any(len(d) != len(ours) for d in declared):
+        return False
+    return all(a == b or not any(isinstance(d[i], int) for d in declared)
+               for i, (a, b) in enumerate(zip(ours, theirs)))
 
 
 def _mismatch(name: str, ours: object, theirs: object, model: str | Path, ref: str | Path) -> OnnxPruneError:

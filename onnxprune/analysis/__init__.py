@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 from onnxprune.analysis.blocks import Block, find_blocks
 from onnxprune.analysis.graph import import_graph
 from onnxprune.analysis.groups import Group, find_groups
-from onnxprune.analysis.macs import MacModel, count_params
+from onnxprune.analysis.macs import MacModel, count_params, uncounted
 
 
 @dataclass
@@ -20,6 +20,7 @@ class Analysis:
     macs: MacModel
     params: int
     blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
+    uncounted: list[str]  # control-flow nodes whose subgraphs' MACs are not counted (``macs.uncounted``)
 
     @property
     def prunable(self) -> list[Group]:
@@ -36,6 +37,7 @@ class Analysis:
             "macs": self.macs.total,
             "params": self.params,
             "prunable_mac_share": self.prunable_share(),
+            "macs_not_counted_in": self.uncounted,
             "groups": [{**g.to_dict(), "removable_block": g.id in self.blocks} for g in self.groups],
         }
 
@@ -43,4 +45,5 @@ class Analysis:
 def analyze(model: onnx.ModelProto) -> Analysis:
     graph = import_graph(model)
     groups = find_groups(graph)
-    return Analysis(graph, groups, MacModel(graph, groups), count_params(graph), find_blocks(graph, groups))
+    return Analysis(graph, groups, MacModel(graph, groups), count_params(graph), find_blocks(graph, groups),
+                    uncounted(graph))

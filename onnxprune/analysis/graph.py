@@ -113,7 +113,7 @@ def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
     missing = [o for n in model.graph.node for o in n.output if o and o not in outputs and not complete(o)]
     if not missing:
         return model
-    runs = [run_all_tensors(model, missing, random_feed(inputs, b)) for b in ((1, 2) if symbol else (None,))]
+    runs = [run_all_tensors(model, missing, random_feed(inputs, b, seed=b or 0)) for b in ((1, 2) if symbol else (None,))]
     if runs[0] is None:
         return model
     filled = onnx.ModelProto()
@@ -121,12 +121,14 @@ def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
     keep = [v for v in filled.graph.value_info if v.name not in set(missing)]
     del filled.graph.value_info[:]
     filled.graph.value_info.extend(keep)
+    varying = _after_data_shaped(model)
     for name in missing:
         at1 = runs[0][name]
         at2 = runs[1][name] if len(runs) > 1 and runs[1] is not None else at1
         if at1.ndim != at2.ndim:
             continue
-        dims = [a if a == b else (symbol if (a, b) == (1, 2) else None) for a, b in zip(at1.shape, at2.shape)]
+        dims = [a if a == b and name not in varying else (symbol if (a, b) == (1, 2) else None)
+                for a, b in zip(at1.shape, at2.shape)]
         filled.graph.value_info.append(
             onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(at1.dtype), dims))
     return filled
@@ -210,24 +212,125 @@ def _copy_batch_dims(graph: gs.Graph) -> bool:
     return changed > 0
 
 
+# ops whose output shape depends on input values, not shapes: a Shape read after one is known only at run time
+_DATA_SHAPED = frozenset({"Loop", "If", "Scan", "NonZero", "NonMaxSuppression", "Unique", "Compress"})
+
+
+def _after_data_shaped(model: onnx.ModelProto) -> set[str]:
+    """The tensors computed after an op of ``_DATA_SHAPED`` (a decoded sequence, say): a dim that one run shows
+    is not known to be static (the next input may decode a longer sequence)."""
+    after: set[str] = set()
+    for node in model.graph.node:
+        if node.op_type in _DATA_SHAPED or any(name in after for name in node.input):
+            after.update(o for o in node.output if o)
+    return after
+
+
+_SIZED_BY_INPUT = frozenset({"Reshape", "Expand", "Tile", "Range", "ConstantOfShape", "Slice", "Resize", "Upsample",
+                             "Pad", "TopK", "OneHot", "Split"})
+_SMALL = 64  # entries: a shape vector, not a feature map
+
+
+def _resize_by_scales(graph: gs.Graph) -> bool:
+    """Give a Resize whose ``sizes`` are computed in the graph (``Concat(Shape(x)[0:2], [H, W])``, Paddle's
+    interpolate) the equal ``scales`` instead, where its input and output shapes past the batch are static and
+    onnxruntime's output size ``floor(in · scale)`` gives them back: the sizes' batch entry would otherwise be a
+    tensor without a batch axis to cache between cuts, and a channel count read at run time. ONNX derives the
+    scales from the sizes the same way, so the result is the same. Returns whether a Resize changed."""
+    changed = False
+    for node in graph.nodes:
+        if node.op != "Resize" or len(node.inputs) != 4 or const_value(node.inputs[3]) is not None:
+            continue
+        i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+        if i_shape is None or o_shape is None or len(i_shape) != len(o_shape) or None in i_shape[1:] + o_shape[1:]:
+            continue
+        scales = np.array([1.0] + [o / i for i, o in zip(i_shape[1:], o_shape[1:])], np.float32)
+        if any(int(np.floor(np.float32(i) * s)) != o for i, s, o in zip(i_shape[1:], scales[1:], o_shape[1:])):
+            continue
+        node.inputs = [*node.inputs[:2], gs.Constant(f"{node.name}.scales", scales)]
+        changed = True
+    return changed
+
+
+def _fold_shape_values(graph: gs.Graph) -> bool:
+    """Replace each value computed from tensor shapes alone (``Shape → Cast → Slice → ... → Concat``, as Paddle
+    and TF exports read a feature map's channel or spatial count) by its constant, where a run at batch 1 and
+    one at batch 2 give the same value: with the inputs' other dims fixed it cannot change. A channel count read
+    this way then is a constant the pruning passes can rewrite, and no batch-less tensor is cached between cuts.
+    Values that follow the batch stay computed (``_copy_batch_dims``). Returns whether a value was folded."""
+    inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
+    if not inputs or any(t.shape is None or any(not isinstance(d, (int, np.integer)) for d in t.shape[1:])
+                         for t in inputs):
+        return False
+    shaped: set[int] = set()  # ids of tensors computed from shapes and constants only
+    data_shaped: set[int] = set()  # ids of tensors whose shape depends on input values
+    for node in graph.nodes:
+        vars_in = [t for t in node.inputs if isinstance(t, gs.Variable)]
+        if (node.op in _DATA_SHAPED or any(id(t) in data_shaped for t in vars_in)
+                or node.op in _SIZED_BY_INPUT and any(id(t) not in shaped for t in vars_in[1:])):
+            data_shaped.update(id(t) for t in node.outputs)
+        if node.op in ("Shape", "Size") and vars_in and id(vars_in[0]) not in data_shaped or (
+                node.op not in _DATA_SHAPED and vars_in and all(id(t) in shaped for t in vars_in)):
+            shaped.update(id(t) for t in node.outputs)
+    outputs = {id(t) for t in graph.outputs}
+    names = sorted({t.name for node in graph.nodes for t in node.outputs if id(t) in shaped and id(t) not in outputs
+                    and t.outputs and (t.shape is None or np.prod([d if isinstance(d, int) else _SMALL + 1
+                                                                   for d in t.shape]) <= _SMALL)})
+    if not names:
+        return False
+    model = gs.export_onnx(graph.copy())
+    symbolic = any(isinstance(t.shape[0], str) or t.shape[0] is None for t in inputs)
+    runs = [run_all_tensors(model, names, random_feed(real_inputs(model), b, seed=b))
+            for b in ((1, 2) if symbolic else (None,))]
+    if any(r is None for r in runs):
+        return False
+    tensors = graph.tensors()
+    folded = False
+    for name in names:
+        values = [r[name] for r in runs]
+        if values[0].size <= _SMALL and all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
+            tensor = tensors[name]
+            tensor.inputs.clear()
+            tensor.to_constant(values[0])
+            folded = True
+    return folded
+
+
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
     """Shape-infer, fold constants (Constant nodes, Cast/Identity of weights) and name every node."""
     graph = gs.import_onnx(infer_shapes(model))
     try:
-        graph.fold_constants(error_ok=True)
+        graph.fold_constants(error_ok=True, recurse_subgraphs=False)
     except Exception:  # folding is an optimisation; unfoldable graphs are analysed as they are
         pass
-    graph.cleanup().toposort()
-    if _copy_batch_dims(graph):
+    graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
+    if _resize_by_scales(graph) | _fold_shape_values(graph) | _copy_batch_dims(graph):
         try:
-            graph.fold_constants(error_ok=True)
+            graph.fold_constants(error_ok=True, recurse_subgraphs=False)
         except Exception:  # as above
             pass
-        graph.cleanup().toposort()
+        graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
     name_nodes(graph)
     # Folding can drop shapes; re-infer once on the folded graph.
     graph = gs.import_onnx(infer_shapes(gs.export_onnx(graph)))
     return graph
+
+
+def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with the graph attributes (Loop/If/Scan bodies) of each top-level node copied byte for byte
+    from the node of ``original`` that writes the same first output: graph-surgeon's round trip rewrites
+    bodies, and the tool never changes them."""
+    bodies = {n.output[0]: n.attribute for n in original.graph.node if n.output
+              and any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)}
+    for node in model.graph.node:
+        source = bodies.get(node.output[0]) if node.output else None
+        if source is None:
+            continue
+        by_name = {a.name: a for a in source if a.type == onnx.AttributeProto.GRAPH}
+        for attr in node.attribute:
+            if attr.name in by_name:
+                attr.CopyFrom(by_name[attr.name])
+    return model
 
 
 def name_nodes(graph: gs.Graph) -> gs.Graph:

@@ -29,6 +29,7 @@ from onnxprune.ops.roles import (
     ResizeSite,
     SliceSite,
 )
+from onnxprune.subgraphs import owners
 
 PRODUCER_OPS = Having("mixing")  # the op types that create channels (``op in PRODUCER_OPS``)
 Witness = tuple[str, int, int]  # (tensor, axis, repeat) holding exactly a group's channels
@@ -185,6 +186,7 @@ class _Search:
         self.inputs = {t.name for t in graph.inputs}
         self.outputs = {t.name for t in graph.outputs}
         self.visited: set[tuple[str, Port, int]] = set()
+        self.owners = owners(graph)
         self.queue: deque[tuple[gs.Tensor, int, int, int]] = deque()
 
     def add_tensor(self, tensor: gs.Tensor, axis: int, repeat: int, offset: int) -> None:
@@ -200,9 +202,9 @@ class _Search:
             self.group.tensors[tensor.name] = (axis, repeat)
             self.group.offsets[tensor.name] = [offset]
         if tensor.name in self.outputs:
-            self.group.blockers.append(f"channels reach the graph output {tensor.name}")
+            self.group.blockers.append(f"channels reach the graph output {tensor.name}, which keeps its width")
         if tensor.name in self.inputs:
-            self.group.blockers.append(f"channels come from the graph input {tensor.name}")
+            self.group.blockers.append(f"channels come from the graph input {tensor.name}, which keeps its width")
         self.queue.append((tensor, axis, repeat, offset))
 
     def visit(self, node: gs.Node, port: Port, axis: int, repeat: int, offset: int) -> None:
@@ -240,6 +242,11 @@ class _Search:
             for node in list(tensor.inputs):
                 self.visit(node, ("out", node.outputs.index(tensor)), axis, repeat, offset)
             for node in list(tensor.outputs):
+                owner = self.owners.get(id(node))
+                if owner is not None:
+                    self.group.blockers.append(f"{owner.op} {owner.name} reads the channels inside its subgraph, "
+                                               "which is left as it is")
+                    continue
                 for k, inp in enumerate(node.inputs):
                     if inp is tensor:
                         self.visit(node, ("in", k), axis, repeat, offset)

@@ -7,6 +7,7 @@ pruning for any choice of group widths, which the width allocation uses.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
@@ -16,6 +17,7 @@ from onnxprune.analysis.graph import static_shape
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import AnalysisError
 from onnxprune.ops.registry import Having, lookup
+from onnxprune.subgraphs import bodies, nodes_within
 
 MAC_OPS = Having("macs")  # the op types that count MACs (``op in MAC_OPS``)
 
@@ -57,8 +59,8 @@ def node_macs(node: gs.Node) -> int:
     entry = lookup(node.op)
     if entry is None or entry.macs is None:
         return 0
-    out = static_shape(node.outputs[0])
-    inp = static_shape(node.inputs[0])
+    out = _batch_first(static_shape(node.outputs[0]))
+    inp = _batch_first(static_shape(node.inputs[0]))
     if out is None or inp is None:
         where = f"{node.op} {node.name}"
         stop = _inference_stop(node)
@@ -68,6 +70,27 @@ def node_macs(node: gs.Node) -> int:
                                 "declare its output shape as value_info in the model")
         raise AnalysisError(f"{where}: unknown shapes; export the model with a fixed input size")
     return entry.macs(node, inp, out)
+
+
+def _batch_first(shape: list[int | None] | None) -> list[int | None] | None:
+    """``shape`` with its batch axis first, as the MAC counts read it: the one dynamic dim when it is the only
+    one, wherever it sits (a time-major ``[T, N, C]`` tensor, batch on axis 1, becomes ``[N, T, C]``)."""
+    dynamic = [i for i, d in enumerate(shape or []) if d is None]
+    if len(dynamic) != 1 or dynamic[0] == 0:
+        return shape
+    b = dynamic[0]
+    return [None, *shape[:b], *shape[b + 1:]]
+
+
+def uncounted(graph: gs.Graph) -> list[str]:
+    """The control-flow nodes whose subgraphs hold MAC ops, which the counts leave out (their iterations are
+    known only at run time), e.g. ``"Loop Loop.0 (10 MatMul)"``."""
+    out = []
+    for node in graph.nodes:
+        ops = Counter(n.op for body in bodies(node) for n in nodes_within(body) if n.op in MAC_OPS)
+        if ops:
+            out.append(f"{node.op} {node.name} ({', '.join(f'{c} {op}' for op, c in ops.items())})")
+    return out
 
 
 def count_params(graph: gs.Graph) -> int:

@@ -143,12 +143,16 @@ def load_calibration(
 
 def preprocess_for(
     input_specs: list[InputSpec], *, resize: int | None = None, crop: int | None = None,
-    mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD, layout: str = "nchw",
+    mean: tuple[float, ...] = IMAGENET_MEAN, std: tuple[float, ...] = IMAGENET_STD, layout: str = "auto",
     bgr: bool = False,
 ) -> Preprocess:
     """The image preprocessing for a model with inputs ``input_specs``: without ``crop``, the crop is the
     single input's static H,W (else 224), and without ``resize`` the short side is resized to crop·256/224
-    (ImageNet's 256 → 224)."""
+    (ImageNet's 256 → 224). ``layout`` 'auto' is 'nhwc' for a single 4-D input whose last dim is 1, 3 or 4 and
+    whose second is not (a Keras or TF export), else 'nchw'."""
+    if layout == "auto":
+        dims = input_specs[0][1] if len(input_specs) == 1 else []
+        layout = "nhwc" if len(dims) == 4 and dims[3] in (1, 3, 4) and dims[1] not in (1, 3, 4) else "nchw"
     size: int | tuple[int, int] = crop or 224
     if crop is None and len(input_specs) == 1 and len(input_specs[0][1]) == 4:
         hw = input_specs[0][1][2:4] if layout == "nchw" else input_specs[0][1][1:3]

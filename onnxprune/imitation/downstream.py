@@ -66,7 +66,7 @@ class ConsumerDownstream:
         for name in nodes:  # a bias everywhere (a MatMul's is an Add), so that every candidate can set one
             lin = consumers.matrix(mine[name])
             consumers.write(cut, mine[name], consumers.Linear(lin.weight, np.ones_like(lin.bias), lin.k))
-        cut.cleanup().toposort()
+        cut.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
         self._scratch = cut.copy()  # candidates are written here, in each op's layout, then fed
         self._nodes = list(nodes)
         feeds = []

@@ -1,7 +1,7 @@
 """The op registry: per ONNX op type, everything the tool knows of it, in one entry.
 
-One module per op family (``elementwise``, ``arithmetic``, ``conv``, ``linear``, ``norm``, ``pool``,
-``reduce``, ``shape``, ``concat_split``, ``resize``, ``tensor``) registers its ops' ``OpEntry``: the
+One module per op family (``elementwise``, ``arithmetic``, ``control``, ``conv``, ``linear``, ``norm``, ``pool``,
+``recurrent``, ``reduce``, ``shape``, ``concat_split``, ``resize``, ``tensor``) registers its ops' ``OpEntry``: the
 channel rule (analysis), the MAC count, the weights as a matrix (re-fitting consumers), how slicing
 rewrites its bounds, and its torch kernels by opset. Teaching the tool a new op is one call::
 
@@ -12,11 +12,13 @@ from onnxprune.ops.registry import Linear, Mixing, OpEntry, lookup, register, re
 from onnxprune.ops import (  # noqa: F401  (each registers its ops)
     arithmetic,
     concat_split,
+    control,
     conv,
     elementwise,
     linear,
     norm,
     pool,
+    recurrent,
     reduce,
     resize,
     shape,

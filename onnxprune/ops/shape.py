@@ -10,7 +10,7 @@ import torch
 
 from onnxprune.analysis.graph import const_value, static_shape
 from onnxprune.ops.registry import OpEntry, register
-from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
+from onnxprune.ops.roles import Blocked, Channelwise, Port, ResizeSite, Role, Span, rank_of
 from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
 
 
@@ -31,22 +31,16 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
     if i_shape is None or o_shape is None:
         return Blocked(f"{node.op} {node.name}: unknown shapes")
     if port == ("out", 0):
-        return Blocked(f"{node.op} {node.name}: channels traced backwards through a reshape")
+        in_axis = _same_axis(o_shape, i_shape, axis)
+        if in_axis is None:
+            return Blocked(f"{node.op} {node.name} builds these channels out of other axes (an RNN's gates split "
+                           "from one vector, say): a channel here is not one channel before it")
+        return _kept_axis(node, in_axis, axis, repeat, i_shape)
     lead = i_shape[:axis]
     inner = i_shape[axis + 1:]
-    # Case 1: only size-1 axes inserted/removed: the channel axis keeps its size.
-    non1_in = [(i, d) for i, d in enumerate(i_shape) if d != 1]
-    non1_out = [(i, d) for i, d in enumerate(o_shape) if d != 1]
-    if [d for _, d in non1_in] == [d for _, d in non1_out] and None not in [d for _, d in non1_in][1:]:
-        k = [i for i, _ in non1_in].index(axis) if axis in [i for i, _ in non1_in] else None
-        if k is not None:
-            out_axis = non1_out[k][0]
-            if node.op == "Reshape":
-                entry = _shape_entry(node.inputs[1], out_axis)
-                copied = entry == 0 and out_axis == axis and not node.attrs.get("allowzero", 0)
-                if entry is not None and entry != -1 and not copied:
-                    return Blocked(f"Reshape {node.name}: target shape fixes the channel count ({entry})")
-            return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
+    out_axis = _same_axis(i_shape, o_shape, axis)
+    if out_axis is not None:
+        return _kept_axis(node, axis, out_axis, repeat, i_shape)
     # Case 2: flatten of [*lead, C, *spatial] into [*lead, C*prod(spatial)].
     if None in inner or len(o_shape) != axis + 1 or o_shape[:axis][1:] != lead[1:]:
         return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
@@ -54,11 +48,61 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
     channels = i_shape[axis]
     if channels is None or o_shape[axis] not in (None, channels * spatial):
         return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
+    role = Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat * spatial)})
     if node.op == "Reshape":
         target = const_value(node.inputs[1])
-        if target is None or len(target) != axis + 1 or int(target[-1]) not in (-1,):
-            return Blocked(f"Reshape {node.name}: target shape must end in -1 to be re-sized")
-    return Channelwise({("in", 0): (axis, repeat), ("out", 0): (axis, repeat * spatial)})
+        if target is None:
+            return Blocked(f"Reshape {node.name}: its target shape is computed at run time (from the batch size or "
+                           "the data), so it cannot be re-sized")
+        if len(target) != axis + 1:
+            return Blocked(f"Reshape {node.name}: reshapes across the channel axis")
+        if int(target[-1]) != -1:
+            if -1 in target.tolist():
+                return Blocked(f"Reshape {node.name}: its target fixes the flattened width ({int(target[-1])})")
+            role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, int(channels))))
+    return role
+
+
+def _same_axis(src: list[int | None], dst: list[int | None], axis: int) -> int | None:
+    """Where axis ``axis`` of shape ``src`` is in ``dst`` when a reshape between them keeps it as one axis of the
+    same size: only size-1 axes inserted or removed, or the same leading dims with the trailing ones merged or split
+    (``[N, C, H, W]`` ↔ ``[N, C, H·W]``, Paddle's flatten(2)); else None."""
+    non1_src = [(i, d) for i, d in enumerate(src) if d != 1]
+    non1_dst = [(i, d) for i, d in enumerate(dst) if d != 1]
+    if [d for _, d in non1_src] == [d for _, d in non1_dst] and None not in [d for _, d in non1_src][1:]:
+        positions = [i for i, _ in non1_src]
+        if axis in positions:
+            return non1_dst[positions.index(axis)][0]
+    tail_src, tail_dst = src[axis + 1:], dst[axis + 1:]
+    if (len(dst) > axis and dst[:axis] == src[:axis] and dst[axis] in (None, src[axis])
+            and None not in tail_src and None not in tail_dst and math.prod(tail_src) == math.prod(tail_dst)):
+        return axis
+    return None
+
+
+def _kept_axis(node: gs.Node, axis: int, out_axis: int, repeat: int, i_shape: list[int | None]) -> Role:
+    """A shape op that keeps the channel axis as one axis (``out_axis`` of its output). A Reshape target that
+    writes the channel count there as a constant is rewritten to the pruned count (``_resize_reshape``)."""
+    role = Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
+    if node.op != "Reshape":
+        return role
+    entry = _shape_entry(node.inputs[1], out_axis)
+    copied = entry == 0 and out_axis == axis and not node.attrs.get("allowzero", 0)
+    if entry is None or entry == -1 or copied:
+        return role
+    if entry == i_shape[axis] and const_value(node.inputs[1]) is not None:
+        role.resizes.append(ResizeSite(node.name, node.inputs[0].name, out_axis, (0, entry)))
+        return role
+    return Blocked(f"Reshape {node.name}: target shape fixes the channel count ({entry})")
+
+
+def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, opset: int) -> None:
+    """Rewrite entry ``site.axis`` of a Reshape's constant target, which held the channel count (or, for a flatten,
+    the channels' entries): -1 ("the rest") when no other entry is, else the count ``bounds[1] - bounds[0]`` (the
+    input's channel axis after slicing)."""
+    target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
+    target[site.axis] = -1 if -1 not in np.delete(target, site.axis).tolist() else bounds[1] - bounds[0]
+    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.keep{tag}", target)
 
 
 def _shape_entry(tensor: gs.Tensor, index: int) -> int | None:
@@ -105,11 +149,23 @@ def _shape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -
     start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
     start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else min(end, rank))
     if start <= axis < end:
-        for user in node.outputs[0].outputs:
-            read = _indices(user, end - start) if user.inputs[0] is node.outputs[0] else None
+        for vector, user in _readers(node.outputs[0]):
+            read = _indices(user, end - start) if user.inputs[0] is vector else None
             if read is None or axis - start in read:
                 return Blocked(f"Shape {node.name}: the channel count is read by {user.op} {user.name}")
     return Channelwise({("in", 0): (axis, repeat)})
+
+
+def _readers(vector: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:
+    """The nodes reading the shape vector ``vector``, past Casts (as Paddle exports write them), each with the
+    tensor it reads."""
+    out = []
+    for user in vector.outputs:
+        if user.op == "Cast" and user.inputs[0] is vector:
+            out.extend(_readers(user.outputs[0]))
+        else:
+            out.append((vector, user))
+    return out
 
 
 def _shape(node: OpNode, x: Inputs) -> Tensor:
@@ -187,7 +243,8 @@ def _tile(node: OpNode, x: Inputs) -> Tensor:
 register(OpEntry("Shape", channels=_shape_rule, torch={1: _shape}))
 register(OpEntry("Size", torch={1: _size}))
 register(OpEntry("Flatten", channels=_reshape_rule, torch={1: _flatten}))
-register(OpEntry("Reshape", channels=_reshape_rule, torch={1: _reshape_1, 5: _reshape_5}, static_inputs=frozenset({1})))
+register(OpEntry("Reshape", channels=_reshape_rule, resize=_resize_reshape, torch={1: _reshape_1, 5: _reshape_5},
+                 static_inputs=frozenset({1})))
 register(OpEntry("Transpose", channels=_transpose_rule, torch={1: _transpose}))
 register(OpEntry("Squeeze", channels=_reshape_rule, torch={1: _squeeze}, static_inputs=frozenset({1})))
 register(OpEntry("Unsqueeze", channels=_reshape_rule, torch={1: _unsqueeze}, static_inputs=frozenset({1})))

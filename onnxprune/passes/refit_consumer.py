@@ -22,4 +22,4 @@ def refit_consumer(graph: gs.Graph, node_name: str, linear: consumers.Linear, gr
         full.weight[:, view.cols] = linear.weight
         linear = consumers.Linear(full.weight, linear.bias, full.k)
     consumers.write(graph, node, linear)
-    return graph.cleanup().toposort()
+    return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)

@@ -22,4 +22,4 @@ def remove_block(graph: gs.Graph, block: Block, bias: np.ndarray) -> gs.Graph:
     constant = gs.Constant(f"{block.consumer}/removed_block_bias", np.asarray(bias, dtype=dtype).reshape(shape))
     add.inputs[add.inputs.index(y)] = constant
     consumer.outputs.clear()
-    return graph.cleanup().toposort()
+    return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)

@@ -34,4 +34,4 @@ def scale_columns(graph: gs.Graph, group: Group, scale: np.ndarray) -> gs.Graph:
         shape[site.axis] = factor.size
         scaled = (values * factor.reshape(shape)).astype(values.dtype)
         node.inputs[1] = gs.Constant(f"{const.name}.scaled{group.id}", scaled)
-    return graph.cleanup().toposort()
+    return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)

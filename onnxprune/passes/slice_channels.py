@@ -71,4 +71,4 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
         node = nodes[site.node]
         bounds = [group.layout.current(tensors, site.tensor, b) for b in site.bounds]
         lookup(node.op).resize(node, site, bounds, group.id, graph.opset)
-    return graph.cleanup().toposort()
+    return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)

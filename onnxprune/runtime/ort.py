@@ -145,4 +145,17 @@ def run_session(session: ort.InferenceSession, feed: dict[str, np.ndarray], batc
         m = len(next(iter(chunk.values())))
         chunk = {k: np.concatenate([v, np.repeat(v[-1:], size - m, axis=0)]) for k, v in chunk.items()}
         parts.append([y[:m] for y in session.run(None, chunk)])
-    return [np.concatenate(ys) for ys in zip(*parts)]
+    return [np.concatenate(zero_pad(*ys, first=1)) for ys in zip(*parts)]
+
+
+def zero_pad(*arrays: np.ndarray, first: int = 0) -> list[np.ndarray]:
+    """``arrays`` zero-padded at the end of each axis from ``first`` on to their common largest shape: outputs
+    whose length varies from sample to sample (a decoded sequence) line up where all have entries, and an entry
+    only some have counts against zeros in the others."""
+    if len({a.shape[first:] for a in arrays}) <= 1:
+        return list(arrays)
+    if len({a.ndim for a in arrays}) > 1:
+        raise ValueError(f"outputs of ranks {sorted({a.ndim for a in arrays})} cannot be lined up")
+    shape = np.max([a.shape for a in arrays], axis=0)
+    return [np.pad(a, [(0, 0)] * first + [(0, int(s - d)) for s, d in zip(shape[first:], a.shape[first:])])
+            for a in arrays]

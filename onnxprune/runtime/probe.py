@@ -74,7 +74,8 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
     first two samples of ``feed``, else on random inputs of the static input dims): a floating-point
     tensor without a leading dim of 2 (a ``Reshape`` to ``[1, C, -1]`` folds the batch into another axis)
     or a failed run means the graph holds batch 1 as a constant, and running several samples at once would
-    mix them without any error."""
+    mix them without any error; unless that tensor has its batch on another axis (time-major: the one axis that
+    is 1 at batch 1 and 2 at batch 2)."""
     inputs = real_inputs(model)
     static = static_batch(model)
     if static is not None:
@@ -87,13 +88,30 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
     arrays = run_all_tensors(model, names, feed)
     if arrays is None:
         return FixedBatch(1, "onnxruntime cannot run the graph at batch 2")
+    read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
     for node in model.graph.node:
         for name in node.output:
-            a = arrays.get(name)
+            a = arrays.get(name) if name in read else None  # unread: a Loop's carried weights, say
             if a is not None and a.dtype.kind == "f" and (a.ndim == 0 or a.shape[0] != 2):
-                return FixedBatch(1, f"{node.op_type} {node.name or name} gives {name} shape {list(a.shape)} at "
-                                     "batch 2: the graph writes batch 1 into its shapes")
+                where = f"{node.op_type} {node.name or name} gives {name} shape {list(a.shape)} at batch 2"
+                why = _batch_reason(model, name, a.shape, {k: v[:1] for k, v in feed.items()})
+                if why is not None:
+                    return FixedBatch(1, f"{where}: {why}")
     return None
+
+
+def _batch_reason(model: onnx.ModelProto, name: str, at2: tuple[int, ...], feed1: dict[str, np.ndarray]) -> str | None:
+    """Why tensor ``name`` (shape ``at2`` at batch 2) does not hold samples apart, or None when it does on an axis
+    other than 0 (time-major: the one axis that is 1 at batch 1, on ``feed1``, and 2 at batch 2)."""
+    at1 = (run_all_tensors(model, [name], feed1) or {}).get(name)
+    moved = [] if at1 is None or at1.ndim != len(at2) else [
+        i for i, (a, b) in enumerate(zip(at1.shape, at2)) if a != b]
+    if len(moved) == 1 and (at1.shape[moved[0]], at2[moved[0]]) == (1, 2):
+        return None
+    if len(moved) == 1 and at2[moved[0]] == 2 * at1.shape[moved[0]]:
+        return (f"the batch is merged with another dim on its axis {moved[0]} ({at1.shape[moved[0]]} at batch 1), "
+                "so its samples cannot be held apart")
+    return "the graph writes batch 1 into its shapes"
 
 
 def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:

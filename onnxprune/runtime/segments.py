@@ -17,6 +17,7 @@ import onnxruntime as ort
 from onnxprune.errors import AnalysisError
 from onnxprune.runtime.ort import make_session
 from onnxprune.runtime.store import Array, Store
+from onnxprune.subgraphs import outer_reads
 
 
 class Liveness:
@@ -30,7 +31,7 @@ class Liveness:
         for i, node in enumerate(graph.nodes):
             for t in node.outputs:
                 self.produced[t.name] = i
-            for t in node.inputs:
+            for t in [*node.inputs, *outer_reads(node)]:  # a Loop body's reads count as the Loop's
                 if isinstance(t, gs.Variable) and t.name:
                     self.last_use[t.name] = max(self.last_use.get(t.name, -1), i)
 
@@ -83,20 +84,56 @@ def run_segment(
 
 
 def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:
-    """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names."""
+    """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names.
+
+    The cache holds every tensor samples first: a tensor with its batch on another axis (time-major, e.g. an
+    RNN's ``[T, N, C]``) enters through a Transpose from that order and leaves through one to it."""
+    symbol = batch_symbol(graph)
     g = graph.copy()
     tensors = g.tensors()
-    inputs = [tensors[name] for name in values if name in tensors]
-    for tensor in inputs:
+    inputs = []
+    for name in values:
+        if name not in tensors:
+            continue
+        tensor = tensors[name]
         tensor.inputs.clear()
-        array = values[tensor.name]
+        axis = batch_axis(tensor, symbol)
+        if axis:
+            native, tensor = tensor, gs.Variable(name)
+            native.name = f"{name}.native"
+            perm = [*range(1, axis + 1), 0, *range(axis + 1, len(native.shape))]
+            g.nodes.append(gs.Node("Transpose", f"{name}.to_native", {"perm": perm}, [tensor], [native]))
+        array = values[name]
         tensor.dtype, tensor.shape = array.dtype, ["N", *array.shape[1:]]
+        inputs.append(tensor)
     g.inputs = inputs
-    g.outputs = [tensors[name] for name in sorted(set(outputs))]
-    for tensor in g.outputs:
+    g.outputs = []
+    for name in sorted(set(outputs)):
+        tensor = tensors[name]
+        axis = batch_axis(tensor, symbol)
+        if axis:
+            native, tensor = tensor, gs.Variable(name, dtype=tensor.dtype)
+            native.name = f"{name}.native"
+            perm = [axis, *(i for i in range(len(native.shape)) if i != axis)]
+            g.nodes.append(gs.Node("Transpose", f"{name}.samples_first", {"perm": perm}, [native], [tensor]))
         if tensor.dtype is None:
             tensor.dtype = np.float32
-    return g.cleanup(remove_unused_graph_inputs=True)
+        g.outputs.append(tensor)
+    g.cleanup(remove_unused_graph_inputs=True, recurse_subgraphs=False)  # bodies keep their inputs
+    return g.toposort(recurse_subgraphs=False)
+
+
+def batch_symbol(graph: gs.Graph) -> str | None:
+    """The symbol of the graph inputs' dynamic batch dim, when they share one."""
+    symbols = {t.shape[0] for t in graph.inputs if t.shape and isinstance(t.shape[0], str)}
+    return symbols.pop() if len(symbols) == 1 else None
+
+
+def batch_axis(tensor: gs.Tensor, symbol: str | None) -> int:
+    """The axis of ``tensor`` that holds the batch: the one dim named ``symbol`` (shape inference and
+    ``analysis.graph.fill_shapes_from_run``'s batch-1/batch-2 probe name it), else 0."""
+    axes = [i for i, d in enumerate(tensor.shape or []) if symbol is not None and d == symbol]
+    return axes[0] if len(axes) == 1 else 0
 
 
 def run_cut(

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.errors import OptionError
+from onnxprune.runtime.ort import zero_pad
 from onnxprune.tasks.detection import (STRIDES, APAccumulator, DetectionLayout, Detections, Truth, box_iou, cells)
 from onnxprune.tasks.text import ctc_decode, edit_distance, matched_regions, regions
 
-TASKS = ("auto", "classify", "detect", "segment", "ctc", "textdet", "raw")
+TASKS = ("auto", "classify", "detect", "segment", "ctc", "seq", "textdet", "raw")
 CONF = 0.25  # a detection the user sees (ultralytics' predict default)
 LOW_CONF = 0.001  # the detections ranked for mAP (ultralytics' val default)
 NMS_IOU = 0.5
@@ -66,6 +67,7 @@ def raw_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequ
                 kl[name] = kl.get(name, 0.0) + float(np.sum(np.exp(log_p) * (log_p - log_q)))
                 rows[name] = rows.get(name, 0) + len(ref)
             else:
+                ref, y = zero_pad(ref, y)  # a decoded sequence may be longer in one of them
                 err[name] = err.get(name, 0.0) + float(np.sum(np.square(y - ref)))
                 energy[name] = energy.get(name, 0.0) + float(np.sum(np.square(ref)))
     return sum(kl[k] / rows[k] for k in kl) + sum(err[k] / max(energy[k], 1e-30) for k in err)
@@ -229,6 +231,35 @@ class CTCMetric(Metric):
 
 
 @dataclass(frozen=True)
+class Seq(Task):
+    """An attention decoder's per-step class scores ``[N, L, C]``, L varying with the input (a table-structure or
+    formula recogniser): its argmax token sequences, each up to its end token (the last class, as PaddleOCR's
+    attention heads write it), against the reference's (exact and per token). Named with ``--task seq``: its
+    layout is a CTC recogniser's."""
+
+    output: int = 0
+
+    def metric(self) -> Metric:
+        return SeqMetric(self)
+
+
+class SeqMetric(CTCMetric):
+    def strings(self, ys: Sequence[np.ndarray]) -> list[tuple[int, ...]]:
+        y = ys[self.task.output]
+        out = []
+        for row in y.argmax(axis=-1):
+            end = np.flatnonzero(row == y.shape[-1] - 1)
+            out.append(tuple(int(t) for t in row[: end[0] + 1 if len(end) else len(row)]))
+        return out
+
+    def result(self) -> dict[str, float | None]:
+        if not self.total:
+            return {}
+        return {"sequence_agreement_ref": self.same / self.total,
+                "token_agreement_ref": 1.0 - self.edits / max(self.chars, 1)}
+
+
+@dataclass(frozen=True)
 class TextRegions(Task):
     """A text detector's probability map: F1 of its regions (binarised at 0.3) against the reference's, a region
     matching one of the other's at IoU ≥ 0.5."""
@@ -298,6 +329,8 @@ def task_named(name: str, outputs: Sequence[np.ndarray], hw: tuple[int, int] | N
         return Task(name)
     if name == "ctc" and len(outputs[0].shape) == 3:
         return CTC("ctc", time_major=outputs[0].shape[1] == batch and outputs[0].shape[0] != batch)
+    if name == "seq" and any(o.ndim == 3 for o in outputs):
+        return Seq("seq", output=max((i for i, o in enumerate(outputs) if o.ndim == 3), key=lambda i: outputs[i].shape[2]))
     if name == "textdet" and len(outputs[0].shape) == 4:
         return TextRegions("textdet")
     shapes = ", ".join(str(list(o.shape)) for o in outputs)
@@ -340,4 +373,4 @@ def _split_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> Detecti
                            reg_max=width // 4 - 1)
 
 
-__all__ = ["TASKS", "CTC", "Detect", "Metric", "Task", "TextRegions", "infer_task", "task_named", "box_iou"]
+__all__ = ["TASKS", "CTC", "Detect", "Metric", "Seq", "Task", "TextRegions", "infer_task", "task_named", "box_iou"]

@@ -111,16 +111,23 @@ def _order(graph: onnx.GraphProto, needed: set[int], available: set[str]) -> lis
     return order
 
 
+CONTROL_FLOW = frozenset({"Loop", "If", "Scan"})
+
+
 def _unsupported(problems: dict[str, list[str]]) -> UnsupportedOpError:
     listed = "; ".join(
         f"{op} at node(s) {', '.join(repr(n) for n in names[:3])}{' ...' if len(names) > 3 else ''}"
         for op, names in problems.items()
     )
-    return UnsupportedOpError(
-        f"the torch evaluator cannot run {len(problems)} op type(s) of this model: {listed}. "
-        "Register a torch kernel for it in the op registry (onnxprune.ops.register), or "
-        "simplify/re-export the model without these ops"
-    )
+    ways = []
+    if set(problems) & CONTROL_FLOW:
+        ways.append("training (recover) needs the whole model in torch, and control flow (a decoder's loop) is not "
+                    "run there: the compressed model is the result")
+    if set(problems) - CONTROL_FLOW:
+        ways.append("register a torch kernel for it in the op registry (onnxprune.ops.register), or "
+                    "simplify/re-export the model without these ops")
+    return UnsupportedOpError(f"the torch evaluator cannot run {len(problems)} op type(s) of this model: {listed}: "
+                              f"{'; '.join(ways)}")
 
 
 def _steps(graph: onnx.GraphProto, order: list[int], opset: int,

@@ -341,3 +341,14 @@ def test_task_seq_reads_token_sequences_up_to_the_end_token() -> None:
     metric = task.metric()
     metric.update([None, other], [None, steps])
     assert metric.result() == {"sequence_agreement_ref": 0.5, "token_agreement_ref": 1 - 1 / 8}
+
+
+def test_task_seq_compares_the_steps_up_to_each_reference_end() -> None:
+    steps = np.zeros((2, 5, 4))
+    steps[0, [0, 1, 2, 3, 4], [1, 3, 2, 3, 0]] = 1  # ends at step 1: the rest is what the decoder ran past it
+    steps[1, :, 2] = 1  # never ends
+    task = task_named("seq", [steps], None, 2)
+    past_end = steps.copy()
+    past_end[0, 2:] = 5.0
+    assert task.discrepancy([{"y": steps}], [{"y": past_end}]) == 0.0
+    assert task.discrepancy([{"y": steps}], [{"y": steps[:, :2]}]) == pytest.approx(3 / 7)  # 3 steps of 7 missing

@@ -239,7 +239,8 @@ def _resize_by_scales(graph: gs.Graph) -> bool:
     scales from the sizes the same way, so the result is the same. Returns whether a Resize changed."""
     changed = False
     for node in graph.nodes:
-        if node.op != "Resize" or len(node.inputs) != 4 or const_value(node.inputs[3]) is not None:
+        if (node.op != "Resize" or len(node.inputs) != 4 or const_value(node.inputs[3]) is not None
+                or "axes" in node.attrs):
             continue
         i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
         if i_shape is None or o_shape is None or len(i_shape) != len(o_shape) or None in i_shape[1:] + o_shape[1:]:
@@ -297,7 +298,9 @@ def _fold_shape_values(graph: gs.Graph) -> bool:
 
 
 def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    """Shape-infer, fold constants (Constant nodes, Cast/Identity of weights) and name every node."""
+    """Shape-infer, fold constants (Constant nodes, Cast/Identity of weights, values computed from static
+    shapes; ``_resize_by_scales``, ``_fold_shape_values``, ``_copy_batch_dims``) and name every node. Loop/If/Scan
+    bodies are left as they are."""
     graph = gs.import_onnx(infer_shapes(model))
     try:
         graph.fold_constants(error_ok=True, recurse_subgraphs=False)

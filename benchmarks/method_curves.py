@@ -28,7 +28,7 @@ import onnx
 from common import DEFAULT_DATA, original_model
 from layer_curves import short_name
 from onnxprune.calib.sources import load_calibration
-from onnxprune.evaluation import log_softmax
+from onnxprune.tasks import log_probs
 from onnxprune.pipeline import Compressor, schedule
 from onnxprune.runtime.ort import make_session, model_input_specs
 from onnxprune.strategies import OMP, Global, Local, Ratio, options_from
@@ -43,7 +43,7 @@ def outputs(model: onnx.ModelProto, x: dict[str, np.ndarray]) -> np.ndarray:
 
 
 def kl_and_agreement(ref: np.ndarray, out: np.ndarray) -> tuple[float, float]:
-    log_p, log_q = log_softmax(ref), log_softmax(out)
+    log_p, log_q = log_probs(ref), log_probs(out)
     kl = float(np.mean(np.sum(np.exp(log_p) * (log_p - log_q), axis=1)))
     return kl, float(np.mean(ref.argmax(1) == out.argmax(1)))
 

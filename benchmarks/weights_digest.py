@@ -1,4 +1,5 @@
-"""Digests of the weights of pruned MobileNetV2s, to show a refactor changes no pruned model.
+"""Digests of the weights of pruned MobileNetV2s and of YOLOv8n (nudenet's, at 0.85), to show a refactor changes
+no pruned model.
 
 Run it at two commits and compare the JSON files (same machine):
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 from pathlib import Path
 
@@ -51,6 +53,12 @@ def main() -> None:
         r = onnxprune.compress(original, str(a.data), subset=a.subset, **kw)
         out[name] = [digest(r.model), r.report.macs_after]
         print(name, *out[name], flush=True)
+    yolo = Path(importlib.util.find_spec("nudenet").origin).parent / "320n.onnx"  # YOLOv8n: the detector objective
+    r = onnxprune.compress(yolo, str(a.data), subset=a.subset, budget=Ratio(0.85), input_shape=["1x3x320x320"],
+                           preprocess=onnxprune.preprocess_for(yolo, input_shape=["1x3x320x320"], mean=(0, 0, 0),
+                                                              std=(1, 1, 1)))
+    out["yolov8n_0.85"] = [digest(r.model), r.report.macs_after]
+    print("yolov8n_0.85", *out["yolov8n_0.85"], flush=True)
     a.out.write_text(json.dumps(out, indent=1) + "\n")
 
 

@@ -1,4 +1,5 @@
-"""onnxprune: channel pruning of ONNX CNNs by greedy local imitation.
+"""onnxprune: channel pruning of ONNX CNNs without fine-tuning: greedy channel selection (group OMP by default,
+the paper's local and global imitation as options) and a least-squares refit of the next layer.
 
 The Python API (the CLI parses its flags into the same calls)::
 

@@ -39,7 +39,9 @@ MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm a
              "convention of pruning papers (their 'FLOPs').")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="Channel pruning of ONNX CNNs by greedy local imitation (Ye, Wu & Liu, NeurIPS 2020). "
+                  help="Channel pruning of ONNX CNNs without fine-tuning: greedy channel selection (group OMP by "
+                       "default; the local and global imitation of Ye, Wu & Liu, NeurIPS 2020) and a least-squares "
+                       "refit of the next layer. "
                   + MACS_HELP)
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
@@ -179,9 +181,9 @@ SelectMethodOpt = Annotated[str, typer.Option(
          "global only within --global-budget, the layers nearest the output first), or the baselines 'l1' "
          "and 'random'.")]
 GlobalBudgetOpt = Annotated[Optional[float], typer.Option(
-    help="With --method auto: seconds global imitation may take in all (default 300: MobileNetV2 on 500 photos "
-         "within 10 minutes on 2 CPU cores); each layer's cost is predicted, and the output lists which "
-         "method won each layer and why.")]
+    help="With --method auto: seconds global imitation may take in all (default 300); each layer's cost is "
+         "predicted, a search stops when its share is spent, and the output lists which method won each layer "
+         "and why.")]
 AllocationOpt = Annotated[str, typer.Option(
     help="Per-layer widths: 'output' (default; judged on the network's output: each layer alone pruned to "
          "75/50/25% on 64 calibration samples, the output's discrepancy (see --task) measured on up to 32 "
@@ -215,8 +217,8 @@ BestEffortOpt = Annotated[bool, typer.Option(
 ResidualStreamsOpt = Annotated[bool, typer.Option(
     "--residual-streams/--no-residual-streams",
     help="Also prune residual streams (the channels that several blocks sum with Add, e.g. MobileNetV2's stage "
-         "outputs), each jointly across all its producers and consumers; off by default (on MobileNetV2 the "
-         "output allocation leaves them whole anyway, and the epsilon allocation loses accuracy with them).")]
+         "outputs), each jointly across all its producers and consumers, probed by the output allocation as any "
+         "group is; off by default.")]
 RemoveBlocksOpt = Annotated[bool, typer.Option(
     "--remove-blocks/--no-remove-blocks",
     help="Let the output allocation also remove whole residual blocks (a block whose inner channels feed one "

@@ -10,8 +10,7 @@ Two stages, run in this order by the default method ``block+distill``:
   otherwise) on consistently augmented inputs: both networks see the same randomly cropped,
   flipped and mixed images (see ``augment``). By default only the last ``distill_segments``
   segments (the head) are trained, on their inputs cached for ``distill_views`` augmented views of
-  every training sample: on a few hundred photos this generalised far better, and ran ~20× faster
-  per step on CPU, than training the whole model (``distill_segments=0``), whose earlier layers the
+  every training sample, rather than the whole model (``distill_segments=0``), whose earlier layers the
   block stage already matched.
 
 A held-out part of the calibration set is split in two: one half picks the best checkpoint of every

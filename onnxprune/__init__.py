@@ -27,7 +27,7 @@ from onnxprune.calib.images import Preprocess
 from onnxprune.deploy.bench import BenchResult
 from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult
-from onnxprune.recovery import Method, RecoverOptions
+from onnxprune.recovery import Layout, Method, Mix, RecoverOptions, Train
 from onnxprune.strategies import (
     L1, MACs, OMP, Allocator, Auto, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Output, Random, Ratio,
     Reconstruction, Refit, Scale, Selector, Uniform,
@@ -37,7 +37,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "L1", "MACs", "OMP", "Allocator", "Auto", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
-    "Method", "NoRefit", "OnnxPruneError", "OptionError", "Output", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
-    "Refit", "Result", "Scale", "Selector", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
+    "Layout", "Method", "Mix", "NoRefit", "OnnxPruneError", "OptionError", "Output", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
+    "Refit", "Result", "Scale", "Selector", "Train", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
     "preprocess_for", "recover",
 ]

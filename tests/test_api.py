@@ -216,9 +216,12 @@ def test_evaluate_and_bench_return_data(tiny, tmp_path: Path) -> None:
     assert [t.runs for t in timings] == [2, 2] and timings[0].macs == timings[1].macs
 
 
-def test_recover_method_is_typed() -> None:
+def test_recover_options_are_typed() -> None:
     assert RecoverOptions().method is onnxprune.Method.BLOCK_DISTILL
     assert RecoverOptions(method="distill").method is onnxprune.Method.DISTILL
+    typed = RecoverOptions(train="changed", mix=onnxprune.Mix.CUTMIX, layout="nhwc")
+    assert (typed.train, typed.mix, typed.layout) == (onnxprune.Train.CHANGED, onnxprune.Mix.CUTMIX,
+                                                      onnxprune.Layout.NHWC)
     assert [(m.block, m.distill) for m in onnxprune.Method] == [(True, True), (True, False), (False, True)]
 
 

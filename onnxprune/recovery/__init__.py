@@ -35,7 +35,7 @@ import torch
 from onnxprune.analysis.graph import import_graph, infer_shapes
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError, OnnxPruneError, OptionError, check_choice
-from onnxprune.recovery.augment import MIXES, augment_images
+from onnxprune.recovery.augment import Mix, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
 from onnxprune.runtime.probe import fixed_batch
@@ -43,7 +43,21 @@ from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.store import Array, Store, check_memory, default_budget
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
-TRAIN = ("segment", "changed")
+class Train(StrEnum):
+    """What a stage trains: every float weight of a changed segment, or only the weights pruning changed."""
+
+    SEGMENT = "segment"
+    CHANGED = "changed"
+
+
+class Layout(StrEnum):
+    """The layout of an image input, for the augmentation."""
+
+    NCHW = "nchw"
+    NHWC = "nhwc"
+
+
+TRAIN = tuple(t.value for t in Train)
 
 
 class Method(StrEnum):
@@ -80,7 +94,8 @@ def writeback_tolerance(device: torch.device) -> float:
 class RecoverOptions:
     """The recovery's settings, checked when built (a bad value raises OptionError naming the field).
 
-    ``method`` is a ``Method`` or its value ('block+distill', 'block', 'distill'); it is stored as a ``Method``."""
+    ``method``, ``train``, ``mix`` and ``layout`` are enums (``Method``, ``Train``, ``Mix``, ``Layout``) or their
+    values ('block+distill', 'segment', 'mixup', 'nchw', ...); they are stored as the enums."""
 
     method: Method | str = Method.BLOCK_DISTILL
     steps: int = 200  # Adam steps per trainable segment (block stage)
@@ -89,11 +104,11 @@ class RecoverOptions:
     distill_lr: float = 1e-4
     distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
     distill_views: int = 8  # augmented views of every training sample cached for a head distillation
-    mix: str = "mixup"  # mixing of the distillation images (after random resized crop and flip)
-    layout: str = "nchw"  # of an image input, for the augmentation
+    mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
+    layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
     batch_size: int = 32
     holdout: float = 0.2  # fraction of the calibration samples kept aside to choose checkpoints
-    train: str = "segment"  # every float weight (of a changed segment), or only the changed ones
+    train: Train | str = Train.SEGMENT  # every float weight (of a changed segment), or only the changed ones
     pull: float = 0.0  # decay towards the starting weights
     seed: int = 0
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
@@ -106,10 +121,9 @@ class RecoverOptions:
                             "cpu" if self.device == "auto" else self.device)
 
     def __post_init__(self) -> None:
-        check_choice("method", self.method, METHODS)
-        self.method = Method(self.method)
-        for name, choices in (("train", TRAIN), ("mix", MIXES), ("layout", ("nchw", "nhwc"))):
-            check_choice(name, getattr(self, name), choices)
+        for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
+            check_choice(name, getattr(self, name), tuple(k.value for k in kind))
+            setattr(self, name, kind(getattr(self, name)))
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
@@ -420,4 +434,4 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     return (recovered if report.improved else student), report
 
 
-__all__ = ["METHODS", "Method", "TRAIN", "RecoverOptions", "RecoverReport", "Segment", "recover", "writeback_tolerance"]
+__all__ = ["METHODS", "Layout", "Method", "Mix", "TRAIN", "Train", "RecoverOptions", "RecoverReport", "Segment", "recover", "writeback_tolerance"]

@@ -9,11 +9,21 @@ hundred images from overfitting them ("function matching", Beyer et al. 2022).
 from __future__ import annotations
 
 import math
+from enum import StrEnum
 
 import torch
 import torch.nn.functional as F
 
-MIXES = ("mixup", "cutmix", "none")
+
+class Mix(StrEnum):
+    """How the distillation mixes each image with another of its batch."""
+
+    MIXUP = "mixup"
+    CUTMIX = "cutmix"
+    NONE = "none"
+
+
+MIXES = tuple(m.value for m in Mix)
 
 
 def resized_crop_flip(x: torch.Tensor, gen: torch.Generator, min_area: float = 0.25) -> torch.Tensor:

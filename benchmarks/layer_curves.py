@@ -41,8 +41,7 @@ from onnxprune.analysis import consumers
 from onnxprune.calib.sources import ArraySet, CalibrationSet, load_calibration
 from onnxprune.pipeline import Compressor, schedule
 from onnxprune.strategies import L1, Random, Ratio, options_from
-from onnxprune.imitation.downstream import DownstreamObjective
-from onnxprune.imitation.global_ import greedy_global
+from paper_global import DownstreamObjective, greedy_global
 from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
 from onnxprune.runtime.ort import model_input_specs

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from onnxprune.imitation.global_ import greedy_global
+from paper_global import greedy_global
 from onnxprune.imitation.local import greedy_local
 
 DIM_IN, DIM_HIDDEN, WIDTH_2, N_POINTS = 100, 50, 50, 200

@@ -28,7 +28,6 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
 from onnxprune.runtime.segments import cut_graph, run_cut
 from onnxprune.tasks import Task, image_hw, task_named
-from onnxprune.tasks import raw_discrepancy as output_discrepancy  # noqa: F401 (the classifier's and raw tensors')
 
 if TYPE_CHECKING:
     from onnxprune.pipeline import Compressor

@@ -142,7 +142,8 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     measures the model whose block is replaced by that constant, run whole here."""
     from onnxprune.pipeline import Compressor
     from onnxprune.runtime.segments import cut_graph
-    from onnxprune.sensitivity import _probe, _run, output_discrepancy
+    from onnxprune.sensitivity import _probe, _run
+    from onnxprune.tasks import raw_discrepancy
     from onnxprune.strategies import Ratio
 
     calib = load_calibration(str(tiny.calib), model_input_specs(tiny.model))
@@ -162,5 +163,5 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     mean = run_segment(run_.original, fit, [y], provider="cpu", batch_size=16)[0][y].mean(axis=(0, 2, 3))
     removed = _bias_reference(tiny.model, {block.consumer: mean})
     (out,) = run(removed, input=probe["input"])
-    want = output_discrepancy([{k: np.concatenate([r[k] for r in reference]) for k in names}], [{"logits": out}])
+    want = raw_discrepancy([{k: np.concatenate([r[k] for r in reference]) for k in names}], [{"logits": out}])
     assert got == pytest.approx(want, rel=1e-4) and got > 0

@@ -13,8 +13,7 @@ import torch
 from torch import nn
 
 from onnxprune.analysis import analyze
-from onnxprune.imitation.downstream import DownstreamObjective
-from onnxprune.imitation.global_ import greedy_global, taylor_scores
+from benchmarks.paper_global import DownstreamObjective, greedy_global, taylor_scores
 from onnxprune.runtime.torch_eval import TorchGraph
 from tests.onnx_builders import export_torch, masked_original
 

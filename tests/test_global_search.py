@@ -17,7 +17,7 @@ from onnxprune.imitation.downstream import ConsumerDownstream
 from onnxprune.imitation.global_ import evaluations, plan, shortlisted_global, solve_flops
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
-from onnxprune.sensitivity import output_discrepancy
+from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import OMP, Auto, Global, MACs, TimeBudget, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, masked_original, run
 
@@ -304,6 +304,6 @@ def test_candidate_weights_score_as_the_masked_network_does(tmp_path: Path) -> N
         [batch["input"] for batch in calib.batches(8)]))
     reference = run(model, input=np.concatenate([batch["input"] for batch in calib.batches(8)]))
     assert scores[0] == pytest.approx(0.0, abs=1e-9)
-    assert scores[1] == pytest.approx(output_discrepancy([{"fc_out": reference[0]}], [{"fc_out": masked[0]}]),
+    assert scores[1] == pytest.approx(raw_discrepancy([{"fc_out": reference[0]}], [{"fc_out": masked[0]}]),
                                       rel=1e-4)
     assert scores[1] > 1e-3  # the mask matters

@@ -10,7 +10,8 @@ from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.runtime.ort import model_input_specs
 from onnxprune.runtime.segments import cut_graph
-from onnxprune.sensitivity import _probe, _run, candidate_widths, curve_of, output_discrepancy, split
+from onnxprune.sensitivity import _probe, _run, candidate_widths, curve_of, split
+from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import Output, Ratio, options_from
 from tests.onnx_builders import run
 
@@ -27,16 +28,16 @@ def test_discrepancy_is_kl_for_logits_and_relative_error_otherwise() -> None:
     kl = float(np.mean(np.sum(p * np.log(p / q), axis=1)))
     maps, noisy = rng.standard_normal((6, 2, 3, 3)), rng.standard_normal((6, 2, 3, 3))
     rel = float(np.sum((noisy - maps) ** 2) / np.sum(maps**2))
-    assert output_discrepancy([{"logits": ref}], [{"logits": out}]) == pytest.approx(kl)
-    both = output_discrepancy([{"logits": ref, "map": maps}], [{"logits": out, "map": noisy}])
+    assert raw_discrepancy([{"logits": ref}], [{"logits": out}]) == pytest.approx(kl)
+    both = raw_discrepancy([{"logits": ref, "map": maps}], [{"logits": out, "map": noisy}])
     assert both == pytest.approx(kl + rel)
     # chunk by chunk (4 + 2 samples) it is the same figure; a sequence-first output (T, B, C) is compared whole
     chunks = [({"logits": ref[:4], "map": maps[:4]}, {"logits": out[:4], "map": noisy[:4]}),
               ({"logits": ref[4:], "map": maps[4:]}, {"logits": out[4:], "map": noisy[4:]})]
-    assert output_discrepancy(*zip(*chunks)) == pytest.approx(both)
+    assert raw_discrepancy(*zip(*chunks)) == pytest.approx(both)
     seq = maps.transpose(2, 0, 1, 3).reshape(3, 6, 6)
-    assert output_discrepancy([{"seq": seq}], [{"seq": 2 * seq}]) == pytest.approx(1.0)
-    assert output_discrepancy([{"logits": ref}], [{"logits": ref}]) == pytest.approx(0.0, abs=1e-12)
+    assert raw_discrepancy([{"seq": seq}], [{"seq": 2 * seq}]) == pytest.approx(1.0)
+    assert raw_discrepancy([{"logits": ref}], [{"logits": ref}]) == pytest.approx(0.0, abs=1e-12)
 
 
 def test_curve_interpolates_the_probes_and_never_rises_with_width() -> None:

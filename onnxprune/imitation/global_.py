@@ -1,5 +1,5 @@
-"""Greedy global imitation: the paper's (``greedy_global``) and the shortlisted one with refitted consumers
-(``shortlisted_global``, what ``--method global`` and ``auto`` run).
+"""Shortlisted global imitation with refitted consumers (``shortlisted_global``, what ``--method global`` and
+``auto`` run).
 
 Shortlisted global imitation. The final-output discrepancy decides which channels enter, but each step
 evaluates it only for a shortlist, and the consumers' weights of every candidate support are refitted by least
@@ -16,49 +16,22 @@ A layer costs about 2·width discrepancy evaluations (``evaluations``) of B samp
 its cut, whatever ``steps`` is; ``steps = width`` with ``shortlist = N`` is the exhaustive greedy (every channel
 evaluated at every step).
 
-The paper's global imitation (Ye, Wu & Liu 2020, sec. 2.3 and appendix "Details on Taylor
-Approximation Tricks"), ``greedy_global``:
-
-A group of N channels is scaled by a simplex weight vector a: channel i of the consumers' input
-is multiplied by N·a_i (a = 1/N is the original network). Global imitation chooses a to minimise
-the discrepancy D(a) between the network's final output and the original one, greedily:
-
-* k = 0: the best single neuron a = e_i (every i evaluated exactly);
-* k >= 1, γ_k = 1/(k+1): a <- (1-γ_k) a + γ_k e_i with the best i. While k <= ``exact_until``
-  every i is evaluated exactly; afterwards the Taylor trick ranks the neurons by
-  gr_i = 2 Σ_j (1[j=i] - a_j) r_j, r = ∂D/∂b at b = 0 for the auxiliary mask N·(a + b) (one
-  backward pass), and only the ``shortlist`` best-ranked (smallest gr_i: steepest descent) are
-  evaluated exactly.
-
-The algorithm only sees two callbacks (``losses`` and ``grad``, see ``greedy_global``), so it is
-testable without a network; ``onnxprune.imitation.downstream.DownstreamObjective`` builds them
-from an ONNX graph.
-
-With γ_k = 1/(k+1) the weights are always counts / (k+1) (how often each neuron was picked), so
-a is kept as exact integer counts: supports only grow, by at most one channel a step, and every
-support size from 1 to the final one is visited.
+The paper's own global imitation (simplex weights folded as N·aᵢ, exact steps then a Taylor shortlist) is
+research code outside the product: ``benchmarks/paper_global.py``, for the benchmarks that redo its figures.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 
 from onnxprune.imitation.omp import ChannelOrder
-from onnxprune.imitation.path import WidthPath
 
-LossFn = Callable[[np.ndarray, int], np.ndarray]
-"""losses(A, step): A is (K, N) candidate simplex weights; returns the K discrepancies (same
-mini-batch for every row of one step)."""
-
-GradFn = Callable[[np.ndarray, int], np.ndarray]
-"""grad(a, step): r = ∂D/∂b at b = 0 (N,) for the mask N·(a + b), on the step's mini-batch."""
-
-__all__ = ["GlobalPath", "ShortlistPath", "evaluations", "greedy_global", "plan", "shortlisted_global", "taylor_scores"]
+__all__ = ["ShortlistPath", "evaluations", "lu_flops", "plan", "shortlisted_global", "solve_flops"]
 
 
 class Ranker(Protocol):
@@ -149,149 +122,3 @@ def shortlisted_global(rank: Ranker, losses: SupportLosses, n: int, width: int, 
     return ShortlistPath(np.array(order, dtype=np.int64), losses_, taken, evaluated)
 
 
-def taylor_scores(a: np.ndarray, r: np.ndarray) -> np.ndarray:
-    """gr_i = 2 Σ_j (1[j=i] - a_j) r_j = 2 (r_i - aᵀr): the derivative of D along a -> e_i
-    (scaled by the paper's factor 2); smaller is a steeper descent."""
-    r = np.asarray(r, dtype=np.float64)
-    return 2.0 * (r - float(np.asarray(a, dtype=np.float64) @ r))
-
-
-@dataclass(kw_only=True)
-class GlobalPath(WidthPath):
-    """Trace of one greedy global run.
-
-    losses[k], supports[k]: loss (on step k's mini-batch) and support size after k steps
-    (k = 0 is the best single neuron). picks[k]: the neuron added/re-weighted at step k.
-    exact[k]: whether step k evaluated every neuron (False: Taylor shortlist).
-    curve[n], best[n], weights/support/padded: see WidthPath.
-    order: channels in the order they first entered the support.
-    final: the weights a where the greedy stopped. evaluations: candidate evaluations in total.
-    Padding channels are the unselected ones with the best (smallest) Taylor score gr_i (one extra
-    `grad` call on the mini-batch of the step that reached that state, cached); without a `grad`
-    callback the lowest unselected indices pad.
-    """
-
-    losses: np.ndarray
-    supports: np.ndarray
-    picks: np.ndarray
-    exact: np.ndarray
-    order: np.ndarray
-    final: np.ndarray
-    evaluations: int
-    best_step: dict[int, int] = field(repr=False)
-    """support size -> the step at which best[n] was reached (its mini-batch pads it)."""
-    grad: GradFn | None = field(default=None, repr=False)
-    _scores: dict[int, np.ndarray] = field(default_factory=dict, repr=False)
-
-    def _pad_scores(self, m: int, a: np.ndarray) -> np.ndarray:
-        if m not in self._scores:
-            grad = self.grad(a, self.best_step[m]) if self.grad is not None else None
-            self._scores[m] = taylor_scores(a, grad) if grad is not None else np.zeros(len(a))
-        return self._scores[m]
-
-
-def _evaluate(losses: LossFn, cands: np.ndarray, step: int, chunk: int) -> np.ndarray:
-    out = []
-    for s in range(0, len(cands), chunk):
-        part = cands[s : s + chunk]
-        v = np.asarray(losses(part, step), dtype=np.float64).reshape(-1)
-        if len(v) != len(part):
-            raise ValueError(f"losses callback returned {len(v)} values for {len(part)} candidates")
-        out.append(v)
-    return np.concatenate(out)
-
-
-def greedy_global(
-    losses: LossFn,
-    grad: GradFn | None,
-    n_channels: int,
-    max_width: int,
-    *,
-    exact_until: int = 25,
-    shortlist: int = 5,
-    max_steps: int | None = None,
-    chunk: int = 256,
-) -> GlobalPath:
-    """Greedy global imitation over the simplex of ``n_channels`` weights.
-
-    ``losses(A, step)`` evaluates the discrepancy of the K candidate weight vectors in A (K, N),
-    all on the same mini-batch for a given ``step`` (it is called with at most ``chunk`` rows at
-    a time); ``grad(a, step)`` returns r = ∂D/∂b at b = 0 for the mask N·(a + b) (with
-    ``grad=None`` every step is exact). Step 0 picks the best single neuron; step k >= 1
-    moves to (1-γ)a + γ e_i, γ = 1/(k+1), with the best i among all N (k <= exact_until) or among
-    the ``shortlist`` neurons with the smallest Taylor score gr_i (later steps). Stops once the
-    support reaches ``max_width`` (or N), or after ``max_steps`` steps (default 3·max_width).
-    """
-    n = int(n_channels)
-    if n < 1:
-        raise ValueError(f"n_channels must be positive, got {n}")
-    if not 1 <= max_width <= n:
-        raise ValueError(f"max_width {max_width} outside [1, {n}]")
-    if shortlist < 1:
-        raise ValueError(f"shortlist must be positive, got {shortlist}")
-    chunk = max(int(chunk), 1)
-    max_steps = 3 * max_width if max_steps is None else int(max_steps)
-
-    eye = np.eye(n)
-    vals = _evaluate(losses, eye, 0, chunk)
-    i0 = int(np.argmin(vals))
-    evaluations = n
-    counts = np.zeros(n, dtype=np.int64)
-    counts[i0] = 1
-    a = counts / 1.0
-    cur = float(vals[i0])
-    losses_, supports, picks, exact, order = [cur], [1], [i0], [True], [i0]
-    curve = np.full(n + 1, np.inf)
-    curve[1] = cur
-    best = {1: a.copy()}
-    best_step = {1: 0}
-    support = 1
-
-    step = 0
-    while support < max_width and step < max_steps:
-        step += 1
-        total = step + 1  # Σ counts after this step; γ = 1/total
-        if step <= exact_until or grad is None:
-            idx = np.arange(n)
-            is_exact = True
-        else:
-            r = np.asarray(grad(a, step), dtype=np.float64).reshape(-1)
-            if len(r) != n:
-                raise ValueError(f"grad callback returned {len(r)} values for {n} channels")
-            idx = np.sort(np.argsort(taylor_scores(a, r), kind="stable")[: min(shortlist, n)])
-            is_exact = False
-        cands = np.repeat(counts[None, :].astype(np.float64), len(idx), axis=0)
-        cands[np.arange(len(idx)), idx] += 1.0
-        cands /= total
-        vals = _evaluate(losses, cands, step, chunk)
-        evaluations += len(idx)
-        j = int(np.argmin(vals))
-        i = int(idx[j])
-        if counts[i] == 0:
-            order.append(i)
-            support += 1
-        counts[i] += 1
-        a = counts / float(total)
-        cur = float(vals[j])
-        losses_.append(cur)
-        supports.append(support)
-        picks.append(i)
-        exact.append(is_exact)
-        if cur < curve[support]:
-            curve[support] = cur
-            best[support] = a.copy()
-            best_step[support] = step
-
-    return GlobalPath(
-        losses=np.array(losses_),
-        supports=np.array(supports),
-        picks=np.array(picks),
-        exact=np.array(exact),
-        curve=curve,
-        order=np.array(order),
-        final=a,
-        evaluations=evaluations,
-        best=best,
-        best_step=best_step,
-        grad=grad,
-    )

@@ -99,10 +99,7 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
         tensor.inputs.clear()
         axis = batch_axis(tensor, symbol)
         if axis:
-            native, tensor = tensor, gs.Variable(name)
-            native.name = f"{name}.native"
-            perm = [*range(1, axis + 1), 0, *range(axis + 1, len(native.shape))]
-            g.nodes.append(gs.Node("Transpose", f"{name}.to_native", {"perm": perm}, [tensor], [native]))
+            tensor = _samples_first(g, tensor, axis, entering=True)
         array = values[name]
         tensor.dtype, tensor.shape = array.dtype, ["N", *array.shape[1:]]
         inputs.append(tensor)
@@ -112,15 +109,28 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
         tensor = tensors[name]
         axis = batch_axis(tensor, symbol)
         if axis:
-            native, tensor = tensor, gs.Variable(name, dtype=tensor.dtype)
-            native.name = f"{name}.native"
-            perm = [axis, *(i for i in range(len(native.shape)) if i != axis)]
-            g.nodes.append(gs.Node("Transpose", f"{name}.samples_first", {"perm": perm}, [native], [tensor]))
+            tensor = _samples_first(g, tensor, axis, entering=False)
         if tensor.dtype is None:
             tensor.dtype = np.float32
         g.outputs.append(tensor)
     g.cleanup(remove_unused_graph_inputs=True, recurse_subgraphs=False)  # bodies keep their inputs
     return g.toposort(recurse_subgraphs=False)
+
+
+def _samples_first(g: gs.Graph, native: gs.Tensor, axis: int, entering: bool) -> gs.Tensor:
+    """A new tensor under ``native``'s name holding it with its batch axis ``axis`` moved first, joined to it by a
+    Transpose (from the new tensor when the cut graph reads it, to it when the cut graph writes it); ``native``
+    is renamed ``<name>.native``."""
+    name = native.name
+    outer = gs.Variable(name, dtype=native.dtype)
+    native.name = f"{name}.native"
+    to_first = [axis, *(i for i in range(len(native.shape)) if i != axis)]
+    if entering:
+        g.nodes.append(gs.Node("Transpose", f"{name}.to_native", {"perm": np.argsort(to_first).tolist()},
+                               [outer], [native]))
+    else:
+        g.nodes.append(gs.Node("Transpose", f"{name}.samples_first", {"perm": to_first}, [native], [outer]))
+    return outer
 
 
 def batch_symbol(graph: gs.Graph) -> str | None:

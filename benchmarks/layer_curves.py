@@ -44,7 +44,7 @@ from onnxprune.strategies import L1, Random, Ratio, options_from
 from paper_global import DownstreamObjective, greedy_global
 from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import run_segment
 from rate import fit
 

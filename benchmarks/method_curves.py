@@ -30,7 +30,7 @@ from layer_curves import short_name
 from onnxprune.calib.sources import load_calibration
 from onnxprune.tasks import log_probs
 from onnxprune.pipeline import Compressor, schedule
-from onnxprune.runtime.ort import make_session, model_input_specs
+from onnxprune.ir.ort import make_session, model_input_specs
 from onnxprune.strategies import OMP, Global, Local, Ratio, options_from
 
 METHODS = {"omp": OMP(), "local": Local(), "global": Global()}

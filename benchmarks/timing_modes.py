@@ -28,8 +28,8 @@ import numpy as np
 
 from common import DEFAULT_DATA, compress, original_model
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import load_model
-from onnxprune.runtime.ort import make_session, model_input_specs
+from onnxprune.ir.load import load_model
+from onnxprune.ir.ort import make_session, model_input_specs
 from onnxprune.runtime.timing import BLOCK_SECONDS, random_inputs, time_rounds
 
 # name: (spinning, spin between runs, block seconds, alone)

@@ -15,8 +15,9 @@ import numpy as np
 import onnx
 
 from onnxprune.analysis import Analysis, analyze as _analyze
-from onnxprune.analysis.graph import load_model, specialise_inputs
-from onnxprune.analysis.graph import resolve_input_shapes
+from onnxprune.ir.inputs import specialise_inputs
+from onnxprune.ir.load import load_model
+from onnxprune.ir.inputs import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
 from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
 from onnxprune.deploy.bench import BenchResult
@@ -30,7 +31,7 @@ from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
 from onnxprune.passes.flatten_channels_first import channels_first_heads
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
-from onnxprune.runtime.ort import InputSpec, model_input_specs
+from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.tasks.labels import Labels

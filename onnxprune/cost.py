@@ -29,13 +29,13 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import resolve_input_shapes
+from onnxprune.ir.inputs import resolve_input_shapes
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
 from onnxprune.errors import ModelError
 from onnxprune.fileio import atomic_write
 from onnxprune.passes import slice_channels
-from onnxprune.runtime.ort import PROVIDER_CHAINS, make_session, model_input_specs
+from onnxprune.ir.ort import PROVIDER_CHAINS, make_session, model_input_specs
 from onnxprune.runtime.timing import BLOCK_SECONDS, random_inputs, time_rounds
 
 

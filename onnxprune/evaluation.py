@@ -14,8 +14,8 @@ import onnxruntime as ort
 from onnxprune.calib.images import Preprocess, label_from_name
 from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
-from onnxprune.runtime.ort import make_session, model_input_specs, run_session, zero_pad
-from onnxprune.runtime.probe import fixed_batch
+from onnxprune.ir.ort import make_session, model_input_specs, run_session, zero_pad
+from onnxprune.ir.probe import fixed_batch
 from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_probs, task_named
 from onnxprune.tasks.labels import Labels
 

@@ -12,7 +12,7 @@ import numpy as np
 import onnx
 
 from onnxprune.errors import ModelError, OutputError
-from onnxprune.runtime.ort import make_session
+from onnxprune.ir.ort import make_session
 
 
 def check_output(out_path: Path, refuse: Iterable[Path] = (), what: str = "output") -> Path:

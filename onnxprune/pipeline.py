@@ -24,7 +24,8 @@ import torch
 
 from onnxprune.allocation import check_target, group_step
 from onnxprune.analysis import Analysis, analyze, consumers
-from onnxprune.analysis.graph import infer_shapes, restore_subgraphs, static_shape
+from onnxprune.ir.graph import restore_subgraphs, static_shape
+from onnxprune.ir.shapes import infer_shapes
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
@@ -35,7 +36,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import centred_energy, quadratic_loss_full, refit_cv
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
 from onnxprune.passes import refit_consumer, remove_block, scale_columns, slice_channels
-from onnxprune.runtime.probe import FixedBatch, fixed_batch, free_batch, restore_batch, static_batch
+from onnxprune.ir.probe import FixedBatch, fixed_batch, free_batch, restore_batch, static_batch
 from onnxprune.runtime.segments import Liveness, run_segment
 from onnxprune.runtime.store import Array, Store, default_budget, show_bytes
 from onnxprune.strategies import CompressOptions

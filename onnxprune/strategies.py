@@ -37,13 +37,13 @@ from onnxprune.imitation.omp import stats_omp, stats_omp_state
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import CV_SOLVES, refit_cv, refit_full, refit_scale
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
-from onnxprune.runtime.ort import PROVIDER_CHAINS, first_provider, make_session
+from onnxprune.ir.ort import PROVIDER_CHAINS, first_provider, make_session
 from onnxprune.runtime.store import check_memory
 
 if TYPE_CHECKING:
     from onnxprune.analysis import Analysis
     from onnxprune.pipeline import ConsumerData
-    from onnxprune.runtime.probe import FixedBatch
+    from onnxprune.ir.probe import FixedBatch
     from onnxprune.runtime.segments import Liveness
     from onnxprune.runtime.store import Array
 

@@ -19,7 +19,7 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import compress
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import MACs, Uniform, options_from
 
 OPSET = 17

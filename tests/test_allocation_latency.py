@@ -25,7 +25,7 @@ from onnxprune.cost import (
 from onnxprune.deploy.cost import parse_latency
 from onnxprune.pipeline import compress, schedule
 from onnxprune.errors import ModelError, TargetError
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from onnxprune.strategies import Latency, options_from
 from tests.onnx_builders import export_tiny, run

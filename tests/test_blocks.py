@@ -12,12 +12,12 @@ import pytest
 
 from onnxprune.allocation import curve_widths
 from onnxprune.analysis import analyze, consumers
-from onnxprune.analysis.graph import infer_shapes
+from onnxprune.ir.shapes import infer_shapes
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import OptionError
 from onnxprune.passes import remove_block
 from onnxprune.pipeline import compress, schedule
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness, run_segment
 from onnxprune.sensitivity import curve_of
 from onnxprune.strategies import Allocator, MACs, named, options_from

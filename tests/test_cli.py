@@ -257,7 +257,7 @@ def student(tiny, tmp_path_factory: pytest.TempPathFactory) -> Path:
     from onnxprune.calib.sources import load_calibration
     from onnxprune.pipeline import compress
     from onnxprune.strategies import Ratio, options_from
-    from onnxprune.runtime.ort import model_input_specs
+    from onnxprune.ir.ort import model_input_specs
 
     pruned, _ = compress(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
                          options_from(Ratio(0.6)))

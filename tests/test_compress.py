@@ -12,7 +12,7 @@ from onnxprune.analysis import analyze
 from onnxprune.allocation import group_step
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import Compressor, compress, schedule
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from onnxprune.strategies import (
     METHODS, RECONSTRUCTIONS, Epsilon, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named,

@@ -10,7 +10,7 @@ import torch
 from onnx import TensorProto, helper
 
 from onnxprune.analysis import consumers
-from onnxprune.analysis.graph import import_graph
+from onnxprune.ir.load import import_graph
 from onnxprune.imitation.stats import ConsumerStats
 from onnxprune.ops.conv import conv_pads
 from tests.onnx_builders import run

@@ -18,7 +18,8 @@ from rich.console import Console
 import onnxprune.deploy.bench as bench_module
 import onnxprune.runtime.timing as timing
 from onnxprune.cli import format_bench_table
-from onnxprune.deploy.bench import BenchResult, bench, bench_many, parse_input_shapes
+from onnxprune.deploy.bench import BenchResult, bench, bench_many
+from onnxprune.ir.inputs import parse_input_shapes
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, prepare_for_tensorrt, trtexec_command
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from tests.test_benchmarks import DATA, ROOT, needs_real_model

@@ -15,8 +15,8 @@ from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
 from onnxprune.cli import format_table
 from onnxprune.evaluation import EvalResult, evaluate
-from onnxprune.runtime import ort as ort_runtime
-from onnxprune.runtime.ort import make_session, model_input_specs, model_output_names, run_session
+from onnxprune.ir import ort as ort_runtime
+from onnxprune.ir.ort import make_session, model_input_specs, model_output_names, run_session
 
 # Class scores are W @ (per-channel mean of the normalised image).
 W = np.array(

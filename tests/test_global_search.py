@@ -16,7 +16,7 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.imitation.downstream import ConsumerDownstream
 from onnxprune.imitation.global_ import evaluations, plan, shortlisted_global, solve_flops
 from onnxprune.pipeline import Compressor, compress, schedule
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import OMP, Auto, Global, MACs, TimeBudget, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, masked_original, run

@@ -16,12 +16,12 @@ from onnx import numpy_helper
 
 from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import specialise_inputs
+from onnxprune.ir.inputs import specialise_inputs
 from onnxprune.calib.sources import load_calibration
 from onnxprune import pipeline
 from onnxprune.pipeline import compress
-from onnxprune.runtime.ort import model_input_specs
-from onnxprune.runtime.probe import fixed_batch
+from onnxprune.ir.ort import model_input_specs
+from onnxprune.ir.probe import fixed_batch
 from onnxprune.strategies import Global, Ratio, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, compress_dead, kill, run, same_outputs, session
 

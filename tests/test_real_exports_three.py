@@ -23,8 +23,8 @@ from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.evaluation import evaluate
 from onnxprune.passes import flatten_channels_first
 from onnxprune.passes.flatten_channels_first import channels_first_heads
-from onnxprune.runtime.ort import zero_pad
-from onnxprune.runtime.probe import fixed_batch
+from onnxprune.ir.ort import zero_pad
+from onnxprune.ir.probe import fixed_batch
 from onnxprune.strategies import Ratio, Uniform
 from onnxprune.tasks import raw_discrepancy, task_named
 from tests.onnx_builders import GraphBuilder, compress_dead, kill, run, same_outputs

@@ -6,14 +6,14 @@ import numpy as np
 import onnx
 import pytest
 
-from onnxprune.analysis.graph import import_graph
+from onnxprune.ir.load import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
 from onnxprune.pipeline import compress
 import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import find_segments
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import run
 

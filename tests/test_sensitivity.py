@@ -8,7 +8,7 @@ import pytest
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import cut_graph
 from onnxprune.sensitivity import _probe, _run, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy

@@ -13,7 +13,7 @@ import pytest
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import OptionError, ResourceError, TargetError
 from onnxprune.pipeline import compress
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.store import DiskArray, Store, memory_bytes, parse_size
 from onnxprune.strategies import MACs, Ratio, options_from
 

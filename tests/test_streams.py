@@ -15,11 +15,11 @@ import onnx_graphsurgeon as gs
 import pytest
 
 from onnxprune.analysis import analyze, consumers
-from onnxprune.analysis.graph import infer_shapes
+from onnxprune.ir.shapes import infer_shapes
 from onnxprune.analysis.groups import keep_index
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import compress, schedule
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness
 from onnxprune.strategies import Allocator, MACs, NoRefit, Refit, Selector, options_from
 from tests.onnx_builders import masked_original, run

@@ -14,7 +14,8 @@ from PIL import Image
 from typer.testing import CliRunner
 
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import fix_input_shapes, import_graph, specialise_inputs
+from onnxprune.ir.inputs import fix_input_shapes, specialise_inputs
+from onnxprune.ir.load import import_graph
 from onnxprune.analysis.groups import find_groups
 from onnxprune.cli import app
 from onnxprune.errors import OnnxPruneError

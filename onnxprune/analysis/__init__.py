@@ -8,7 +8,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.blocks import Block, find_blocks
-from onnxprune.analysis.graph import import_graph
+from onnxprune.ir.load import import_graph
 from onnxprune.analysis.groups import Group, find_groups
 from onnxprune.analysis.macs import MacModel, count_params, uncounted
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import static_shape
+from onnxprune.ir.graph import static_shape
 from onnxprune.analysis.groups import Group
 
 

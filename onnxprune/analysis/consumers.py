@@ -14,7 +14,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import const_value
+from onnxprune.ir.graph import const_value
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.linear import bias_add

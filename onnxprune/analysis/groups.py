@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import static_shape
+from onnxprune.ir.graph import static_shape
 from onnxprune.analysis.ops import role_of
 from onnxprune.ops.registry import Having, lookup
 from onnxprune.ops.roles import (
@@ -29,7 +29,7 @@ from onnxprune.ops.roles import (
     ResizeSite,
     SliceSite,
 )
-from onnxprune.subgraphs import owners
+from onnxprune.ir.subgraphs import owners
 
 PRODUCER_OPS = Having("mixing")  # the op types that create channels (``op in PRODUCER_OPS``)
 Witness = tuple[str, int, int]  # (tensor, axis, repeat) holding exactly a group's channels

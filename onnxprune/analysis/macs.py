@@ -13,11 +13,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import static_shape
+from onnxprune.ir.graph import static_shape
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import AnalysisError
 from onnxprune.ops.registry import Having, lookup
-from onnxprune.subgraphs import bodies, nodes_within
+from onnxprune.ir.subgraphs import bodies, nodes_within
 
 MAC_OPS = Having("macs")  # the op types that count MACs (``op in MAC_OPS``)
 

@@ -14,7 +14,7 @@ import numpy as np
 
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, list_images, open_image, select
 from onnxprune.errors import CalibrationError
-from onnxprune.runtime.ort import InputSpec
+from onnxprune.ir.ort import InputSpec
 
 SOURCE_FORMS = ("an image folder, a .npy/.npz file, 'path/to/file.py:fn', 'package.module:fn', or an array "
                 "(dict of arrays)")

@@ -10,11 +10,10 @@ import numpy as np
 import onnx
 
 from onnxprune.analysis import analyze
-from onnxprune.analysis.graph import (  # noqa: F401 (parse_input_shapes: re-exported)
-    fix_input_shapes, load_model, parse_input_shapes, resolve_input_shapes,
-)
 from onnxprune.errors import ModelError, OnnxPruneError
-from onnxprune.runtime.ort import make_session, model_input_specs
+from onnxprune.ir.inputs import fix_input_shapes, resolve_input_shapes
+from onnxprune.ir.load import load_model
+from onnxprune.ir.ort import make_session, model_input_specs
 from onnxprune.runtime.timing import BLOCK_SECONDS, random_inputs, time_rounds
 
 

@@ -12,11 +12,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from onnxprune.analysis.graph import fix_input_shapes, load_model, resolve_input_shapes
+from onnxprune.ir.inputs import fix_input_shapes, resolve_input_shapes
+from onnxprune.ir.load import load_model
 from onnxprune.runtime.timing import random_inputs
 from onnxprune.fileio import atomic_write
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
-from onnxprune.runtime.ort import model_input_specs
+from onnxprune.ir.ort import model_input_specs
 
 # Standard-domain ops TensorRT 8.6+/10 parses (onnx-tensorrt operators.md), kept conservative: control
 # flow (If/Loop/Scan), recurrent layers, NMS and data-dependent shapes (NonZero, Unique) are left out.
@@ -70,7 +71,7 @@ def _fill_output_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]]) ->
 
     if all(static(v) for v in model.graph.output):
         return
-    from onnxprune.runtime.ort import make_session
+    from onnxprune.ir.ort import make_session
 
     session, _ = make_session(model, "cpu")
     outputs = session.run(None, random_inputs(model_input_specs(model), shapes))

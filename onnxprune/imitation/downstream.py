@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
 from onnxprune.errors import ModelError
-from onnxprune.runtime.ort import make_session
+from onnxprune.ir.ort import make_session
 from onnxprune.runtime.segments import cut_graph, run_chunks
 from onnxprune.runtime.store import Array
 from onnxprune.tasks import raw_discrepancy

@@ -7,10 +7,10 @@ from collections.abc import Callable
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import const_value
+from onnxprune.ir.graph import const_value
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, SliceSite, Span, channels_at, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpFn, OpNode, Tensor, binary, is_float
+from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, binary, is_float
 
 
 def _per_channel_const(node: gs.Node, index: int, data_rank: int, axis: int, channels: int | None,

@@ -8,10 +8,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import const_value
+from onnxprune.ir.graph import const_value
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Cut, Port, ResizeSite, Role, Span, channels_at, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
 
 # ---- channel rules
 

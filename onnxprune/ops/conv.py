@@ -9,11 +9,11 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, given
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 # ---- channel rules
 

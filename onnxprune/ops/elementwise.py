@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpFn, OpNode, Tensor, opt, unary
+from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, opt, unary
 
 
 def pointwise(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

@@ -6,10 +6,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
 from onnxprune.ops.roles import Blocked, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, given
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 # ---- channel rules
 

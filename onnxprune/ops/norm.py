@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, SliceSite, Span
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given
 
 
 def _norm(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from onnxprune.ops.conv import torch_pads, window_pads
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, is_float
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, is_float
 
 
 def _pool(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

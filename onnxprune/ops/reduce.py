@@ -9,10 +9,10 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.analysis.graph import const_value
+from onnxprune.ir.graph import const_value
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpFn, OpNode, Tensor, axis_of, given, ints
+from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, axis_of, given, ints
 
 
 def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

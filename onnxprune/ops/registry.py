@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import torch
 
     from onnxprune.ops.roles import ResizeSite, Rule
-    from onnxprune.runtime.torch_eval.kernel import OpFn, OpNode
+    from onnxprune.ops.kernel import OpFn, OpNode
 
 Shape = list[int | None]
 

@@ -9,11 +9,11 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import static_shape
+from onnxprune.ir.graph import static_shape
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, floats, given, ints
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, floats, given, ints
 
 
 def _resize_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import static_shape
+from onnxprune.ir.graph import static_shape
 
 Port = tuple[str, int]  # ("in", k) or ("out", k)
 Span = tuple[int, int]  # (offset, length) of the space's channels on a tensor's channel axis

@@ -8,10 +8,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import const_value, static_shape
+from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, ResizeSite, Role, Span, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
 
 
 def _transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

@@ -9,13 +9,13 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.analysis.graph import const_value
+from onnxprune.ir.graph import const_value
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.conv import torch_pads
 from onnxprune.ops.elementwise import pointwise
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
-from onnxprune.runtime.torch_eval.kernel import Inputs, OpNode, Tensor, axis_of, given, ints, onnx_to_torch_dtype
+from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints, onnx_to_torch_dtype
 
 
 def _pad_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.analysis.graph import const_value, restore_subgraphs, static_shape
+from onnxprune.ir.graph import const_value, restore_subgraphs, static_shape
 
 
 def flatten_channels_first(graph: gs.Graph) -> gs.Graph:

@@ -32,13 +32,14 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.analysis.graph import import_graph, infer_shapes
+from onnxprune.ir.load import import_graph
+from onnxprune.ir.shapes import infer_shapes
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError, OnnxPruneError, OptionError, check_choice
 from onnxprune.recovery.augment import Mix, augment_images
 from onnxprune.recovery.segments import Segment, find_segments
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
-from onnxprune.runtime.probe import fixed_batch
+from onnxprune.ir.probe import fixed_batch
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.store import Array, Store, check_memory, default_budget
 from onnxprune.runtime.torch_eval import TorchGraph, write_back

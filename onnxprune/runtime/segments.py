@@ -15,9 +15,9 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from onnxprune.errors import AnalysisError
-from onnxprune.runtime.ort import make_session
+from onnxprune.ir.ort import make_session
 from onnxprune.runtime.store import Array, Store
-from onnxprune.subgraphs import outer_reads
+from onnxprune.ir.subgraphs import outer_reads
 
 
 class Liveness:
@@ -141,7 +141,7 @@ def batch_symbol(graph: gs.Graph) -> str | None:
 
 def batch_axis(tensor: gs.Tensor, symbol: str | None) -> int:
     """The axis of ``tensor`` that holds the batch: the one dim named ``symbol`` (shape inference and
-    ``analysis.graph.fill_shapes_from_run``'s batch-1/batch-2 probe name it), else 0."""
+    ``ir.shapes.fill_shapes_from_run``'s batch-1/batch-2 probe name it), else 0."""
     axes = [i for i, d in enumerate(tensor.shape or []) if symbol is not None and d == symbol]
     return axes[0] if len(axes) == 1 else 0
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from onnxprune.errors import OnnxPruneError
-from onnxprune.runtime.ort import InputSpec
+from onnxprune.ir.ort import InputSpec
 
 
 # Seconds of back-to-back runs of one session per turn of ``time_rounds`` where a deployment is imitated:

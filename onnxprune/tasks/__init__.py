@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.errors import OptionError
-from onnxprune.runtime.ort import zero_pad
+from onnxprune.ir.ort import zero_pad
 from onnxprune.tasks.detection import (STRIDES, APAccumulator, DetectionLayout, Detections, Truth, box_iou, cells)
 from onnxprune.tasks.text import ctc_decode, edit_distance, matched_regions, regions
 

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 import onnxprune.ops  # noqa: F401  (registers the op families)
 from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.ops.registry import OpEntry, lookup
-from onnxprune.runtime.torch_eval.kernel import OpFn, OpNode, Tensor
+from onnxprune.ops.kernel import OpFn, OpNode, Tensor
 
 
 def _tensor_from_proto(t: onnx.TensorProto, base_dir: str = "") -> Tensor:

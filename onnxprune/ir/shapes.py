@@ -1,38 +1,15 @@
-"""Loading an ONNX file into a normalised graph-surgeon graph that the analysis can read."""
+"""Shapes an exported graph leaves unknown or computes at run time: ONNX inference, onnxruntime runs at batch 1
+and 2, and the folding of shape-only values into constants."""
 
 from __future__ import annotations
-
-import re
-from collections.abc import Iterable, Mapping, Sequence
-from pathlib import Path
 
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
-from google.protobuf.message import DecodeError
 
-from onnxprune.errors import ModelError, OnnxPruneError
-from onnxprune.runtime.ort import InputSpec, model_input_specs
-from onnxprune.runtime.probe import random_feed, real_inputs, run_all_tensors
-
-
-def load_model(path: str | Path) -> onnx.ModelProto:
-    """Read and check an ONNX file; every failure is a one-line ModelError naming the file."""
-    path = Path(path)
-    if not path.is_file():
-        raise ModelError(f"{path}: no such file")
-    try:
-        model = onnx.load(str(path))
-    except (DecodeError, ValueError, OSError, RuntimeError) as exc:
-        raise ModelError(f"{path}: not a readable ONNX model (truncated or another format?): {exc}") from exc
-    if not model.graph.node:
-        raise ModelError(f"{path}: the file holds no ONNX graph (truncated or another format?)")
-    try:
-        onnx.checker.check_model(model)
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise ModelError(f"{path}: fails onnx.checker: {first}") from exc
-    return model
+from onnxprune.ir.graph import const_value, static_shape
+from onnxprune.ir.inputs import fix_input_shapes
+from onnxprune.ir.probe import random_feed, real_inputs, run_all_tensors
 
 
 def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -121,7 +98,7 @@ def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
     keep = [v for v in filled.graph.value_info if v.name not in set(missing)]
     del filled.graph.value_info[:]
     filled.graph.value_info.extend(keep)
-    varying = _after_data_shaped(model)
+    varying = after_data_shaped(model)
     for name in missing:
         at1 = runs[0][name]
         at2 = runs[1][name] if len(runs) > 1 and runs[1] is not None else at1
@@ -178,7 +155,7 @@ def _copied(x: gs.Tensor, pos: int, t: gs.Tensor, i: int) -> int | None:
     return int(t_shape[i]) if isinstance(t_shape[i], (int, np.integer)) and t_shape[i] >= 0 else None
 
 
-def _copy_batch_dims(graph: gs.Graph) -> bool:
+def copy_batch_dims(graph: gs.Graph) -> bool:
     """In Reshape targets built as ``Concat(..., Shape(t)[i:j], ...)`` (torch's ``flatten(start_dim)``
     and batch-size arithmetic), write 0 ("copy the input's dim") for an entry that is the Reshape input's
     own dim at that position or the same symbolic dim (the batch), and static sizes as constants.
@@ -216,7 +193,7 @@ def _copy_batch_dims(graph: gs.Graph) -> bool:
 _DATA_SHAPED = frozenset({"Loop", "If", "Scan", "NonZero", "NonMaxSuppression", "Unique", "Compress"})
 
 
-def _after_data_shaped(model: onnx.ModelProto) -> set[str]:
+def after_data_shaped(model: onnx.ModelProto) -> set[str]:
     """The tensors computed after an op of ``_DATA_SHAPED`` (a decoded sequence, say): a dim that one run shows
     is not known to be static (the next input may decode a longer sequence)."""
     after: set[str] = set()
@@ -228,10 +205,12 @@ def _after_data_shaped(model: onnx.ModelProto) -> set[str]:
 
 _SIZED_BY_INPUT = frozenset({"Reshape", "Expand", "Tile", "Range", "ConstantOfShape", "Slice", "Resize", "Upsample",
                              "Pad", "TopK", "OneHot", "Split"})
+
+
 _SMALL = 64  # entries: a shape vector, not a feature map
 
 
-def _resize_by_scales(graph: gs.Graph) -> bool:
+def resize_by_scales(graph: gs.Graph) -> bool:
     """Give a Resize whose ``sizes`` are computed in the graph (``Concat(Shape(x)[0:2], [H, W])``, Paddle's
     interpolate) the equal ``scales`` instead, where its input and output shapes past the batch are static and
     onnxruntime's output size ``floor(in · scale)`` gives them back: the sizes' batch entry would otherwise be a
@@ -253,12 +232,12 @@ def _resize_by_scales(graph: gs.Graph) -> bool:
     return changed
 
 
-def _fold_shape_values(graph: gs.Graph) -> bool:
+def fold_shape_values(graph: gs.Graph) -> bool:
     """Replace each value computed from tensor shapes alone (``Shape → Cast → Slice → ... → Concat``, as Paddle
     and TF exports read a feature map's channel or spatial count) by its constant, where a run at batch 1 and
     one at batch 2 give the same value: with the inputs' other dims fixed it cannot change. A channel count read
     this way then is a constant the pruning passes can rewrite, and no batch-less tensor is cached between cuts.
-    Values that follow the batch stay computed (``_copy_batch_dims``). Returns whether a value was folded."""
+    Values that follow the batch stay computed (``copy_batch_dims``). Returns whether a value was folded."""
     inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
     if not inputs or any(t.shape is None or any(not isinstance(d, (int, np.integer)) for d in t.shape[1:])
                          for t in inputs):
@@ -295,241 +274,3 @@ def _fold_shape_values(graph: gs.Graph) -> bool:
             tensor.to_constant(values[0])
             folded = True
     return folded
-
-
-def import_graph(model: onnx.ModelProto) -> gs.Graph:
-    """Shape-infer, fold constants (Constant nodes, Cast/Identity of weights, values computed from static
-    shapes; ``_resize_by_scales``, ``_fold_shape_values``, ``_copy_batch_dims``) and name every node. Loop/If/Scan
-    bodies are left as they are."""
-    graph = gs.import_onnx(infer_shapes(model))
-    try:
-        graph.fold_constants(error_ok=True, recurse_subgraphs=False)
-    except Exception:  # folding is an optimisation; unfoldable graphs are analysed as they are
-        pass
-    graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
-    if _resize_by_scales(graph) | _fold_shape_values(graph) | _copy_batch_dims(graph):
-        try:
-            graph.fold_constants(error_ok=True, recurse_subgraphs=False)
-        except Exception:  # as above
-            pass
-        graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
-    name_nodes(graph)
-    # Folding can drop shapes; re-infer once on the folded graph.
-    graph = gs.import_onnx(infer_shapes(gs.export_onnx(graph)))
-    return graph
-
-
-def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with the graph attributes (Loop/If/Scan bodies) of each top-level node copied byte for byte
-    from the node of ``original`` that writes the same first output: graph-surgeon's round trip rewrites
-    bodies, and the tool never changes them."""
-    bodies = {n.output[0]: n.attribute for n in original.graph.node if n.output
-              and any(a.type == onnx.AttributeProto.GRAPH for a in n.attribute)}
-    for node in model.graph.node:
-        source = bodies.get(node.output[0]) if node.output else None
-        if source is None:
-            continue
-        by_name = {a.name: a for a in source if a.type == onnx.AttributeProto.GRAPH}
-        for attr in node.attribute:
-            if attr.name in by_name:
-                attr.CopyFrom(by_name[attr.name])
-    return model
-
-
-def name_nodes(graph: gs.Graph) -> gs.Graph:
-    """Give every node a unique name (passes and reports address nodes by name)."""
-    seen: set[str] = set()
-    for i, node in enumerate(graph.nodes):
-        name = node.name or f"{node.op}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        node.name = name
-        seen.add(name)
-    return graph
-
-
-def const_value(tensor: gs.Tensor) -> np.ndarray | None:
-    """The value of a constant tensor (initializer or folded Constant), else None."""
-    if isinstance(tensor, gs.Constant):
-        return np.asarray(tensor.values)
-    return None
-
-
-def static_shape(tensor: gs.Tensor) -> list[int | None] | None:
-    """Tensor shape with dynamic dims as None, or None when the rank is unknown."""
-    if tensor.shape is None:
-        return None
-    return [d if isinstance(d, (int, np.integer)) and d >= 0 else None for d in tensor.shape]
-
-
-# ------------------------------------------------------------------ input shapes (--input-shape)
-
-ShapeMap = dict[str | None, list[int]]
-SHAPE_FORMS = "use NxCxHxW for the single input (e.g. 1x3x224x224) or NAME:NxCxHxW per input (e.g. images:1x3x320x320)"
-_DIMS = re.compile(r"^\d+([x,]\d+)*$")
-
-
-def parse_input_shapes(specs: Iterable[str] | None) -> ShapeMap:
-    """``["1x3x224x224"]`` → ``{None: [1, 3, 224, 224]}``; ``["a:1x3x8x8", "b:1x4"]`` → per-input shapes.
-
-    An unnamed shape applies to the model's single input; several inputs need a named shape each.
-    """
-    shapes: ShapeMap = {}
-    for spec in specs or []:
-        text = spec.strip()
-        name, sep, dims = text.rpartition(":")
-        key = name.strip() if sep else None
-        dims = dims.strip().lower()
-        if (sep and not key) or not _DIMS.match(dims):
-            raise OnnxPruneError(f"input shape {spec!r} is not a shape: {SHAPE_FORMS}", option="input_shape")
-        values = [int(d) for d in re.split(r"[x,]", dims)]
-        if any(v <= 0 for v in values):
-            raise OnnxPruneError(f"input shape {spec!r} has a zero dimension: every dimension must be >= 1",
-                                 option="input_shape")
-        if key in shapes:
-            what = f"input {key!r}" if key else "the unnamed input"
-            raise OnnxPruneError(f"the input shapes give {what} twice: give each input's shape once",
-                                 option="input_shape")
-        shapes[key] = values
-    if None in shapes and len(shapes) > 1:
-        raise OnnxPruneError("the input shapes mix an unnamed shape with named ones: with several inputs, "
-                             "name each one (NAME:NxCxHxW)", option="input_shape")
-    return shapes
-
-
-def _as_shape_map(input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None) -> ShapeMap:
-    """Accept a parsed shape map or the raw ``--input-shape`` strings."""
-    if input_shapes is None:
-        return {}
-    if isinstance(input_shapes, Mapping):
-        return {k: [int(d) for d in v] for k, v in input_shapes.items()}
-    if isinstance(input_shapes, str):
-        input_shapes = [input_shapes]
-    return parse_input_shapes(list(input_shapes))
-
-
-def resolve_input_shapes(
-    specs: list[InputSpec],
-    input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None,
-    batch: int | None,
-    source: str,
-) -> dict[str, list[int]]:
-    """A fully static shape for every model input.
-
-    A dynamic first (batch) dim becomes ``batch`` (or, with ``batch=None``, the ``input_shapes`` value,
-    else 1); every other dynamic dim must come from ``input_shapes``. Errors name ``source``, the input
-    and the dim.
-    """
-    given = _as_shape_map(input_shapes)
-    names = [name for name, _, _ in specs]
-    unknown = [k for k in given if k is not None and k not in names]
-    if unknown:
-        raise OnnxPruneError(f"{source}: the input shapes name {', '.join(map(repr, unknown))}, which the model "
-                             f"does not have: its inputs are {', '.join(map(repr, names))}", option="input_shape")
-    if None in given and len(specs) != 1:
-        raise OnnxPruneError(f"{source}: an unnamed input shape needs a single-input model, but it has inputs "
-                             f"{', '.join(map(repr, names))}: use NAME:NxCxHxW for each", option="input_shape")
-    shapes: dict[str, list[int]] = {}
-    for name, dims, _ in specs:
-        want = given.get(name, given.get(None))
-        if want is not None and len(want) != len(dims):
-            raise OnnxPruneError(f"{source}: the input shape for input {name!r} has {len(want)} dims but the "
-                                 f"input has {len(dims)} ({_show(dims)}): give all {len(dims)} dims",
-                                 option="input_shape")
-        shape = []
-        for axis, dim in enumerate(dims):
-            static = isinstance(dim, int) and dim > 0
-            if axis == 0 and batch is not None:
-                if static and dim != batch:
-                    raise OnnxPruneError(
-                        f"{source}: input {name!r} has a static batch size of {dim} but the batch is {batch}: "
-                        f"use batch {dim}, or re-export the model with a dynamic batch dimension", option="batch")
-                if want is not None and want[0] != batch:
-                    raise OnnxPruneError(
-                        f"{source}: the input shape sets the batch dim of input {name!r} to {want[0]} but the "
-                        f"batch is {batch}: make them agree (e.g. batch {want[0]})", option="batch")
-                shape.append(batch)
-            elif static:
-                if want is not None and want[axis] != dim:
-                    raise OnnxPruneError(
-                        f"{source}: the input shape gives dim {axis} of input {name!r} as {want[axis]} but the "
-                        f"model fixes it to {dim} ({_show(dims)}): use {dim} there", option="input_shape")
-                shape.append(dim)
-            elif want is not None:
-                shape.append(want[axis])
-            elif axis == 0:
-                shape.append(1)
-            else:
-                label = f" ({dim!r})" if isinstance(dim, str) else ""
-                raise OnnxPruneError(
-                    f"{source}: input {name!r} {_show(dims)} has a dynamic dim {axis}{label} that needs a value: "
-                    f"give its input shape, e.g. {name}:{'x'.join(str(d) for d in _example(dims, batch))}",
-                    option="input_shape")
-        shapes[name] = shape
-    return shapes
-
-
-def _show(dims: Sequence[int | str | None]) -> str:
-    return "[" + ", ".join("?" if d is None else str(d) for d in dims) + "]"
-
-
-def _example(dims: Sequence[int | str | None], batch: int | None) -> list[int | str]:
-    """An example shape for an error message: static dims kept, the batch filled, others as placeholders."""
-    out: list[int | str] = []
-    for axis, d in enumerate(dims):
-        if isinstance(d, int) and d > 0:
-            out.append(d)
-        elif axis == 0:
-            out.append(batch or 1)
-        else:
-            out.append(f"<{d or f'dim{axis}'}>")
-    return out
-
-
-def fix_input_shapes(model: onnx.ModelProto, shapes: dict[str, list[int]], keep_batch: bool = False) -> onnx.ModelProto:
-    """A copy of ``model`` whose graph inputs have the given static shapes (intermediate shapes cleared).
-
-    With ``keep_batch`` an input's dynamic first (batch) dim stays as it is, and so do the output dims
-    named by the same symbols; the outputs' other dims are left to shape inference."""
-    fixed = onnx.ModelProto()
-    fixed.CopyFrom(model)
-    kept: set[str] = set()
-    for value in fixed.graph.input:
-        if value.name in shapes:
-            dims = value.type.tensor_type.shape.dim
-            batch = onnx.TensorShapeProto.Dimension()
-            if dims:
-                batch.CopyFrom(dims[0])
-            del dims[:]
-            for d in shapes[value.name]:
-                dims.add().dim_value = int(d)
-            if keep_batch and dims and batch.dim_value <= 0:
-                dims[0].CopyFrom(batch)
-                if not batch.dim_param:  # unknown, or -1 as Paddle exports write it
-                    dims[0].dim_param = "N"
-                kept.add(dims[0].dim_param)
-    del fixed.graph.value_info[:]
-    for value in fixed.graph.output:
-        if value.type.HasField("tensor_type"):
-            if not keep_batch:
-                value.type.tensor_type.ClearField("shape")
-                continue
-            for d in value.type.tensor_type.shape.dim:
-                if not d.HasField("dim_value") and not (d.dim_param and d.dim_param in kept):
-                    d.Clear()
-    return fixed
-
-
-def specialise_inputs(
-    model: onnx.ModelProto, input_shapes: Mapping[str | None, Sequence[int]] | Iterable[str] | None, source: str
-) -> onnx.ModelProto:
-    """``model`` with every dynamic non-batch input dim fixed from ``input_shapes`` (``--input-shape``).
-
-    The analysis needs static shapes apart from the batch dim, which stays as it is (dynamic or not).
-    Returns ``model`` itself when no dim changes; a dynamic non-batch dim without a value is a one-line
-    OnnxPruneError naming the input and the ``--input-shape`` to pass."""
-    specs = model_input_specs(model)
-    shapes = resolve_input_shapes(specs, input_shapes, None, source)
-    if all(isinstance(d, int) and d > 0 for _, dims, _ in specs for d in dims[1:]):
-        return model
-    return fix_input_shapes(model, shapes, keep_batch=True)

@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from onnxprune.runtime.ort import make_session
+from onnxprune.ir.ort import make_session
 
 
 def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:

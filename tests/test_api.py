@@ -19,10 +19,9 @@ from typer.testing import CliRunner
 import onnxprune
 from onnxprune.cli import app
 from onnxprune.errors import OnnxPruneError
-from onnxprune.pipeline import CompressOptions
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
-    OMP, Auto, Curve, Epsilon, Global, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector,
+    OMP, CompressOptions, Auto, Curve, Epsilon, Global, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector,
     Uniform, named,
     options_from,
 )

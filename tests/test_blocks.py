@@ -19,7 +19,7 @@ from onnxprune.passes import remove_block
 from onnxprune.pipeline import compress, schedule
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import Liveness, run_segment
-from onnxprune.sensitivity import curve_of
+from onnxprune.strategies.sensitivity import curve_of
 from onnxprune.strategies import Allocator, MACs, named, options_from
 from tests.onnx_builders import run
 
@@ -142,7 +142,7 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     measures the model whose block is replaced by that constant, run whole here."""
     from onnxprune.pipeline import Compressor
     from onnxprune.runtime.segments import cut_graph
-    from onnxprune.sensitivity import _probe, _run
+    from onnxprune.strategies.sensitivity import _probe, _run
     from onnxprune.tasks import raw_discrepancy
     from onnxprune.strategies import Ratio
 

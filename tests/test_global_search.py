@@ -13,11 +13,12 @@ import pytest
 from onnxprune import strategies
 from onnxprune.analysis import analyze, consumers
 from onnxprune.calib.sources import load_calibration
-from onnxprune.imitation.downstream import ConsumerDownstream
+from onnxprune.strategies.downstream import ConsumerDownstream
 from onnxprune.imitation.global_ import evaluations, plan, shortlisted_global, solve_flops
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.tasks import raw_discrepancy
+from onnxprune.strategies import global_search
 from onnxprune.strategies import OMP, Auto, Global, MACs, TimeBudget, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, masked_original, run
 
@@ -159,7 +160,7 @@ def test_shortlisted_search_picks_what_the_exhaustive_search_picks_on_small_laye
 
 def _auto_compress(model, calib, monkeypatch, budget, clock=None, verdict=None):
     if verdict is not None:  # (omp, global) discrepancies the judge returns
-        monkeypatch.setattr(strategies._Search, "judge", lambda self, keeps: np.array(verdict))
+        monkeypatch.setattr(global_search._Search, "judge", lambda self, keeps: np.array(verdict))
     kwargs = {} if clock is None else {"clock": clock}
     return _compress(model, calib, Auto(budget=budget, **kwargs))
 

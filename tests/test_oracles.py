@@ -26,7 +26,7 @@ from models.vgg import VGG
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
-from onnxprune import pipeline
+from onnxprune.pipeline import compressor as pipeline
 from onnxprune.pipeline import CompressReport, compress
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Ratio, options_from

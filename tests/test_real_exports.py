@@ -18,7 +18,7 @@ from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.ir.inputs import specialise_inputs
 from onnxprune.calib.sources import load_calibration
-from onnxprune import pipeline
+from onnxprune.core import statistics
 from onnxprune.pipeline import compress
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.ir.probe import fixed_batch
@@ -56,7 +56,7 @@ def test_a_batch_the_input_fixes_is_calibrated_batched_and_written_back(tmp_path
     """A static batch 1 in the input (torch.onnx.export without dynamic_axes), and maybe in a Reshape's target:
     calibration runs batches through a copy with a free batch (the Reshape's 1 made 0, "copy the batch"), and
     the written model keeps the input and outputs of batch 1."""
-    import onnxprune.pipeline as pipeline
+    import onnxprune.pipeline.compressor as pipeline
 
     batches = []
     real = pipeline.run_segment
@@ -279,13 +279,13 @@ def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
 def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the Gram budgets the statistics take every k-th position, counted across samples: inputs and
     targets must be thinned alike (a mismatch would leave the dead-channel model inexact or crash)."""
-    monkeypatch.setattr(pipeline, "STATS_GRAM_MACS", 1_000_000)
-    monkeypatch.setattr(pipeline, "CURVE_GRAM_MACS", 500_000)
-    assert pipeline._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
+    monkeypatch.setattr(statistics, "STATS_GRAM_MACS", 1_000_000)
+    monkeypatch.setattr(statistics, "CURVE_GRAM_MACS", 500_000)
+    assert statistics._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
     a = torch.arange(2 * 3 * 5).reshape(2, 3, 5)
     # per channel the positions are sample 0's five, then sample 1's: from 1 on, every 4th is 1, 5 and 9
-    assert pipeline._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
-    assert pipeline._thin(a, 1, 0) is a
+    assert statistics._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
+    assert statistics._thin(a, 1, 0) is a
     model = _detector("N", [0, 6, -1])
     pruned, _ = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
     same_outputs(pruned, model, (2, 3, 8, 8))

@@ -10,7 +10,7 @@ from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import cut_graph
-from onnxprune.sensitivity import _probe, _run, candidate_widths, curve_of, split
+from onnxprune.strategies.sensitivity import _probe, _run, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import Output, Ratio, options_from
 from tests.onnx_builders import run
@@ -126,7 +126,7 @@ def test_a_graph_with_no_float_output_is_refused(tmp_path) -> None:
 
 
 def test_probe_samples_are_sized_to_a_budget_of_forward_passes() -> None:
-    from onnxprune.sensitivity import MIN_PROBE_SAMPLES, PROBE_PASSES, probe_count
+    from onnxprune.strategies.sensitivity import MIN_PROBE_SAMPLES, PROBE_PASSES, probe_count
 
     # 20 groups of 3 widths, each probe running half the network: 30 forward passes per probe sample
     assert probe_count(500, 32, [3] * 20, [0.5] * 20) == 32  # 4 passes of 500 samples allow 66

@@ -12,15 +12,15 @@ budget on, sensitivities summed as if independent.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
+from onnxprune.core.context import Context, Progress
 from onnxprune.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.omp import stats_omp
@@ -29,10 +29,7 @@ from onnxprune.imitation.refit import refit_cv
 from onnxprune.runtime.segments import cut_graph, run_cut
 from onnxprune.tasks import Task, image_hw, task_named
 
-if TYPE_CHECKING:
-    from onnxprune.pipeline import Compressor
 
-Progress = Callable[[int, int, str], None]
 PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
 MIN_PROBE_SAMPLES = 4
 
@@ -68,11 +65,11 @@ def curve_of(channels: int, probes: Mapping[int, float]) -> np.ndarray:
     return curve
 
 
-def after_cut(run: Compressor, order: list[tuple[int, Group]]) -> list[float]:
+def after_cut(ctx: Context, order: list[tuple[int, Group]]) -> list[float]:
     """The share of the network's MACs that runs after each group's cut (what one probe sample costs, in whole
     forward passes)."""
-    position = run.live.position
-    entries = [(position[e.node], e.macs) for e in run.analysis.macs.entries]
+    position = ctx.live.position
+    entries = [(position[e.node], e.macs) for e in ctx.analysis.macs.entries]
     total = sum(m for _, m in entries) or 1
     return [sum(m for p, m in entries if p >= cut) / total for cut, _ in order]
 
@@ -103,56 +100,56 @@ def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str]
     return tuple(s[np.linspace(0, len(s) - 1, min(m, len(s))).round().astype(int)] for s, m in zip(sides, (fit, probe)))
 
 
-def output_curves(run: Compressor, order: list[tuple[int, Group]], ratios: tuple[float, ...], fit_samples: int,
+def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[float, ...], fit_samples: int,
                   probe_samples: int, on_layer: Progress | None = None, removable: Collection[int] = ()
                   ) -> tuple[dict[int, np.ndarray], Sensitivity]:
     """Each group's output-discrepancy curve (``curve_of``) from probes at ``ratios`` of its channels, and at
     width 0 (the block removed) for the groups in ``removable``."""
     t0 = time.perf_counter()
-    n = len(next(iter(run.inputs.values())))
-    plans = [candidate_widths(g.channels, ratios, run.options.round_to) + [0] * (g.id in removable) for _, g in order]
-    probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(run, order))
+    n = len(next(iter(ctx.inputs.values())))
+    plans = [candidate_widths(g.channels, ratios, ctx.options.round_to) + [0] * (g.id in removable) for _, g in order]
+    probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(ctx, order))
     fit, probe = split(n, fit_samples, probe_samples)
-    values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in run.inputs.items()}
-    floats = [t.name for t in run.original.outputs if t.dtype is None or np.issubdtype(np.dtype(t.dtype), np.floating)]
+    values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in ctx.inputs.items()}
+    floats = [t.name for t in ctx.original.outputs if t.dtype is None or np.issubdtype(np.dtype(t.dtype), np.floating)]
     if not floats:
         raise AnalysisError("the output allocation compares float outputs, and this graph has none: allocate with "
                             "epsilon", option="allocation")
     probe_values = {k: v[len(fit):] for k, v in values.items()}
     # in the graph's order of outputs, which the task's layout counts by (a cut graph's come sorted by name)
-    reference = [{k: chunk[k] for k in floats} for chunk in _run(run, cut_graph(run.original, probe_values, floats),
+    reference = [{k: chunk[k] for k in floats} for chunk in _run(ctx, cut_graph(ctx.original, probe_values, floats),
                                                                    probe_values)]
     first = next(iter(probe_values.values()))
-    task = task_named(run.options.task, list(reference[0].values()), image_hw(first), min(len(first), run.run_batch))
+    task = task_named(ctx.options.task, list(reference[0].values()), image_hw(first), min(len(first), ctx.run_batch))
     report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name)
     curves = {}
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
             on_layer(i, len(order), f"probing {group.name}")
-        run.advance(run.original, values, cut)
-        ahead = run.peek(run.original, values, {use.tensor for use in group.consumers})
+        ctx.advance(ctx.original, values, cut)
+        ahead = ctx.peek(ctx.original, values, {use.tensor for use in group.consumers})
         fitted = {k: v[: len(fit)] for k, v in ahead.items()}
         at_cut = {k: v[len(fit):] for k, v in values.items()}
-        probes = _probe(run, group, fitted, at_cut, reference, plans[i], task)
+        probes = _probe(ctx, group, fitted, at_cut, reference, plans[i], task)
         report.probes[group.name] = probes
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
     return curves, report
 
 
-def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
+def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
            reference: list[dict[str, np.ndarray]], widths: list[int], task: Task = Task("raw")) -> dict[int, float]:
     """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``; width 0:
     only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples."""
     if not widths:
         return {}
-    data = run.collect(group, fitted, fitted)
+    data = ctx.collect(group, fitted, fitted)
     top = max(widths)
     path = stats_omp([d.stats for d in data], [d.current.k for d in data], top) if top else None
-    downstream = cut_graph(run.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
-    nodes = {n.name: n for n in run.original.nodes}
+    downstream = cut_graph(ctx.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
+    nodes = {n.name: n for n in ctx.original.nodes}
     mine = {n.name: n for n in downstream.nodes}
-    bases = [consumers.cleared(run.original, nodes[d.use.node], group, d.use) for d in data]
+    bases = [consumers.cleared(ctx.original, nodes[d.use.node], group, d.use) for d in data]
     out = {}
     for width in widths:
         keep = path.support(width) if width else np.zeros(0, dtype=np.int64)
@@ -164,13 +161,13 @@ def _probe(run: Compressor, group: Group, fitted: dict[str, np.ndarray], at_cut:
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
             consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))
         downstream.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)  # a MatMul's first bias adds a node
-        out[width] = task.discrepancy(reference, _run(run, downstream, at_cut))
+        out[width] = task.discrepancy(reference, _run(ctx, downstream, at_cut))
     return out
 
 
-def _run(run: Compressor, cut: gs.Graph, values: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
+def _run(ctx: Context, cut: gs.Graph, values: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
     """The outputs of the ``cut_graph`` ``cut`` on ``values``, chunk by chunk as the graph runs (an output need
     not have the samples on its first axis: a sequence-first recogniser's does not)."""
-    chunks, _ = run_cut(cut, values, provider=run.options.provider, batch_size=run.run_batch,
-                        exact=run.fixed_batch is not None)
+    chunks, _ = run_cut(cut, values, provider=ctx.options.provider, batch_size=ctx.run_batch,
+                        exact=ctx.fixed_batch is not None)
     return [arrays for _, arrays in chunks]

@@ -1,0 +1,152 @@
+"""The consumers' streamed statistics, and the local-imitation error curves computed from them.
+
+A consumer's Gram matrix costs D² multiply-adds per position (D = input channels x kernel taps); past
+``STATS_GRAM_MACS`` (the refit's) or ``CURVE_GRAM_MACS`` (the allocation's curves) its statistics take every
+k-th position, counted across samples so that all contribute. The curves need the shape of each layer's loss,
+the refit more: MobileNetV2's largest consumer costs 8.3e9 on the curves' 128 samples and 3.3e10 on 500 photos,
+so neither budget touches it; a 3x3 conv of YOLOv8n at 320 costs 1.4e11 on 64 photos.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.analysis import consumers
+from onnxprune.analysis.groups import ConsumerUse, Group
+from onnxprune.core.context import ConsumerData, Context, Progress
+from onnxprune.imitation.local import greedy_local
+from onnxprune.imitation.stats import ConsumerStats, neuron_gram
+
+CURVE_GRAM_MACS = 10**10
+STATS_GRAM_MACS = 5 * 10**10
+
+
+def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str, np.ndarray],
+            reference: dict[str, np.ndarray], batch_size: int, kept_rows: dict[str, np.ndarray],
+            uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+    """Streamed statistics of every consumer of ``group`` (or of ``uses``): inputs on the ``prefix`` network
+    (``graph``, the pruned one) vs outputs of the ``original`` network (its cached tensors ``reference``),
+    ``batch_size`` samples a chunk. ``kept_rows``: a stream producer's original output rows still there.
+
+    A consumer that also reads other groups' channels (a Concat) is seen through the group's
+    columns only; the other columns' contribution, with their current weights, leaves the target."""
+    nodes_p = {n.name: n for n in graph.nodes}
+    nodes_o = {n.name: n for n in original.nodes}
+    out = []
+    n = len(next(iter(prefix.values())))
+    # Chunks alternate between the two folds of the refit's cross-validation; an even size keeps
+    # an image and its mirror (adjacent with --flip) in the same fold.
+    bs = max(2, min(batch_size, n // 2) // 2 * 2)
+    for use in group.consumers if uses is None else uses:
+        node_p, node_o = nodes_p[use.node], nodes_o[use.node]
+        full_p, full_o = consumers.matrix(node_p), consumers.matrix(node_o)
+        view = consumers.group_view(graph, node_p, group, use)
+        current = view.linear(full_p)
+        rows = kept_rows.get(use.node)  # a stream producer whose outputs were sliced already
+        if rows is not None:
+            full_o = consumers.Linear(full_o.weight[rows], full_o.bias[rows], full_o.k)
+        target = consumers.group_view(original, node_o, group, use).linear(full_o)
+        w_o = torch.from_numpy(full_o.weight.astype(np.float32))
+        b_o = torch.from_numpy(full_o.bias.astype(np.float32))
+        w_rest = torch.from_numpy(full_p.weight[:, view.rest].astype(np.float32))
+        partner = _residual_partner(node_o)
+        if partner is not None and partner not in prefix:
+            partner = None
+        folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
+        x_p, x_o = prefix[use.tensor], reference[use.tensor]
+        stride = 1
+        for s in range(0, len(x_p), bs):
+            x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
+            if s == 0:
+                stride = _stride(current.weight.shape[1], x.shape[2] * len(x_p), STATS_GRAM_MACS)
+            first = -s * x.shape[2] % stride
+            x = _thin(x, stride, first)
+            t = torch.matmul(w_o, _thin(consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs])), stride, first))
+            t += b_o[:, None]
+            if view.rest.size:
+                t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
+            x = view.take(x)
+            if partner is not None:
+                ref = reference[partner][s : s + bs]
+                shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s : s + bs]
+                t += _thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
+            folds[(s // bs) % 2].update(x, t)
+        stats = ConsumerStats(*current.weight.shape[::-1])
+        for fold in folds:
+            stats.merge(fold)
+        out.append(ConsumerData(use, folds, stats, current, target))
+    return out
+
+
+def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None = None
+                 ) -> dict[int, np.ndarray]:
+    """Relative local-imitation loss at every width (best over widths ≤ n) for each group,
+    measured on the original network in one pass over ``curve_samples`` evenly spaced
+    calibration samples, positions thinned past ``CURVE_GRAM_MACS`` (the allocation needs the
+    curves' shape, not the refit's precision)."""
+    n_samples = len(next(iter(ctx.inputs.values())))
+    step = max(1, -(-n_samples // ctx.options.curve_samples))
+    values = {name: np.ascontiguousarray(v[::step]) for name, v in ctx.inputs.items()}
+    nodes = {n.name: n for n in ctx.original.nodes}
+    curves = {}
+    for i, (cut, group) in enumerate(order):
+        if on_layer is not None:
+            on_layer(i, len(order), f"error curve of {group.name}")
+        ctx.advance(ctx.original, values, cut)
+        # On the unpruned network both targets are the layer's own output, so the Gram matrix
+        # alone defines the loss: no output statistics are needed.
+        pairs = []
+        ahead = ctx.peek(ctx.original, values, {use.tensor for use in group.consumers})
+        for use in group.consumers:
+            node = nodes[use.node]
+            view = consumers.group_view(ctx.original, node, group, use)
+            lin = view.linear(consumers.matrix(node))
+            stats = ConsumerStats(lin.weight.shape[1], 0)
+            x = ahead[use.tensor]
+            stride = 1
+            for s in range(0, len(x), ctx.options.batch_size):
+                cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + ctx.options.batch_size])))
+                if s == 0:
+                    stride = _stride(cols.shape[1], cols.shape[2] * len(x), CURVE_GRAM_MACS)
+                cols = _thin(cols, stride, -s * cols.shape[2] % stride)
+                stats.update(cols, cols[:, :0])
+            pairs.append((stats, lin.weight, lin.k))
+        curves[group.id] = local_curve(pairs, group.channels)
+    return curves
+
+
+def _residual_partner(node: gs.Node) -> str | None:
+    """The other input of a residual Add that the consumer's output feeds into, if any."""
+    out = node.outputs[0]
+    if len(out.outputs) != 1 or out.outputs[0].op != "Add":
+        return None
+    add = out.outputs[0]
+    others = [t for t in add.inputs if t is not out]
+    if len(others) != 1 or isinstance(others[0], gs.Constant) or others[0].shape != out.shape:
+        return None
+    return others[0].name
+
+
+def _stride(d: int, positions: int, budget: int) -> int:
+    """Every how many positions a Gram matrix of ``d`` columns keeps to cost at most ``budget`` multiply-adds."""
+    return max(1, -(-d * d * positions // budget))
+
+
+def _thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
+    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
+    if stride == 1:
+        return a
+    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
+
+
+def local_curve(pairs: list[tuple[ConsumerStats, np.ndarray, int]], n: int) -> np.ndarray:
+    """Relative local-imitation loss by width; on the unpruned network both targets are the layer's
+    own output, so the Gram matrix alone defines it."""
+    G = sum(neuron_gram(stats.xx, w, k) for stats, w, k in pairs)
+    tau = float(G.sum()) / n**2
+    path = greedy_local(G, G.sum(axis=1) / n, tau)
+    curve = np.minimum.accumulate(np.where(np.isfinite(path.curve), path.curve, np.inf)[1:])
+    return np.concatenate([[np.inf], curve / max(tau, np.finfo(float).tiny)])

@@ -1,0 +1,281 @@
+"""The pruning loop's state: both graphs and their cached live tensors while groups are pruned one by one.
+
+``Compressor`` implements ``onnxprune.core.context.Context``, what the strategies read and do of a run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxprune.allocation import group_step
+from onnxprune.analysis import analyze
+from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
+from onnxprune.calib.sources import CalibrationSet
+from onnxprune.core import reconstruct
+from onnxprune.core.context import ConsumerData
+from onnxprune.core.statistics import collect
+from onnxprune.errors import CalibrationError, ResourceError
+from onnxprune.imitation.refit import centred_energy
+from onnxprune.imitation.refit import expand_channels as expand
+from onnxprune.ir.graph import restore_subgraphs, static_shape
+from onnxprune.ir.probe import fixed_batch, free_batch, restore_batch, static_batch
+from onnxprune.ir.shapes import infer_shapes
+from onnxprune.passes import remove_block, slice_channels
+from onnxprune.pipeline.report import LayerReport
+from onnxprune.pipeline.schedule import is_gate
+from onnxprune.runtime.segments import Liveness, run_segment
+from onnxprune.runtime.store import Array, Store, default_budget, show_bytes
+from onnxprune.strategies import CompressOptions
+
+
+@dataclass
+class Pending:
+    """A residual stream's consumer to refit when the loop reaches it, and the stream's layer report."""
+
+    position: int
+    group: Group
+    use: ConsumerUse
+    layer: LayerReport
+    tally: list[float]  # summed output error and energy of the stream's consumers refitted so far
+
+
+class Compressor:
+    """Holds both graphs and their cached live tensors while pruning group by group."""
+
+    def __init__(self, model: onnx.ModelProto, calib: CalibrationSet, options: CompressOptions) -> None:
+        self.model = model
+        self.options = options
+        # a graph whose input alone fixes the batch is calibrated through a copy with a free batch
+        self.written_batch = static_batch(model)
+        self.batched = free_batch(model) if self.written_batch is not None else None
+        if self.batched is None:
+            self.written_batch = None
+        self.analysis = analyze(self.batched or model)
+        self.original = self.analysis.graph.copy()
+        self.graph = self.analysis.graph
+        self.live = Liveness(self.graph)
+        self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
+        self.store = Store(default_budget() if options.memory is None else options.memory, options.spill_dir)
+        self._check_room(len(calib))
+        self.inputs = self._load(calib)
+        if len(next(iter(self.inputs.values()))) < 2:
+            raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
+        self.values_p = dict(self.inputs)
+        self.values_o = dict(self.inputs)
+        self.fixed_batch = fixed_batch(gs.export_onnx(self.original.copy()), self.inputs)
+        # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
+        self.run_batch = options.batch_size if self.fixed_batch is None else self.fixed_batch.size
+        self.provider = options.provider
+        self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
+        self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
+        self.on_chunk: Callable[[int, int], None] | None = None  # (samples done, total) as the cache advances
+        self.on_status: Callable[[str], None] | None = None  # what the current group's pruning is doing
+        self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
+        self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
+        self.select = options.select  # the selector of this run (``Selector.bind``)
+        self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
+
+    def _check_room(self, n: int) -> None:
+        """ResourceError before any work when ``n`` samples' cached tensors (the inputs, and at the widest cut,
+        i.e. before any group's consumer, the live tensors of both networks) cannot fit in the RAM budget plus the
+        free space of the spill folder."""
+        def size(names: set[str]) -> int:
+            return sum(_sample_bytes(tensors[name]) for name in names if name in tensors)
+
+        tensors = self.graph.tensors()
+        inputs = {t.name for t in self.graph.inputs}
+        cuts = {self.live.position[use.node] for group in self.analysis.groups for use in group.consumers}
+        widest = max((size(self.live.live(cut) - inputs) for cut in cuts), default=0)
+        need = n * (size(inputs) + 2 * widest)
+        if need > self.store.budget and not self.store.folder.is_dir():
+            raise ResourceError(f"the spill folder {self.store.folder} is not a folder: create it or point spill_dir "
+                                "at another", option="spill_dir")
+        free = shutil.disk_usage(self.store.folder).free if need > self.store.budget else 0
+        if need > self.store.budget + free:
+            raise ResourceError(
+                f"{n} calibration samples need about {show_bytes(need)} of cached activations, and there are "
+                f"{show_bytes(self.store.budget)} of RAM for them (the memory budget) and {show_bytes(free)} free "
+                f"in {self.store.folder}: calibrate on fewer samples, raise the memory budget, free disk space "
+                "there or point spill_dir elsewhere", option="spill_dir")
+
+    def _load(self, calib: CalibrationSet) -> dict[str, Array]:
+        """The calibration inputs, batch by batch into the store's arrays."""
+        if len(calib) == 0:
+            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
+        return self.store.stack(calib.batches(self.options.batch_size), len(calib))
+
+    def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
+        """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
+        live = self.live.live(cut)
+        tensors = graph.tensors()  # a removed block's tensors are gone from the pruned graph
+        new, ran = run_segment(graph, values, {t for t in live - set(values) if t in tensors},
+                               provider=self.options.provider, batch_size=self.run_batch,
+                               exact=self.fixed_batch is not None, store=self.store, on_chunk=self.on_chunk)
+        self.provider = ran or self.provider
+        values.update(new)
+        for name in set(values) - live:
+            del values[name]
+
+    def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
+        """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
+        new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
+                               batch_size=self.run_batch, exact=self.fixed_batch is not None, store=self.store,
+                               on_chunk=self.on_chunk)
+        self.provider = ran or self.provider
+        return {**values, **new}
+
+    def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
+                uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+        """Streamed statistics of the group's consumers (or ``uses``): inputs on ``prefix`` (the pruned network's
+        cached tensors) vs outputs of the original network (its cached tensors ``reference``)."""
+        return collect(self.graph, self.original, group, prefix, reference, self.options.batch_size, self.kept_rows,
+                       uses)
+
+    def note(self, group: Group, info: dict) -> None:
+        """What the selector did on ``group``, for its layer report."""
+        self.notes[group.name] = info
+
+    def status(self, text: str) -> None:
+        """Show what the current group's pruning is doing (a long selection stays visibly alive)."""
+        if self.on_status is not None:
+            self.on_status(text)
+
+    def generator(self, seed: int) -> np.random.Generator:
+        """The generator of ``seed``, drawn on across groups."""
+        if seed not in self.generators:
+            self.generators[seed] = np.random.default_rng(seed)
+        return self.generators[seed]
+
+    def reference_outputs(self) -> dict[str, np.ndarray]:
+        """The original network's outputs on the calibration set (computed once)."""
+        if self.reference is None:
+            outputs = [t.name for t in self.original.outputs]
+            self.reference, _ = run_segment(self.original, dict(self.inputs), outputs, provider=self.options.provider,
+                                            batch_size=self.run_batch, exact=self.fixed_batch is not None,
+                                            store=self.store)
+        return self.reference
+
+    def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
+        """Bring both networks to ``cut``, then select ``width`` channels of ``group`` and reconstruct its
+        consumers (None: the group keeps all its channels; width 0 removes a removable block). A residual
+        stream's consumers that run later are refitted when the loop reaches them (``refit_pending``)."""
+        t0 = time.perf_counter()
+        self.advance(self.graph, self.values_p, cut)
+        self.advance(self.original, self.values_o, cut)
+        if width == group.channels:
+            return None
+        need = {c.tensor for c in group.consumers}
+        data = self.collect(group, self.peek(self.graph, self.values_p, need),
+                            self.peek(self.original, self.values_o, need))
+        if width == 0:
+            return self.remove(group, data, t0)
+        keep, fold, rel = self.select.select(self, group, data, width)
+        nodes = {n.name: n for n in self.graph.nodes}
+        later = [p for p in group.producers if self.live.position[p] >= cut]
+        stream = bool(later) and not is_gate(nodes[later[0]])
+        deferred = [d for d in data if self.live.position[d.use.node] > cut] if (
+            stream and self.options.reconstruct.refits_after_gate) else []
+        if stream:
+            rows = kept_entries(self.graph, group, keep)
+            self.kept_rows.update({p: rows[nodes[p].outputs[0].name] for p in later})
+        now = [d for d in data if d not in deferred]
+        err_fold, err, ridges = self.apply(group, now, keep, fold)
+        self.slice_cache(group, keep)
+        again = (self.refit_after_gate(group, data, keep, min(self.live.position[p] for p in later))
+                 if later and not stream and self.options.reconstruct.refits_after_gate else None)
+        if again is not None:
+            err, ridges = again[0], [*ridges[: len(ridges) - len(again[1])], *again[1]]
+        layer = LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
+                            err, ridges, time.perf_counter() - t0, group_step(group.channels, self.options.round_to),
+                            self.notes.pop(group.name, None))
+        energy = sum(centred_energy(d.stats) for d in now)
+        tally = [err * energy, energy]
+        self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
+        return layer
+
+    def remove(self, group: Group, data: list[ConsumerData], t0: float) -> LayerReport:
+        """Replace the group's residual block by its shortcut plus the mean of its consumer's target (the refit
+        with no channel left; its relative error is 1 by definition)."""
+        (d,) = data
+        self.graph = remove_block(self.graph, self.analysis.blocks[group.id], d.stats.st / max(d.stats.count, 1))
+        for name in group.tensors:
+            self.values_p.pop(name, None)
+        names = {n.name for n in self.graph.nodes}
+        self.pending = [p for p in self.pending if p.use.node in names]
+        return LayerReport(group.name, group.channels, 0, [d.use.node], None, 1.0, 1.0, [], time.perf_counter() - t0,
+                           group_step(group.channels, self.options.round_to))
+
+    def refit_pending(self, upto: int) -> None:
+        """Refit the residual streams' later consumers that run before position ``upto``, on their inputs as
+        pruned so far (their columns were sliced at the stream's cut)."""
+        due = sorted((p for p in self.pending if p.position < upto), key=lambda p: p.position)
+        for p in due:
+            t0 = time.perf_counter()
+            self.pending.remove(p)
+            self.advance(self.graph, self.values_p, p.position)
+            self.advance(self.original, self.values_o, p.position)
+            need = {p.use.tensor}
+            fresh = self.collect(p.group, self.peek(self.graph, self.values_p, need),
+                                 self.peek(self.original, self.values_o, need), [p.use])
+            self.graph, ridges, err = reconstruct.refit(self.graph, p.group, fresh, np.arange(p.layer.kept),
+                                                        [d.current.weight for d in fresh])
+            p.tally[0] += err
+            p.tally[1] += sum(centred_energy(d.stats) for d in fresh)
+            p.layer.error = p.tally[0] / (p.tally[1] or 1.0)
+            p.layer.ridges += ridges
+            p.layer.seconds += time.perf_counter() - t0
+
+    def apply(
+        self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
+    ) -> tuple[float, float, list[float]]:
+        """Slice the group, then let the reconstruction set its consumers. Returns (error_fold, error, ridges)."""
+        self.graph = slice_channels(self.graph, group, keep)
+        energy = sum(centred_energy(d.stats) for d in data) or 1.0
+        fold_err = sum(reconstruct.fold_loss(d, keep, fold) for d in data) / energy
+        err, ridges = self.options.reconstruct.apply(self, group, data, keep, fold)
+        return fold_err, err / energy, ridges
+
+    def refit_after_gate(self, group: Group, data: list[ConsumerData], keep: np.ndarray, gate: int
+                         ) -> tuple[float, list[float]] | None:
+        """Refit once more the consumers that run after a gate producer (position ``gate``), on their inputs
+        as pruned: refitting the gate's own consumer changed the gate they read. Returns (error, ridges)."""
+        stale = [d for d in data if self.live.position[d.use.node] > gate]
+        if not stale:
+            return None
+        need = {d.use.tensor for d in stale}
+        fresh = self.collect(group, self.peek(self.graph, self.values_p, need),
+                             self.peek(self.original, self.values_o, need), [d.use for d in stale])
+        self.graph, ridges, err = reconstruct.refit(self.graph, group, fresh, np.arange(len(keep)),
+                                                    [d.current.weight[:, expand(keep, d.current.k)] for d in stale])
+        rest = [d for d in data if d not in stale]
+        err += reconstruct.written_error(self.graph, group, rest, keep)
+        return err / (sum(centred_energy(d.stats) for d in [*fresh, *rest]) or 1.0), ridges
+
+    def slice_cache(self, group: Group, keep: np.ndarray) -> None:
+        """Slice the group's cached tensors like ``apply`` sliced the graph."""
+        sizes = {name: self.values_p[name].shape[axis] for name, (axis, _) in group.tensors.items() if name in self.values_p}
+        for name, index in kept_entries(self.graph, group, keep, sizes).items():
+            self.values_p[name] = self.store.take(self.values_p[name], index, axis=group.tensors[name][0])
+
+    def export(self) -> onnx.ModelProto:
+        model = gs.export_onnx(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))
+        if self.batched is not None:
+            model = restore_batch(model, self.model)
+        model.ir_version = self.model.ir_version
+        model.producer_name = "onnxprune"
+        return restore_subgraphs(infer_shapes(model), self.model)
+
+
+def _sample_bytes(tensor: gs.Tensor) -> int:
+    """Bytes of one sample of ``tensor`` (0 where its shape past the batch is not static)."""
+    shape = static_shape(tensor)
+    if not shape or any(d is None for d in shape[1:]):
+        return 0
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(tensor.dtype or np.float32).itemsize

@@ -50,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 from models.build import INPUT_SHAPE, export_model  # noqa: E402
 from models.mobilenet_v2 import mobilenet_v2  # noqa: E402
 from onnxprune.calib.images import Preprocess, list_images, select  # noqa: E402
+from onnxprune.flags import parse_macs  # noqa: E402
 
 IMPORTANCES = {
     "magnitude": lambda: tp.importance.GroupMagnitudeImportance(p=2),
@@ -68,12 +69,6 @@ class Variant:
     @property
     def name(self) -> str:
         return f"tp {self.importance}, {self.scope}"
-
-
-def parse_macs(text: str) -> int:
-    """``245M`` -> 245_000_000 (also ``G``, ``K`` and plain integers)."""
-    scale = {"K": 1e3, "M": 1e6, "G": 1e9}.get(text[-1].upper(), 1)
-    return int(float(text[:-1] if scale != 1 else text) * scale)
 
 
 def conv_linear_macs(model: nn.Module) -> int:
@@ -264,7 +259,7 @@ def main() -> None:
             if any(v.importance == "taylor" for v in variants):
                 grads[calib] = taylor_gradients(original, load_photos(args.data, calib, args.taylor_photos))
         for target in targets:
-            budget = parse_macs(target)
+            budget = int(parse_macs(target))
             for v in variants:
                 results, per_fold, macs, ratios, seconds = [], [], [], [], []
                 for k, (calib, held) in enumerate(folds):

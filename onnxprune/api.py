@@ -5,7 +5,6 @@ The CLI parses its flags into these arguments and calls the same functions.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -15,9 +14,6 @@ import numpy as np
 import onnx
 
 from onnxprune.analysis import Analysis, analyze as _analyze
-from onnxprune.ir.inputs import specialise_inputs
-from onnxprune.ir.load import load_model
-from onnxprune.ir.inputs import resolve_input_shapes
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
 from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
 from onnxprune.deploy.bench import BenchResult
@@ -25,17 +21,19 @@ from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
+from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult, evaluate as _evaluate
-from onnxprune.pipeline import CompressReport, compress as _prune
-from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.fileio import save_model
-from onnxprune.passes.flatten_channels_first import channels_first_heads
-from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
+from onnxprune.ir.inputs import resolve_input_shapes, specialise_inputs
+from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import InputSpec, model_input_specs
+from onnxprune.passes.flatten_channels_first import channels_first_heads
+from onnxprune.pipeline import CompressReport, compress as _prune
+from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.store import memory_bytes
+from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.tasks.labels import Labels
-from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 
 ModelSource = Union[str, Path, onnx.ModelProto]
 # A folder of images, a .npy/.npz file, 'file.py:fn' or 'package.module:fn', an array or a dict of arrays
@@ -83,15 +81,6 @@ class Result:
         model, report = _recover(self.model, self.original, self.calibration, options or RecoverOptions(),
                                  on_progress, held_set)
         return replace(self, model=model, recovery=report)
-
-
-def parse_macs(text: str) -> float:
-    """A MAC count as written on the command line: '245M' → 245e6, '2.2G' → 2.2e9, '300000' → 3e5."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgG]?)\s*", text)
-    if not match:
-        raise TargetError(f"cannot read {text!r} as a MAC count: write e.g. 245M, 2.2G or 300000000")
-    scale = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9}[match.group(2).lower()]
-    return float(match.group(1)) * scale
 
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:

@@ -22,7 +22,7 @@ from onnxprune.cost import (
     CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, this_machine,
     widths_to_time,
 )
-from onnxprune.deploy.cost import parse_latency
+from onnxprune.flags import parse_latency
 from onnxprune.pipeline import compress, schedule
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.ir.ort import model_input_specs

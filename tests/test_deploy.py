@@ -17,7 +17,7 @@ from rich.console import Console
 
 import onnxprune.deploy.bench as bench_module
 import onnxprune.runtime.timing as timing
-from onnxprune.cli import format_bench_table
+from onnxprune.tables import format_bench_table
 from onnxprune.deploy.bench import BenchResult, bench, bench_many
 from onnxprune.ir.inputs import parse_input_shapes
 from onnxprune.deploy.export import TensorRTUnavailable, build_engine, prepare_for_tensorrt, trtexec_command

@@ -1,0 +1,200 @@
+"""What the command line prints: the summary of a compress or a recovery, and the tables of eval and bench (rich
+stays here and in ``onnxprune.cli``)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from onnxprune.cost import format_ms
+from onnxprune.deploy.bench import BenchResult
+from onnxprune.evaluation import EvalResult
+from onnxprune.pipeline import CompressReport, LatencyReport
+from onnxprune.recovery import RecoverReport
+
+console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
+err_console = Console(stderr=True)
+
+
+def mmacs(value: float) -> str:
+    return f"{value / 1e6:,.1f}M"
+
+
+def print_compress(result: CompressReport, method: str, reconstruct: str, round_to: int, output: Path) -> None:
+    table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
+    chosen = any(layer.selection for layer in result.layers)
+    for col in ("group", "kept", *(("selected by",) * chosen), "greedy loss", "error (fold)", "error", "s"):
+        table.add_column(col)
+    for layer in result.layers:
+        greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
+        kept = f"{layer.kept}/{layer.channels}" if layer.kept else f"block removed (0/{layer.channels})"
+        by = (_selected_by(layer.selection),) * chosen
+        table.add_row(layer.group, kept, *by, greedy, f"{layer.error_fold:.3f}", f"{layer.error:.3f}",
+                      f"{layer.seconds:.1f}")
+    console.print(table)
+    if result.selection is not None:
+        sel = result.selection
+        console.print(f"auto: global imitation took {sel['spent_s']:.0f} s of its {sel['budget_s']:.0f} s budget "
+                      f"on {sum(1 for x in result.layers if x.selection and 'global' in x.selection)} groups")
+    for s in result.skipped:
+        console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
+    finer = [layer for layer in result.layers if layer.step < round_to]
+    if finer:
+        console.print(f"{len(finer)} groups narrower than {4 * round_to} channels were cut in finer steps than "
+                      f"--round-to {round_to}: " + ", ".join(f"{x.group} ({x.kept}/{x.channels}, step {x.step})"
+                                                              for x in finer))
+    if result.written_batch is not None:
+        console.print(f"the input fixes the batch ({result.written_batch['reason']}) and nothing in the graph does: "
+                      f"calibration batched samples through a copy with a free batch; the written model keeps batch "
+                      f"{result.written_batch['size']}")
+    if result.fixed_batch is not None:
+        console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
+                      f"{result.fixed_batch['size']} sample(s) at a time")
+    if result.requested_macs is not None:
+        console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
+                      f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
+    if result.latency is not None:
+        _print_latency(result.latency)
+    console.print(
+        f"MACs {mmacs(result.macs_before)} → {mmacs(result.macs_after)} "
+        f"({result.macs_after / result.macs_before:.1%}), params {result.params_before / 1e6:.2f}M → "
+        f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
+        f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
+    )
+
+
+def _selected_by(selection: dict | None) -> str:
+    """The layer table's 'selected by' cell: the method, and with auto the two discrepancies or why global did
+    not run."""
+    if not selection:
+        return "-"
+    if "global" in selection and "omp" in selection:
+        return f"{selection['method']} (KL-or-error omp {selection['omp']:.4f}, global {selection['global']:.4f})"
+    return selection["method"] + (f": {selection['why']}" if "why" in selection else "")
+
+
+def _print_latency(r: LatencyReport) -> None:
+    """Predicted vs measured latency; a missed target is said on stderr, never passed over."""
+    if r.requested_ms is not None:
+        console.print(f"--best-effort: the latency budget of {format_ms(r.requested_ms)} is below the lowest reachable "
+                      f"{format_ms(r.target_ms)} (predicted): pruned to the lowest reachable latency instead")
+    where = f"{r.provider.removesuffix('ExecutionProvider')}, batch {r.batch}" + (
+        f", {r.threads} threads" if r.threads else "")
+    console.print(f"latency ({where}): target {format_ms(r.target_ms)}, predicted {format_ms(r.predicted_ms)}, measured "
+                  f"{format_ms(r.measured_ms)} vs the original's {format_ms(r.original_ms)} "
+                  f"({r.original_ms / r.measured_ms:.2f}x); cost table "
+                  + (f"measured in {r.table_seconds:.0f}s" if r.table_seconds else "read from file"))
+    if r.table_machine is not None:
+        err_console.print(f"[bold yellow]warning:[/] the cost table was measured on another machine "
+                          f"({escape(r.table_machine)}): its timings may not hold here; measure a new one (leave "
+                          "out --cost-table)", highlight=False, soft_wrap=True)
+    if not r.met:
+        missed = (f"{r.measured_ms / r.original_ms:.2f}x of the original's latency misses the {r.target_ratio:g}x target"
+                  if r.target_ratio is not None and r.requested_ms is None
+                  else f"{format_ms(r.measured_ms)} misses the target {format_ms(r.target_ms)}")
+        err_console.print(f"[bold yellow]warning:[/] the measured latency {missed} (predicted {format_ms(r.predicted_ms)}): "
+                          "timings on a shared machine drift and the cost table's additive model errs; check with "
+                          "`onnxprune bench`, or lower the target", highlight=False, soft_wrap=True)
+
+
+
+
+def print_recovery(r: RecoverReport) -> None:
+    table = Table(title=f"recovery ({r.options['method']}): {len(r.segments)} segments trained")
+    for col in ("stage", "params", "held-out loss before", "after", "best step", "s"):
+        table.add_column(col)
+    for seg in r.segments:
+        table.add_row(f"block → {seg.end[0]}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
+                      f"{seg.held_after:.4f}", str(seg.best_step), f"{seg.seconds:.1f}")
+    if r.distill is not None:
+        d = r.distill
+        part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
+        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment})", f"{d.parameters:,}",
+                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", str(d.best_step), f"{d.seconds:.1f}")
+    console.print(table)
+    agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
+             if r.agreement_before is not None and r.agreement_after is not None else "")
+    verdict = ("kept the recovered weights" if r.improved else
+               "the recovered weights were not better on the held-out samples: returned the input model unchanged")
+    held = "given apart" if r.held_unseen else "split off the calibration set"
+    picked = r.samples_held - r.samples_verdict
+    console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
+                  f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
+                  f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
+
+
+
+def format_table(results: dict[str, EvalResult]) -> Table:
+    """A rich table with one row per model (keyed by its label) and one column per metric."""
+    outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
+    tasks = sorted({r.task for r in results.values() if r.task})
+    table = Table(title=f"Fidelity ({', '.join(tasks)})" if tasks else "Fidelity")
+    for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
+        table.add_column(header, justify="left" if header == "model" else "right")
+    for name in outputs:
+        suffix = f" {name}" if len(outputs) > 1 else ""
+        table.add_column(f"rel-L2{suffix}", justify="right")
+        table.add_column(f"cos{suffix}", justify="right")
+    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
+    for name in metrics:
+        table.add_column(name, justify="right")
+    for label, r in results.items():
+        row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
+               _fmt(r.kl, ".4g")]
+        for name in outputs:
+            row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
+        row += [_fmt(r.metrics.get(name), ".4g") for name in metrics]
+        table.add_row(*row)
+    padded = sorted({name for r in results.values() for name in r.padded})
+    if padded:
+        table.caption = (f"{', '.join(padded)}: length varies from image to image; compared zero-padded to the "
+                         "longer of the two")
+    return table
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    """``value`` formatted with ``spec``, or '-' if missing."""
+    return "-" if value is None else format(value, spec)
+
+
+def _count(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return str(int(n))
+
+
+def format_bench_table(results: Sequence[BenchResult]) -> Table:
+    """One row per model; speed-up = first model's median / this median, MAC ratio = MACs / first's MACs."""
+    sleeping = results and not results[0].spin
+    table = Table(title=f"Latency (onnxruntime{', threads sleeping between nodes' if sleeping else ''})")
+    for col in ("model", "provider", "batch"):
+        table.add_column(col)
+    for col in ("median ms", "p90 ms", "p99 ms", "throughput /s", "MACs", "params", "speed-up", "MAC ratio"):
+        table.add_column(col, justify="right")
+    base = results[0] if results else None
+    for r in results:
+        speedup = f"{base.median_ms / r.median_ms:.2f}x" if base and r.median_ms > 0 else "-"
+        ratio = f"{r.macs / base.macs:.3f}" if base and base.macs and r.macs is not None else "-"
+        table.add_row(
+            Path(r.model).name,
+            r.provider.removesuffix("ExecutionProvider"),
+            str(r.batch),
+            f"{r.median_ms:.3f}",
+            f"{r.p90_ms:.3f}",
+            f"{r.p99_ms:.3f}",
+            f"{r.throughput:.1f}",
+            _count(r.macs),
+            _count(r.params),
+            speedup,
+            ratio,
+        )
+    return table
+

@@ -1,7 +1,7 @@
 """onnxprune: channel pruning of ONNX CNNs without fine-tuning: greedy channel selection (group OMP by default,
 the paper's local and global imitation as options) and a least-squares refit of the next layer.
 
-The Python API (the CLI parses its flags into the same calls)::
+The Python API (the CLI's flags build the same calls, through ``onnxprune.flags``)::
 
     import onnxprune
     from onnxprune.strategies import Ratio

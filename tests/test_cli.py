@@ -409,3 +409,26 @@ def test_remove_blocks_probes_the_removal_and_needs_the_output_allocation(files,
     refused = runner.invoke(app, [*argv, "-o", str(tmp_path / "r.onnx"), "--allocation", "epsilon"])
     assert refused.exit_code == 2 and "output allocation" in refused.stderr and "--remove-blocks" in refused.stderr
     assert not (tmp_path / "r.onnx").exists()
+
+
+def test_flag_values_take_the_library_defaults() -> None:
+    """A flag list read by the CLI's own parser (what the benchmarks do): absent flags take the library's
+    defaults, and the objects built from the values are those the library defaults to."""
+    from onnxprune import flags
+    from onnxprune.cli import flag_values
+    from onnxprune.strategies import CompressOptions, Ratio, named
+
+    v = flag_values("compress", ["m.onnx", "-o", "p.onnx", "--calib", "photos", "--target-ratio", "0.5",
+                                 "--input-shape", "1x3x8x8", "--round-to", "4"])
+    assert named(v["method"], v["allocation"], v["reconstruct"]) == (
+        CompressOptions.select, CompressOptions.allocate, CompressOptions.reconstruct)
+    assert (v["batch_size"], v["provider"], v["task"], v["round_to"]) == (
+        CompressOptions.batch_size, CompressOptions.provider, CompressOptions.task, 4)
+    assert v["input_shape"] == ["1x3x8x8"] and flags.budget(v) == Ratio(0.5)
+    assert flag_values("bench", ["a.onnx"])["input_shape"] is None  # no --input-shape: None, as the CLI passes it
+    r = flag_values("recover", ["s.onnx", "--teacher", "t.onnx", "-o", "r.onnx", "--calib", "photos"])
+    fields = ("method", "steps", "lr", "distill_steps", "distill_lr", "distill_segments", "distill_views", "mix",
+              "holdout", "train", "pull", "batch_size", "seed", "provider")
+    assert {k: r[k] for k in fields} == {k: getattr(flags.RECOVER, k) for k in fields}
+    with pytest.raises(Exception, match="No such option: --no-such-flag"):
+        flag_values("compress", ["m.onnx", "-o", "p.onnx", "--calib", "photos", "--no-such-flag"])

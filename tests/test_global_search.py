@@ -160,7 +160,7 @@ def test_shortlisted_search_picks_what_the_exhaustive_search_picks_on_small_laye
 
 def _auto_compress(model, calib, monkeypatch, budget, clock=None, verdict=None):
     if verdict is not None:  # (omp, global) discrepancies the judge returns
-        monkeypatch.setattr(global_search._Search, "judge", lambda self, keeps: np.array(verdict))
+        monkeypatch.setattr(global_search.Search, "judge", lambda self, keeps: np.array(verdict))
     kwargs = {} if clock is None else {"clock": clock}
     return _compress(model, calib, Auto(budget=budget, **kwargs))
 

@@ -18,7 +18,7 @@ from onnxprune.imitation.global_ import lu_flops, solve_flops
 from onnxprune.imitation.refit import CV_SOLVES
 from onnxprune.ir.ort import make_session
 from onnxprune.strategies.base import Selector
-from onnxprune.strategies.global_search import GlobalSearch, _OutOfTime, _Search
+from onnxprune.strategies.global_search import GlobalSearch, OutOfTime, Search
 from onnxprune.strategies.selectors import OMP
 
 
@@ -145,10 +145,10 @@ class _AutoRun(Selector):
         share = self.time.share(group.id)
         predicted = self.time.predicted[group.id] * self.time.scale
         until = t0 + share - self.judge_seconds[group.id] * self.time.scale  # the judgement's time kept for it
-        search = _Search(ctx, group, data, self.auto.held)
+        search = Search(ctx, group, data, self.auto.held)
         try:
             path = search.path(ctx, group, width, self.auto, until=until, clock=self.auto.clock)
-        except _OutOfTime as stop:
+        except OutOfTime as stop:
             seconds = self.auto.clock() - t0
             self.time.spend(group.id, seconds, finished=False)
             ctx.note(group, {"method": "omp", "seconds": seconds, "predicted_s": predicted,

@@ -22,7 +22,7 @@ from onnxprune.strategies.downstream import ConsumerDownstream
 from onnxprune.strategies.sensitivity import split
 
 
-class _OutOfTime(Exception):
+class OutOfTime(Exception):
     """A global search stopped at ``step`` (0-based) of ``steps``: its share of ``auto``'s budget ran out."""
 
     def __init__(self, step: int, steps: int) -> None:
@@ -30,7 +30,7 @@ class _OutOfTime(Exception):
         self.step, self.steps = step, steps
 
 
-class _Search:
+class Search:
     """One group's end-to-end judge: its consumers refitted on a candidate support and the network after the cut
     run on chosen samples (``ConsumerDownstream``). Global mini-batches come from one half of the calibration
     samples (``fit``), ``auto``'s comparison from the other (``held``, at most ``held`` of them)."""
@@ -61,7 +61,7 @@ class _Search:
 
     def path(self, ctx: Context, group: Group, width: int, search: GlobalSearch, until: float = float("inf"),
              clock: Callable[[], float] = time.perf_counter) -> ShortlistPath:
-        """The shortlisted global path of ``group`` to ``width`` channels; ``_OutOfTime`` once ``clock`` passes
+        """The shortlisted global path of ``group`` to ``width`` channels; ``OutOfTime`` once ``clock`` passes
         ``until`` (read before each candidate's refit and each step's scoring)."""
         rank = stats_omp_state([d.stats for d in self.data], [d.current.k for d in self.data], width)
         batches: dict[int, tuple] = {}
@@ -69,7 +69,7 @@ class _Search:
 
         def in_time(step: int) -> None:
             if clock() > until:
-                raise _OutOfTime(step, steps)
+                raise OutOfTime(step, steps)
 
         def losses(supports: Sequence[np.ndarray], step: int) -> np.ndarray:
             ctx.status(f"global imitation, step {step + 1}/{steps} ({len(supports)} candidates)")
@@ -122,7 +122,7 @@ class Global(GlobalSearch, Selector):
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
         t0 = time.perf_counter()
-        path = _Search(ctx, group, data, held=1).path(ctx, group, width, self)
+        path = Search(ctx, group, data, held=1).path(ctx, group, width, self)
         ctx.note(group, {"method": "global", "evaluations": int(path.evaluated.sum()),
                          "seconds": time.perf_counter() - t0})
         return path.support(width), np.ones(width), None

@@ -71,9 +71,8 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     values = flag_values("compress", [str(original), "-o", str(output), "--calib", str(data), *flags])
     job = cli_flags.compress_job(values)
     result = job.run()
-    recovery = job.recover_options()
-    if recovery is not None:
-        result = result.recover(recovery, held=job.held)
+    if job.recovery is not None:
+        result = result.recover(job.recovery, held=job.held)
     result.save(output, refuse=[original])
     if report is not None:
         atomic_write(report, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))

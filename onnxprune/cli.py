@@ -182,9 +182,8 @@ def compress_cmd(
         job = flags.compress_job(values)
         with _progress("compress", quiet) as advance:
             pruned = job.run(advance)
-        recovery = job.recover_options()
-        outcome = pruned if recovery is None else _recover(
-            lambda on_progress: pruned.recover(recovery, held=job.held, on_progress=on_progress), quiet)
+        outcome = pruned if job.recovery is None else _recover(
+            lambda on_progress: pruned.recover(job.recovery, held=job.held, on_progress=on_progress), quiet)
         _save(outcome, output, report, refuse=[model])
     except OnnxPruneError as exc:
         _fail(exc)

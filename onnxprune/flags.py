@@ -1,6 +1,6 @@
 """The command line's flags, declared once: each flag's type and help (``typer`` annotations that the commands of
 ``onnxprune.cli`` take), and the objects of the API that their values build (``preprocess``, ``budget``,
-``CompressJob``, ``recover_options``). A flag's values arrive as a dict keyed by the command's parameter names:
+``compress_job``, ``recover_job``). A flag's values arrive as a dict keyed by the command's parameter names:
 the CLI passes its own, the benchmarks read a flag list through the CLI's parser (``onnxprune.cli.flag_values``),
 so both build the same objects from the same flags and defaults.
 """
@@ -254,24 +254,17 @@ def budget(values: Values) -> MACs | Ratio | Latency:
 
 @dataclass
 class CompressJob:
-    """What compress's flags ask for, checked and loaded: ``run`` prunes, ``recover_options`` is the recovery that
-    --recover-steps asks for after it (None: none)."""
+    """What compress's flags ask for, checked and loaded: ``run`` prunes; ``recovery`` is the recovery that
+    --recover-steps asks for after it (None: none), on the ``held`` samples of --recover-held-subset."""
 
     model: onnx.ModelProto
     data: api.CalibrationSet
-    held: api.CalibrationSet | None  # the --recover-held-subset samples
+    held: api.CalibrationSet | None
     options: dict[str, Any]  # api.compress's keywords
-    values: Values
+    recovery: RecoverOptions | None
 
     def run(self, on_layer: Callable[[int, int, str], None] | None = None) -> api.Result:
         return api.compress(self.model, self.data, **self.options, on_layer=on_layer)
-
-    def recover_options(self) -> RecoverOptions | None:
-        v = self.values
-        if v["recover_steps"] < 1:
-            return None
-        return RecoverOptions(steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"],
-                              seed=v["seed"], memory=memory_bytes(v["memory"]), spill_dir=v["spill_dir"] and str(v["spill_dir"]))
 
 
 def compress_job(values: Values) -> CompressJob:
@@ -290,7 +283,10 @@ def compress_job(values: Values) -> CompressJob:
                    round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
                    best_effort=v["best_effort"], residual_streams=v["residual_streams"], memory=v["memory"],
                    spill_dir=v["spill_dir"], task=v["task"])
-    return CompressJob(model, data, held, options, v)
+    recovery = None if v["recover_steps"] < 1 else RecoverOptions(
+        steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"],
+        memory=memory_bytes(v["memory"]), spill_dir=v["spill_dir"] and str(v["spill_dir"]))
+    return CompressJob(model, data, held, options, recovery)
 
 
 @dataclass

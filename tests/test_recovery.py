@@ -200,3 +200,19 @@ def test_held_loss_accumulated_by_batch_equals_the_loss_on_all_samples(loss: str
     fn = kl_loss if loss == "kl" else relative_mse
     whole = float(fn([torch.from_numpy(y[idx]).double() for y in ys], [torch.from_numpy(t[idx]).double() for t in ts]))
     assert held_loss(Outputs(), ys, ts, idx, 5, fn) == pytest.approx(whole, rel=1e-9)
+
+
+def test_kl_reads_a_softmax_output_as_probabilities() -> None:
+    """A model that ends in Softmax outputs probabilities: the distillation's KL and the verdict's are those of the
+    probabilities themselves (as for the logits before the Softmax), not of a second softmax over them."""
+    import torch
+
+    from onnxprune.recovery.train import kl_loss
+
+    rng = np.random.default_rng(0)
+    t, y = (torch.from_numpy(3 * rng.standard_normal((16, 10))) for _ in range(2))
+    on_logits = float(kl_loss([y], [t]))
+    assert on_logits > 0.1
+    assert float(kl_loss([torch.softmax(y, 1)], [torch.softmax(t, 1)])) == pytest.approx(on_logits, rel=1e-6)
+    metric, value, _ = discrepancy([torch.softmax(y, 1).numpy()], [torch.softmax(t, 1).numpy()])
+    assert metric == "kl" and value == pytest.approx(on_logits, rel=1e-6)

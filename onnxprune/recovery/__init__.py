@@ -164,7 +164,7 @@ class RecoverReport:
     samples_held: int  # the held-out samples: those that picked the checkpoints, then those that judged
     samples_verdict: int  # the held-out samples that judged the result (before / after), none of which picked
     held_unseen: bool  # the held-out samples were given apart (True) or split off the calibration set
-    metric: str  # "kl" (KL(teacher || student) of softmax, 2-D outputs) or "rel_mse" (other outputs)
+    metric: str  # "kl" (KL(teacher || student) of 2-D outputs' rows as probabilities) or "rel_mse"
     before: float  # metric of the input model on the verdict samples
     after: float  # ... of the recovered weights (returned only if lower)
     agreement_before: float | None  # top-1 agreement with the teacher on the verdict samples (classifiers)
@@ -231,7 +231,7 @@ def _samples(calib: CalibrationSet, held: CalibrationSet | None, options: Recove
 
 
 def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray]) -> tuple[str, float, float | None]:
-    """(metric, value, top-1 agreement): mean KL(softmax(teacher) || softmax(student)) for a 2-D first
+    """(metric, value, top-1 agreement): mean KL(teacher || student) of the rows as probabilities for a 2-D first
     output (a classifier), else Σ_k ||s_k - t_k||² / ||t_k - mean t_k||² over the outputs."""
     ys = [torch.from_numpy(a).double() for a in student]
     ts = [torch.from_numpy(a).double() for a in teacher]

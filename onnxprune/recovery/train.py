@@ -79,7 +79,7 @@ def _loss_sums(loss: Loss, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> li
     """What ``held_loss`` adds up per batch: the summed KL of the rows, or per output its squared error, the
     targets' sum over samples and their squared sum."""
     if loss is kl_loss:
-        lt, ly = torch.log_softmax(ts[0], 1), torch.log_softmax(ys[0], 1)
+        lt, ly = log_probs(ts[0]), log_probs(ys[0])
         return [(lt.exp() * (lt - ly)).sum()]
     if loss is not relative_mse:
         raise ValueError("held_loss accumulates kl_loss or relative_mse")
@@ -87,9 +87,18 @@ def _loss_sums(loss: Loss, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> li
 
 
 def kl_loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
-    """Mean KL(softmax(t) || softmax(y)) of the first outputs (classifier logits)."""
-    lt, ly = torch.log_softmax(ts[0], 1), torch.log_softmax(ys[0], 1)
+    """Mean KL(t || y) of the first outputs' rows as probabilities (``log_probs``)."""
+    lt, ly = log_probs(ts[0]), log_probs(ys[0])
     return (lt.exp() * (lt - ly)).sum(1).mean()
+
+
+def log_probs(x: torch.Tensor) -> torch.Tensor:
+    """Row-wise log-probabilities: of the rows themselves when they are probabilities already (non-negative,
+    summing to 1: a model that ends in Softmax), else their log-softmax (logits); ``tasks.log_probs`` on tensors."""
+    with torch.no_grad():
+        probabilities = bool((x >= 0).all()) and bool(torch.allclose(x.sum(1), torch.ones(len(x), dtype=x.dtype),
+                                                                        atol=1e-3))
+    return torch.log(x.clamp_min(1e-12)) if probabilities else torch.log_softmax(x, 1)
 
 
 def train_loop(

@@ -216,3 +216,23 @@ def test_kl_reads_a_softmax_output_as_probabilities() -> None:
     assert float(kl_loss([torch.softmax(y, 1)], [torch.softmax(t, 1)])) == pytest.approx(on_logits, rel=1e-6)
     metric, value, _ = discrepancy([torch.softmax(y, 1).numpy()], [torch.softmax(t, 1).numpy()])
     assert metric == "kl" and value == pytest.approx(on_logits, rel=1e-6)
+
+
+def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:
+    """A MatMul has no bias input: the refit of a MatMul consumer writes its bias in an ``Add`` after it, a node
+    the teacher does not have. Recovery takes it as the pruning's own (it refused the model before)."""
+    from tests.onnx_builders import GraphBuilder
+
+    b = GraphBuilder({"x": ["N", 3, 8, 8]})
+    h = b.op("Relu", [b.conv("x", "c1", 3, 16)], "r1")
+    h = b.op("Relu", [b.conv(h, "c2", 16, 16)], "r2")
+    pooled = b.op("Flatten", [b.op("GlobalAveragePool", [h], "gap")], "flat")
+    teacher = b.model([b.matmul(pooled, "head", 16, 5)])
+    x = np.random.default_rng(0).standard_normal((48, 3, 8, 8)).astype(np.float32)
+    data = ArraySet({"x": x}, np.arange(48), {"x": np.dtype(np.float32)})
+    student = compress(teacher, data, options_from(Ratio(0.6), provider="cpu", round_to=1))[0]
+    assert "head.bias_add" in {n.name for n in student.graph.node}
+    segments = find_segments(import_graph(student), import_graph(teacher))
+    assert any("head.bias" in s.changed for s in segments)
+    _, report = recover(student, teacher, data, RecoverOptions(**FAST, method="block"))
+    assert report.after <= report.before

@@ -154,9 +154,9 @@ LrOpt = Annotated[float, typer.Option(help="Block stage: Adam learning rate (cos
 DistillStepsOpt = Annotated[int, typer.Option(help="Distill stage: Adam steps.")]
 DistillLrOpt = Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")]
 DistillSegmentsOpt = Annotated[int, typer.Option(
-    help="Distill stage: train only the last N segments (the head), on their inputs cached for "
-         "--distill-views augmented views of every training sample; 0 = the whole model, augmented on the fly "
-         "(slow on CPU).")]
+    help="Distill stage: train only the last N segments (the head; back to the last one with weights when those "
+         "have none, e.g. a Softmax at the end), on their inputs cached for --distill-views augmented views of "
+         "every training sample; 0 = the whole model, augmented on the fly (slow on CPU).")]
 DistillViewsOpt = Annotated[int, typer.Option(
     help="Distill stage: augmented views per training sample cached for the head.")]
 MixOpt = Annotated[str, typer.Option(

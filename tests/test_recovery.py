@@ -12,7 +12,7 @@ from onnxprune.pipeline import compress
 import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
-from onnxprune.recovery.segments import find_segments
+from onnxprune.recovery.segments import Segment, find_segments, head_start
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import run
@@ -220,19 +220,35 @@ def test_kl_reads_a_softmax_output_as_probabilities() -> None:
 
 def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:
     """A MatMul has no bias input: the refit of a MatMul consumer writes its bias in an ``Add`` after it, a node
-    the teacher does not have. Recovery takes it as the pruning's own (it refused the model before)."""
+    the teacher does not have. Recovery takes it as the pruning's own (it refused the model before). The model
+    ends in weightless segments (Identity, Softmax): the distilled head reaches back to the MatMul's (it had
+    nothing to train before)."""
     from tests.onnx_builders import GraphBuilder
 
     b = GraphBuilder({"x": ["N", 3, 8, 8]})
     h = b.op("Relu", [b.conv("x", "c1", 3, 16)], "r1")
     h = b.op("Relu", [b.conv(h, "c2", 16, 16)], "r2")
     pooled = b.op("Flatten", [b.op("GlobalAveragePool", [h], "gap")], "flat")
-    teacher = b.model([b.matmul(pooled, "head", 16, 5)])
+    logits = b.op("Identity", [b.matmul(pooled, "head", 16, 5)], "same")
+    teacher = b.model([b.op("Softmax", [logits], "probs", axis=1)])
     x = np.random.default_rng(0).standard_normal((48, 3, 8, 8)).astype(np.float32)
     data = ArraySet({"x": x}, np.arange(48), {"x": np.dtype(np.float32)})
     student = compress(teacher, data, options_from(Ratio(0.6), provider="cpu", round_to=1))[0]
     assert "head.bias_add" in {n.name for n in student.graph.node}
     segments = find_segments(import_graph(student), import_graph(teacher))
     assert any("head.bias" in s.changed for s in segments)
-    _, report = recover(student, teacher, data, RecoverOptions(**FAST, method="block"))
-    assert report.after <= report.before
+    assert [s.nodes for s in segments[-2:]] == [["same"], ["probs"]] and not segments[-1].weights
+    first = head_start(segments, 2, changed_only=False)
+    assert first == len(segments) - 3 and "head.bias" in segments[first].weights
+    _, report = recover(student, teacher, data, RecoverOptions(**FAST))
+    assert report.distill.parameters > 0 and report.after <= report.before
+
+
+def test_head_start_reaches_back_to_weights() -> None:
+    seg = lambda weights, changed=(): Segment([], [], [], list(changed), list(weights))  # noqa: E731
+    segments = [seg(["a"], ["a"]), seg(["b"]), seg([]), seg([])]
+    assert head_start(segments, 2, changed_only=False) == 1  # the last two hold no weight: back to b
+    assert head_start(segments, 2, changed_only=True) == 0  # b's weights are the teacher's: back to a
+    assert head_start(segments, 3, changed_only=False) == 1
+    assert head_start([seg(["a"]), seg(["b"]), seg(["c"])], 1, changed_only=False) == 2  # as before: the last one
+    assert head_start(segments, 0, changed_only=False) is None and head_start(segments, 4, changed_only=False) is None

@@ -37,7 +37,7 @@ from onnxprune.ir.shapes import infer_shapes
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError, OnnxPruneError, OptionError, check_choice
 from onnxprune.recovery.augment import Mix, augment_images
-from onnxprune.recovery.segments import Segment, find_segments
+from onnxprune.recovery.segments import Segment, find_segments, head_start
 from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
 from onnxprune.ir.probe import fixed_batch
 from onnxprune.runtime.segments import run_segment
@@ -295,10 +295,11 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs
                    values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
                    teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None,
                    store: Store) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
-    """Distillation of the head (last ``distill_segments`` segments, on cached augmented views) or of
-    the whole model (augmented on the fly); the written model, its held-out outputs, the report."""
+    """Distillation of the head (the last ``distill_segments`` segments, reaching back to weights to train:
+    ``head_start``; on cached augmented views) or of the whole model (augmented on the fly); the written model,
+    its held-out outputs, the report."""
     t0 = time.perf_counter()
-    head = 0 < options.distill_segments < len(segments)
+    first = head_start(segments, options.distill_segments, options.train == "changed")
     changed = {name for seg in segments for name in seg.changed}
     augment, transform = _augmenter(model, options)
     loss = kl_loss if teacher_held[0].ndim == 2 else relative_mse
@@ -313,8 +314,8 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs
 
     loop = {"steps": options.distill_steps, "lr": options.distill_lr, "pull": options.pull, "seed": options.seed,
             "on_step": step}
-    if head:
-        start = segments[-options.distill_segments].start
+    if first is not None:
+        start = segments[first].start
         net = TorchGraph(model, outputs=[o.name for o in model.graph.output], inputs_at=start)
         xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
                                       options, store)
@@ -334,7 +335,7 @@ def _distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs
                          batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
                          **loop)
         held_out = evaluate_net(net, xs, held_idx, options.batch_size)
-    report = DistillReport(sum(p.numel() for p in params), not head, list(start), n_views, augment, result.held_before,
+    report = DistillReport(sum(p.numel() for p in params), first is None, list(start), n_views, augment, result.held_before,
                            result.held_after, result.best_step, time.perf_counter() - t0)
     return write_back(model, net), held_out, report
 

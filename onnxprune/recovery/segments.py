@@ -27,6 +27,7 @@ class Segment:
     end: list[str]
     nodes: list[str]
     changed: list[str]  # float initializers read here whose shape or values differ from the teacher's
+    weights: list[str]  # every float initializer read here
 
     @property
     def trainable(self) -> bool:
@@ -79,16 +80,26 @@ def find_segments(student: gs.Graph, teacher: gs.Graph) -> list[Segment]:
         if a == b:
             continue
         nodes = student.nodes[a:b]
-        changed = []
+        weights, changed = set(), set()
         for node in nodes:
             for t in node.inputs:
                 if isinstance(t, gs.Constant) and np.issubdtype(np.asarray(t.values).dtype, np.floating):
+                    weights.add(t.name)
                     ref = t_weights.get(t.name)
                     if ref is None or ref.shape != np.shape(t.values) or not np.array_equal(ref, t.values):
-                        changed.append(t.name)
-        segments.append(Segment(start, end, [n.name for n in nodes], sorted(set(changed))))
+                        changed.add(t.name)
+        segments.append(Segment(start, end, [n.name for n in nodes], sorted(changed), sorted(weights)))
     if not any(s.trainable for s in segments):
         raise ModelError("the student's weights equal the teacher's: nothing to recover (was it pruned from a "
                          "different model?)")
     return segments
 
+
+def head_start(segments: list[Segment], n: int, changed_only: bool) -> int | None:
+    """The index of the first segment of a distilled head: the last ``n`` segments, reaching back to the last
+    segment that holds a weight to train (a changed one with ``changed_only``) when those hold none (a Softmax or
+    an Identity at the end); None when ``n`` asks for the whole model (0, or as many segments as there are)."""
+    if not 0 < n < len(segments):
+        return None
+    holding = [i for i, s in enumerate(segments) if (s.changed if changed_only else s.weights)]
+    return min(len(segments) - n, holding[-1])

@@ -25,9 +25,10 @@ from onnxprune.strategies import ALLOCATORS, RECONSTRUCTORS, SELECTORS, Compress
 
 Values = Mapping[str, Any]  # a command's flag values by parameter name
 # The library's defaults, which the flags take: the strategies' command-line names, and recover's options.
-METHOD, ALLOCATION, RECONSTRUCT = (next(name for name, kind in names.items() if type(default) is kind) for names, default
-                                   in ((SELECTORS, CompressOptions.select), (ALLOCATORS, CompressOptions.allocate),
-                                       (RECONSTRUCTORS, CompressOptions.reconstruct)))
+METHOD, ALLOCATION, RECONSTRUCT = (
+    next(name for name, kind in names.items() if type(default) is kind)
+    for names, default in ((SELECTORS, CompressOptions.select), (ALLOCATORS, CompressOptions.allocate),
+                           (RECONSTRUCTORS, CompressOptions.reconstruct)))
 RECOVER = RecoverOptions()
 MACS_HELP = ("MACs count the multiply-accumulates of Conv, ConvTranspose, Gemm and MatMul per sample, the "
              "convention of pruning papers (their 'FLOPs').")
@@ -284,9 +285,13 @@ def compress_job(values: Values) -> CompressJob:
                    best_effort=v["best_effort"], residual_streams=v["residual_streams"], memory=v["memory"],
                    spill_dir=v["spill_dir"], task=v["task"])
     recovery = None if v["recover_steps"] < 1 else RecoverOptions(
-        steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"],
-        memory=memory_bytes(v["memory"]), spill_dir=v["spill_dir"] and str(v["spill_dir"]))
+        steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"], **_store(v))
     return CompressJob(model, data, held, options, recovery)
+
+
+def _store(values: Values) -> dict[str, Any]:
+    """RecoverOptions' ``memory`` (bytes) and ``spill_dir`` (text) from --memory and --spill-dir."""
+    return {"memory": memory_bytes(values["memory"]), "spill_dir": values["spill_dir"] and str(values["spill_dir"])}
 
 
 @dataclass
@@ -313,8 +318,7 @@ def recover_job(values: Values) -> RecoverJob:
                              distill_lr=v["distill_lr"], distill_segments=v["distill_segments"],
                              distill_views=v["distill_views"], mix=v["mix"], layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
-                             seed=v["seed"], provider=v["provider"], memory=memory_bytes(v["memory"]),
-                             spill_dir=v["spill_dir"] and str(v["spill_dir"]))
+                             seed=v["seed"], provider=v["provider"], **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])
     return RecoverJob(student, teacher, data, held, options)
 

@@ -48,7 +48,7 @@ def first_provider(provider: str) -> str:
 
 def make_session(
     model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True,
-    spin_between_runs: bool = True,
+    spin_between_runs: bool = True, quiet: bool = False,
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
@@ -58,10 +58,12 @@ def make_session(
     busy-waiting; ``spin_between_runs=False`` keeps onnxruntime's spinning between the nodes of a run
     but stops it when a run returns (what timing several sessions in turn needs: one's spinning
     threads steal the cores from the next).
+    ``quiet``: onnxruntime logs nothing short of fatal (a probe whose run may fail, and says so by
+    its result, not by an error line on the user's terminal).
     """
     chain = _chain(provider)
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4 if quiet else 3
     if threads is not None:
         options.intra_op_num_threads = threads
     if not spinning:

@@ -42,7 +42,7 @@ def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str
     present = {v.name for v in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
     try:
-        session, _ = make_session(probe, "cpu")
+        session, _ = make_session(probe, "cpu", quiet=True)
         arrays = session.run(list(names), feed)
     except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed
         return None

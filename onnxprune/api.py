@@ -29,6 +29,7 @@ from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.passes.flatten_channels_first import channels_first_heads
 from onnxprune.pipeline import CompressReport, compress as _prune
+from onnxprune.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
@@ -133,8 +134,12 @@ def calibration(calib: CalibSource, model: onnx.ModelProto, preprocess: Preproce
 
 def analyze(model: ModelSource, input_shape: Sequence[str] | None = None) -> Analysis:
     """The channel groups of ``model`` (a path or a ModelProto; prunable or not, with the reason), its MACs and
-    parameters; ``input_shape`` fixes its dynamic dims other than the batch (see ``load``)."""
-    return _analyze(load(model, input_shape))
+    parameters; ``input_shape`` fixes its dynamic dims other than the batch (see ``load``). Every prunable group is
+    pruned at once in a copy and run on one random sample (``onnxprune.preflight``): a group that breaks the run is
+    not prunable, with onnxruntime's reason."""
+    analysis = _analyze(load(model, input_shape))
+    analysis.preflight = preflight(analysis.graph, analysis.prunable).to_dict()
+    return analysis
 
 
 def compress(

@@ -121,6 +121,13 @@ def analyze_cmd(
                   f"{result.prunable_share():.0%} of MACs touch a prunable group")
     for where in result.uncounted:
         console.print(f"not counted: the MACs inside the subgraph of {where}, which is left as it is")
+    for where in result.macs.unknown:
+        console.print(f"not counted: the MACs of {where}")
+    checked = result.preflight
+    if checked is not None:
+        console.print(f"pre-flight not run: {checked['not_run']}" if checked["not_run"] else
+                      f"pre-flight: {checked['groups']} groups pruned at once in a copy, {len(checked['excluded'])} "
+                      f"excluded, {checked['trials']} onnxruntime run(s) in {checked['seconds']:.1f} s")
 
 
 @app.command("compress")

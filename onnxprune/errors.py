@@ -22,6 +22,10 @@ class AnalysisError(OnnxPruneError):
     """The graph cannot be analysed (e.g. no prunable channel group)."""
 
 
+class ShapeError(AnalysisError):
+    """A node's shapes, which its MAC count needs, are not known statically (after a Loop, a data-dependent op)."""
+
+
 class UnsupportedOpError(OnnxPruneError):
     """An op the evaluator/pass registry does not know."""
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -12,7 +11,7 @@ import numpy as np
 import onnx
 
 from onnxprune.errors import ModelError, OutputError
-from onnxprune.ir.ort import make_session
+from onnxprune.ir.ort import make_session, ort_failure
 
 
 def check_output(out_path: Path, refuse: Iterable[Path] = (), what: str = "output") -> Path:
@@ -71,13 +70,12 @@ def check_runs(path: Path, sample: Mapping[str, np.ndarray], shown: Path | None 
     """ModelError unless onnxruntime loads the model at ``path`` and runs it on ``sample``; the message names
     ``shown`` (the path the user asked for) and the node onnxruntime reports."""
     try:
-        session, _ = make_session(str(path), "cpu", arena=False)
+        session, _ = make_session(str(path), "cpu", arena=False, quiet=True)
         batch = {i.name: i.shape[0] for i in session.get_inputs() if i.shape and isinstance(i.shape[0], int)}
         session.run(None, {k: np.repeat(v[:1], batch.get(k, 1), axis=0) for k, v in sample.items()})
     except Exception as exc:  # noqa: BLE001 - onnxruntime's errors are plain RuntimeErrors of many kinds
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        node = re.search(r"[Nn]ode(?: \(| name: |: )'?([^)',\s]+)", text)
-        where = f"node {node.group(1)}" if node else "a node onnxruntime does not name"
+        node, text = ort_failure(exc)
+        where = f"node {node}" if node else "a node onnxruntime does not name"
         raise ModelError(f"{shown or path}: not written: the pruned model fails in onnxruntime at {where} on one "
                          f"calibration sample ({text}); this is a bug in onnxprune: please report it with the "
                          "model") from exc

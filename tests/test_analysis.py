@@ -337,11 +337,22 @@ def test_custom_domain_op_blocks_with_its_name() -> None:
 
 
 def test_custom_domain_op_without_shapes_names_the_op() -> None:
-    """Shape inference stops at an unknown op: analysis must fail with an AnalysisError that names it."""
+    """Shape inference stops at an unknown op: the MACs in front of it are counted, those after it are not, and
+    the analysis names the op where static shapes end."""
     b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     y = b.op("FancyNorm", [b.conv("x", "a", 3, 8)], "fancy", domain="com.example")
     out = b.conv(y, "c", 8, 4)
-    with pytest.raises(AnalysisError, match="FancyNorm"):
+    analysis = analyze(b.model([out]))
+    assert analysis.macs.total == 8 * 8 * 8 * 3 * 9  # conv a alone
+    assert analysis.macs.unknown == ["Conv c: unknown shapes: static shapes end at FancyNorm (domain com.example) fancy"]
+    assert analysis.to_dict()["macs_unknown_shapes"] == analysis.macs.unknown
+
+
+def test_a_graph_whose_every_mac_is_unknown_is_refused_naming_the_op() -> None:
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("FancyNorm", ["x"], "fancy", domain="com.example")
+    out = b.conv(b.op("Relu", [b.conv(y, "a", 3, 8)], "r"), "c", 8, 4)
+    with pytest.raises(AnalysisError, match="static shapes end at FancyNorm"):
         analyze(b.model([out]))
 
 

@@ -24,7 +24,8 @@ FLOORS: list[tuple[str, ...]] = [
     ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop; training; TensorRT, timing
     ("onnxprune.strategies",),  # budgets, selectors, allocators, reconstructions
     ("onnxprune.core",),  # what strategies see of a run (Context), statistics, reconstruction on a graph
-    ("onnxprune.allocation", "onnxprune.evaluation"),  # widths within a budget; fidelity of a model to another
+    ("onnxprune.allocation", "onnxprune.evaluation", "onnxprune.preflight"),  # widths within a budget; fidelity of a
+    # model to another; every group pruned at once in a copy, run in onnxruntime
     ("onnxprune.cost",),  # MAC and latency costs of widths
     ("onnxprune.passes", "onnxprune.tasks", "onnxprune.fileio"),  # graph rewrites; output decoding; safe writes
     ("onnxprune.analysis", "onnxprune.runtime", "onnxprune.calib"),  # groups and MACs; running graphs; samples

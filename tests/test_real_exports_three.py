@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 import pytest
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from onnxprune import api
 from onnxprune.pipeline import compressor
@@ -155,6 +155,21 @@ def test_compress_runs_through_a_decoder_of_varying_length(tmp_path: Path) -> No
     pruned, _ = compress_dead(model, tmp_path, {"stem": 6}, (1, 3, 8, 8))
     assert _bodies(pruned) == _bodies(model)
     same_outputs(pruned, model, (1, 3, 8, 8), runs=6)
+
+
+def test_a_matmul_after_a_loop_is_not_counted_and_the_cnn_in_front_is_pruned(tmp_path: Path) -> None:
+    """A CNN + recurrent reader exported with its recurrence as a Loop (tf2onnx's LSTMs): the MatMul after the Loop
+    has shapes no static inference knows. Its MACs are left out, by name, and the CNN in front is pruned."""
+    model = kill(_decoder(4.0), {"stem": [0, 3]})
+    weight = np.random.default_rng(0).standard_normal((4, 3)).astype(np.float32)
+    model.graph.initializer.append(numpy_helper.from_array(weight, "proj.w"))
+    model.graph.node.append(helper.make_node("MatMul", ["steps_out", "proj.w"], ["proj_out"], name="proj"))
+    model.graph.output.append(helper.make_tensor_value_info("proj_out", TensorProto.FLOAT, ["N", "T", 3]))
+    analysis = analyze(model)
+    assert analysis.macs.unknown == ["MatMul proj: unknown shapes: static shapes end at Loop decode"]
+    assert analysis.macs.total == analyze(_decoder(4.0)).macs.total > 0
+    pruned, _ = compress_dead(model, tmp_path, {"stem": 6}, (1, 3, 8, 8))
+    same_outputs(pruned, model, (1, 3, 8, 8), runs=4)
 
 
 def test_recover_says_in_one_line_why_it_cannot_train_through_a_loop(tmp_path: Path) -> None:

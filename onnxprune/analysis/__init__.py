@@ -21,6 +21,7 @@ class Analysis:
     params: int
     blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
     uncounted: list[str]  # control-flow nodes whose subgraphs' MACs are not counted (``macs.uncounted``)
+    preflight: dict | None = None  # what the pre-flight run found (``onnxprune.preflight``), where it ran
 
     @property
     def prunable(self) -> list[Group]:
@@ -38,6 +39,8 @@ class Analysis:
             "params": self.params,
             "prunable_mac_share": self.prunable_share(),
             "macs_not_counted_in": self.uncounted,
+            "macs_unknown_shapes": self.macs.unknown,
+            "preflight": self.preflight,
             "groups": [{**g.to_dict(), "removable_block": g.id in self.blocks} for g in self.groups],
         }
 

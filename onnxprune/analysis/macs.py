@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import static_shape
 from onnxprune.analysis.groups import Group
-from onnxprune.errors import AnalysisError
+from onnxprune.errors import ShapeError
 from onnxprune.ops.registry import Having, lookup
 from onnxprune.ir.subgraphs import bodies, nodes_within
 
@@ -38,8 +38,15 @@ class MacEntry:
         return {gid for gid, _ in (*self.inputs, *self.outputs)}
 
 
-def _inference_stop(node: gs.Node) -> gs.Node:
-    """The upstream node where shape inference stopped: its output has no shape though its inputs do."""
+def _static(tensor: gs.Tensor) -> bool:
+    """Whether ``tensor``'s shape is known past its batch axis."""
+    shape = _batch_first(static_shape(tensor))
+    return shape is not None and None not in shape[1:]
+
+
+def _static_end(node: gs.Node) -> gs.Node:
+    """The upstream node where static shapes end: its output's shape is unknown though its inputs' are known (a
+    Loop, a data-dependent op, an op shape inference does not know)."""
     seen: set[int] = set()
     stack = [node]
     while stack:
@@ -47,7 +54,7 @@ def _inference_stop(node: gs.Node) -> gs.Node:
         if id(n) in seen:
             continue
         seen.add(id(n))
-        parents = [t.inputs[0] for t in n.inputs if isinstance(t, gs.Variable) and t.shape is None and t.inputs]
+        parents = [t.inputs[0] for t in n.inputs if isinstance(t, gs.Variable) and not _static(t) and t.inputs]
         if not parents:
             return n
         stack.extend(parents)
@@ -55,21 +62,25 @@ def _inference_stop(node: gs.Node) -> gs.Node:
 
 
 def node_macs(node: gs.Node) -> int:
-    """MACs of one node for a single sample (0 for an op whose entry counts none)."""
+    """MACs of one node for a single sample (0 for an op whose entry counts none); ShapeError naming where static
+    shapes end when its shapes are not known."""
     entry = lookup(node.op)
     if entry is None or entry.macs is None:
         return 0
     out = _batch_first(static_shape(node.outputs[0]))
     inp = _batch_first(static_shape(node.inputs[0]))
-    if out is None or inp is None:
+    try:
+        if out is None or inp is None:
+            raise ShapeError(node.name)
+        return entry.macs(node, inp, out)
+    except ShapeError:
         where = f"{node.op} {node.name}"
-        stop = _inference_stop(node)
-        if stop is not node:
-            domain = f" (domain {stop.domain})" if getattr(stop, "domain", None) else ""
-            raise AnalysisError(f"{where}: unknown shapes: shape inference stops at {stop.op}{domain} {stop.name}; "
-                                "declare its output shape as value_info in the model")
-        raise AnalysisError(f"{where}: unknown shapes; export the model with a fixed input size")
-    return entry.macs(node, inp, out)
+        stop = _static_end(node)
+        if stop is node:
+            raise ShapeError(f"{where}: unknown shapes; export the model with a fixed input size") from None
+        domain = f" (domain {stop.domain})" if getattr(stop, "domain", None) else ""
+        raise ShapeError(f"{where}: unknown shapes: static shapes end at {stop.op}{domain} {stop.name}; declare its "
+                         "output shape as value_info in the model") from None
 
 
 def _batch_first(shape: list[int | None] | None) -> list[int | None] | None:
@@ -120,7 +131,10 @@ def _shares(tensor: gs.Tensor, groups: list[Group], member: dict[str, list[Group
 
 
 class MacModel:
-    """Per-node MACs and which groups' widths scale each node's input and output channels."""
+    """Per-node MACs and which groups' widths scale each node's input and output channels.
+
+    A node whose shapes are not known statically (after a Loop or a data-dependent op) counts 0 and is listed in
+    ``unknown`` with the reason; a graph with no node of known MACs is refused (ShapeError)."""
 
     def __init__(self, graph: gs.Graph, groups: list[Group]) -> None:
         member: dict[str, list[Group]] = {}
@@ -128,12 +142,22 @@ class MacModel:
             for name in g.tensors:
                 member.setdefault(name, []).append(g)
         self.channels = {g.id: g.channels for g in groups}
-        self.entries = [
-            MacEntry(node.name, node.op, node_macs(node), _shares(node.inputs[0], groups, member),
-                     _shares(node.outputs[0], groups, member))
-            for node in graph.nodes
-            if node.op in MAC_OPS
-        ]
+        self.entries: list[MacEntry] = []
+        self.unknown: list[str] = []  # "MatMul proj: unknown shapes: static shapes end at Loop decode"
+        failures = []
+        for node in graph.nodes:
+            if node.op not in MAC_OPS:
+                continue
+            try:
+                macs = node_macs(node)
+            except ShapeError as exc:
+                macs = 0
+                failures.append(exc)
+                self.unknown.append(str(exc).split("; ")[0])
+            self.entries.append(MacEntry(node.name, node.op, macs, _shares(node.inputs[0], groups, member),
+                                         _shares(node.outputs[0], groups, member)))
+        if failures and len(failures) == len(self.entries):
+            raise failures[0]
 
     @property
     def total(self) -> int:

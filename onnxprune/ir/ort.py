@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,18 @@ def zero_pad(*arrays: np.ndarray, first: int = 0) -> list[np.ndarray]:
     shape = np.max([a.shape for a in arrays], axis=0)
     return [np.pad(a, [(0, 0)] * first + [(0, int(s - d)) for s, d in zip(shape[first:], a.shape[first:])])
             for a in arrays]
+
+
+_ORT_PREFIX = re.compile(r"^\[ONNXRuntimeError\] : \d+ : \w+ : ")
+_ORT_NODE = re.compile(r"[Nn]ode(?:\. Name: ?| \(| name: |: ?)'?([^)',\s]+)")
+_ORT_WHERE = re.compile(r"^(?:Non-zero status code returned while running \w+ node\. Name: ?'[^']*' Status Message: )?"
+                        r"(?:[\w./-]+\.(?:h|cc|cpp):\d+ (?:[\w:]+ )?)?")
+
+
+def ort_failure(exc: BaseException) -> tuple[str | None, str]:
+    """The node onnxruntime names in its error ``exc`` (None where it names none) and its message in words: one
+    line, without onnxruntime's status prefix and the source file it failed in."""
+    text = " ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip()) or type(exc).__name__
+    node = _ORT_NODE.search(text)
+    words = _ORT_WHERE.sub("", _ORT_PREFIX.sub("", text), count=1).strip()
+    return (node.group(1) if node else None), words or text

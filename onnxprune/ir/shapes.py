@@ -211,15 +211,15 @@ _SMALL = 64  # entries: a shape vector, not a feature map
 
 
 def resize_by_scales(graph: gs.Graph) -> bool:
-    """Give a Resize whose ``sizes`` are computed in the graph (``Concat(Shape(x)[0:2], [H, W])``, Paddle's
-    interpolate) the equal ``scales`` instead, where its input and output shapes past the batch are static and
-    onnxruntime's output size ``floor(in · scale)`` gives them back: the sizes' batch entry would otherwise be a
-    tensor without a batch axis to cache between cuts, and a channel count read at run time. ONNX derives the
-    scales from the sizes the same way, so the result is the same. Returns whether a Resize changed."""
+    """Give a Resize sized by ``sizes`` (computed in the graph, ``Concat(Shape(x)[0:2], [H, W])`` as Paddle's
+    interpolate writes it, or a constant, as a static-shape PyTorch export folds ``interpolate(x, size=y.shape[2:])``)
+    the equal ``scales`` instead, where its input and output shapes past the batch are static and onnxruntime's
+    output size ``floor(in · scale)`` gives them back: the sizes' batch and channel entries would otherwise be a
+    batch written into the graph and a channel count that pruning leaves stale. ONNX derives the scales from the
+    sizes the same way, so the result is the same. Returns whether a Resize changed."""
     changed = False
     for node in graph.nodes:
-        if (node.op != "Resize" or len(node.inputs) != 4 or const_value(node.inputs[3]) is not None
-                or "axes" in node.attrs):
+        if node.op != "Resize" or len(node.inputs) != 4 or "axes" in node.attrs:
             continue
         i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
         if i_shape is None or o_shape is None or len(i_shape) != len(o_shape) or None in i_shape[1:] + o_shape[1:]:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxprune.errors import AnalysisError
+from onnxprune.errors import ShapeError
 
 if TYPE_CHECKING:
     import onnx
@@ -137,6 +137,6 @@ class Having:
 def product(dims: Sequence[int | None], node: gs.Node) -> int:
     """The product of a node's static ``dims`` (for MAC counts)."""
     if any(d is None for d in dims):
-        raise AnalysisError(f"{node.op} {node.name}: MACs need static shapes; export the model with a fixed input "
-                            "size (only the batch dimension may be dynamic)")
+        raise ShapeError(f"{node.op} {node.name}: MACs need static shapes; export the model with a fixed input "
+                         "size (only the batch dimension may be dynamic)")
     return int(np.prod(dims)) if dims else 1

@@ -27,6 +27,7 @@ from onnxprune.cost import LatencyReport, Spend
 from onnxprune.errors import TargetError
 from onnxprune.ir.probe import FixedBatch
 from onnxprune.pipeline.compressor import Compressor
+from onnxprune.preflight import preflight
 from onnxprune.pipeline.report import CompressReport, LayerReport
 from onnxprune.pipeline.schedule import schedule
 from onnxprune.strategies import CompressOptions
@@ -42,6 +43,9 @@ def compress(
     start = time.perf_counter()
     run = Compressor(model, calib, options)
     _check_batch(run.fixed_batch or run.written_batch, options)
+    candidates, _ = schedule(run.analysis, run.live, options.residual_streams)
+    checked = preflight(run.analysis.graph, [g for _, g in candidates],
+                        on_status=None if on_layer is None else lambda text: on_layer(0, len(candidates), text))
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)
@@ -52,7 +56,7 @@ def compress(
         target_macs=target_macs, options=options.to_dict(), provider="",
         calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
         fixed_batch=run.fixed_batch and asdict(run.fixed_batch), allocation=run.allocation,
-        written_batch=run.written_batch and asdict(run.written_batch),
+        written_batch=run.written_batch and asdict(run.written_batch), preflight=checked.to_dict(),
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")

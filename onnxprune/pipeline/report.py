@@ -41,6 +41,7 @@ class CompressReport:
     written_batch: dict | None = None  # {"size", "reason"}: only the input fixes it; calibration batched, model kept it
     allocation: dict | None = None  # what the allocator measured: the output allocation's probes and their time
     selection: dict | None = None  # what the selector recorded of the run (auto: its global budget and spending)
+    preflight: dict | None = None  # ``Preflight.to_dict()``: the groups pruned together in a copy, those excluded
 
     def to_dict(self) -> dict:
         return asdict(self)

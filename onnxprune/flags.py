@@ -126,16 +126,19 @@ RemoveBlocksOpt = Annotated[bool, typer.Option(
          "layers' refits absorb it.")]
 MemoryOpt = Annotated[Optional[str], typer.Option(
     help="RAM for the cached activations of the calibration set (e.g. 4G, 512M); past it they are spilled to "
-         "--spill-dir and read back by ranges. Default: half of the memory available at the start. The written "
-         "model does not depend on it.")]
+         "--spill-dir and read back by ranges; compress's statistics unfold at most a quarter of it at a time. "
+         "Default: half of the memory available at the start, less where compress's other needs would not fit "
+         "(it says so). The written model does not depend on it.")]
 SpillDirOpt = Annotated[Optional[Path], typer.Option(
     help="Folder for spilled activations (default: the system's temporary folder); the files are unlinked as "
          "soon as they are open, so nothing is left behind.")]
 TaskOpt = Annotated[str, typer.Option(
     help="How the outputs are read: 'auto' (from their layout), 'classify', 'detect' (YOLOv5/v8/v11, YOLOX, "
-         "PicoDet/PP-YOLOE score and box outputs), 'segment' (a YOLO mask head), 'ctc' (a text recogniser), "
-         "'seq' (an attention decoder's [N, L, classes] token scores, L varying; the last class ends a sequence), "
-         "'textdet' (a text detector's probability map) or 'raw' (the tensors as they are).")]
+         "PicoDet/PP-YOLOE score and box outputs; sets of detections: [N, K, 6] rows, DETR queries, "
+         "boxes/scores/classes), 'segment' (a YOLO mask head), 'heatmap' (CenterNet peaks), 'mask' (a binary or "
+         "salient mask), 'ctc' (a text recogniser), 'seq' (an attention decoder's [N, L, classes] token scores, L "
+         "varying; the last class ends a sequence), 'textdet' (a text detector's probability map) or 'raw' (the "
+         "tensors as they are).")]
 QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress on stderr (by default: a bar on a terminal, else a plain line at least "
                           "every 10 s: the phase, the step, the time spent and an estimate of what is left).")]

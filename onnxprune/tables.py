@@ -16,6 +16,7 @@ from onnxprune.deploy.bench import BenchResult
 from onnxprune.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.recovery import RecoverReport
+from onnxprune.runtime.store import show_bytes
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
@@ -60,6 +61,11 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
                       f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
     if result.latency is not None:
         _print_latency(result.latency)
+    if result.memory is not None:
+        mem = result.memory
+        done = f"; {'; '.join(mem['actions'])}" if mem["actions"] else ""
+        console.print(f"memory: peak RSS {show_bytes(mem['peak_rss'])} (about {show_bytes(mem['estimate'])} beyond the "
+                      f"process was expected, {show_bytes(mem['available'])} available at the start{done})")
     console.print(
         f"MACs {mmacs(result.macs_before)} → {mmacs(result.macs_after)} "
         f"({result.macs_after / result.macs_before:.1%}), params {result.params_before / 1e6:.2f}M → "

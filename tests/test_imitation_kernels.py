@@ -326,3 +326,38 @@ def test_refit_ordering_full_scale_unscaled() -> None:
     np.testing.assert_allclose(
         refit_scale(g_s, c[keep], ridge=0.1), np.linalg.solve(g_s + lam * np.eye(len(keep)), c[keep]), rtol=1e-12
     )
+
+
+@pytest.mark.parametrize("offset", [0.0, 1e3, 1e4])
+def test_omp_losses_stay_exact_and_non_negative_when_the_mean_dwarfs_the_spread(offset: float) -> None:
+    """Inputs of mean ``offset`` and spread 0.01..1 (an unfolded BatchNorm's input, raw pixels): the streamed
+    statistics keep their variance, so the greedy's losses match those of exact float64 statistics (before the
+    shift they went negative: -907 at 1e3)."""
+    from onnxprune.imitation.omp import RIDGE, centred, group_omp, stats_omp
+    rng = np.random.default_rng(0)
+    x = (offset + rng.standard_normal((100_000, 16)) * np.linspace(0.01, 1, 16)).astype(np.float32)
+    w = rng.standard_normal((8, 16)).astype(np.float32)
+    t = x @ w.T
+    s = ConsumerStats(16, 8)
+    for i in range(0, len(x), 20_000):
+        s.update(x[i:i + 20_000], t[i:i + 20_000])
+    path = stats_omp([s], [1], 16)
+    x64, t64 = x.astype(np.float64) - offset, t.astype(np.float64)  # centring is exact on the shifted data
+    a, b, e = centred(x64.T @ x64, x64.T @ t64, x64.sum(0), t64.sum(0), float((t64 ** 2).sum()), len(x))
+    exact = group_omp([a], [b], [e], [1], 16, ridge=RIDGE)
+    assert (path.curve >= 0).all()
+    np.testing.assert_allclose(path.curve[:8], exact.curve[:8], rtol=1e-3, atol=1e-6 * exact.curve[0])
+
+
+def test_merged_statistics_of_different_shifts_equal_one_stream() -> None:
+    rng = np.random.default_rng(1)
+    x = (500 + rng.standard_normal((4000, 6))).astype(np.float32)
+    t = (x @ rng.standard_normal((6, 3))).astype(np.float32)
+    first, second, whole = ConsumerStats(6, 3), ConsumerStats(6, 3), ConsumerStats(6, 3)
+    first.update(x[:1000], t[:1000])
+    second.update(x[1000:] + 3, t[1000:] - 2)  # another shift
+    whole.update(np.concatenate([x[:1000], x[1000:] + 3]), np.concatenate([t[:1000], t[1000:] - 2]))
+    first.merge(second)
+    for name in ("xx", "xt", "sx", "st", "tt"):
+        np.testing.assert_allclose(getattr(first, name), getattr(whole, name), rtol=1e-6)
+    assert first.count == whole.count

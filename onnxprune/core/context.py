@@ -56,6 +56,7 @@ class Context(Protocol):
     options: Settings
     fixed_batch: FixedBatch | None  # the batch the graph fixes, if it does
     run_batch: int  # the batch the graph runs at
+    stats_bytes: int  # a statistics chunk's unfolded inputs and targets hold at most this
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors ``values`` of ``graph`` to those live at ``cut`` (in place)."""

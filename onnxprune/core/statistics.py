@@ -9,6 +9,8 @@ so neither budget touches it; a 3x3 conv of YOLOv8n at 320 costs 1.4e11 on 64 ph
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import onnx_graphsurgeon as gs
 import torch
@@ -18,17 +20,21 @@ from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.stats import ConsumerStats, neuron_gram
+from onnxprune.ir.graph import static_shape
 
 CURVE_GRAM_MACS = 10**10
 STATS_GRAM_MACS = 5 * 10**10
+STATS_BYTES = 2 << 30  # a statistics chunk's unfolded inputs and targets, at most (the run's plan may lower it)
 
 
 def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str, np.ndarray],
             reference: dict[str, np.ndarray], batch_size: int, kept_rows: dict[str, np.ndarray],
-            uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+            uses: list[ConsumerUse] | None = None, chunk_bytes: int = STATS_BYTES) -> list[ConsumerData]:
     """Streamed statistics of every consumer of ``group`` (or of ``uses``): inputs on the ``prefix`` network
     (``graph``, the pruned one) vs outputs of the ``original`` network (its cached tensors ``reference``),
-    ``batch_size`` samples a chunk. ``kept_rows``: a stream producer's original output rows still there.
+    ``batch_size`` samples a chunk, unfolded a few samples at a time so that a chunk's unfolded inputs and targets
+    hold at most ``chunk_bytes`` (a 3x3 conv at 256x256 unfolds to ~0.5 GB a sample): the folds do not depend on it,
+    the sums only by float rounding. ``kept_rows``: a stream producer's original output rows still there.
 
     A consumer that also reads other groups' channels (a Concat) is seen through the group's
     columns only; the other columns' contribution, with their current weights, leaves the target."""
@@ -42,6 +48,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
     for use in group.consumers if uses is None else uses:
         node_p, node_o = nodes_p[use.node], nodes_o[use.node]
         full_p, full_o = consumers.matrix(node_p), consumers.matrix(node_o)
+        channels = len(full_o.weight)
         view = consumers.group_view(graph, node_p, group, use)
         current = view.linear(full_p)
         rows = kept_rows.get(use.node)  # a stream producer whose outputs were sliced already
@@ -57,20 +64,23 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
         stride = 1
-        for s in range(0, len(x_p), bs):
-            x = consumers.unfold(node_p, torch.from_numpy(x_p[s : s + bs]))
+        sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
+                                chunk_bytes)
+        for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
+            e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
+            x = consumers.unfold(node_p, torch.from_numpy(x_p[s:e]))
             if s == 0:
                 stride = _stride(current.weight.shape[1], x.shape[2] * len(x_p), STATS_GRAM_MACS)
             first = -s * x.shape[2] % stride
             x = _thin(x, stride, first)
-            t = torch.matmul(w_o, _thin(consumers.unfold(node_o, torch.from_numpy(x_o[s : s + bs])), stride, first))
+            t = torch.matmul(w_o, _thin(consumers.unfold(node_o, torch.from_numpy(x_o[s:e])), stride, first))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
             x = view.take(x)
             if partner is not None:
-                ref = reference[partner][s : s + bs]
-                shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s : s + bs]
+                ref = reference[partner][s:e]
+                shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
                 t += _thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
             folds[(s // bs) % 2].update(x, t)
         stats = ConsumerStats(*current.weight.shape[::-1])
@@ -106,8 +116,9 @@ def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progres
             stats = ConsumerStats(lin.weight.shape[1], 0)
             x = ahead[use.tensor]
             stride = 1
-            for s in range(0, len(x), ctx.options.batch_size):
-                cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + ctx.options.batch_size])))
+            sub = samples_per_chunk(node, *consumers.matrix(node).weight.shape, ctx.options.batch_size, ctx.stats_bytes)
+            for s in range(0, len(x), sub):
+                cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + sub])))
                 if s == 0:
                     stride = _stride(cols.shape[1], cols.shape[2] * len(x), CURVE_GRAM_MACS)
                 cols = _thin(cols, stride, -s * cols.shape[2] % stride)
@@ -115,6 +126,16 @@ def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progres
             pairs.append((stats, lin.weight, lin.k))
         curves[group.id] = local_curve(pairs, group.channels)
     return curves
+
+
+def samples_per_chunk(node: gs.Node, channels: int, columns: int, most: int, limit: int) -> int:
+    """How many samples of ``node``'s unfolding fit in ``limit`` bytes of float32, ``columns`` values per position of
+    its output (``channels`` per position): at most ``most``, at least 1 (``most`` where its shape is not known)."""
+    shape = static_shape(node.outputs[0])
+    if not shape or any(not isinstance(d, int) for d in shape[1:]):
+        return most
+    positions = max(1, math.prod(shape[1:]) // max(channels, 1))
+    return max(1, min(most, limit // (4 * positions * columns)))
 
 
 def _residual_partner(node: gs.Node) -> str | None:

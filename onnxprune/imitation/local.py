@@ -140,10 +140,10 @@ def greedy_local(
             curve[support] = cur
             best[support] = a.copy()
 
-    return LocalPath(
-        losses=np.array(losses),
+    return LocalPath(  # squared errors: a rounding below 0 is 0
+        losses=np.maximum(losses, 0.0),
         supports=np.array(supports),
-        curve=curve,
+        curve=np.maximum(curve, 0.0),
         order=np.array(order),
         final=a,
         G=G,

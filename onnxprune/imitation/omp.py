@@ -68,7 +68,7 @@ def centred(
         )
     mx, mt = sx / count, st / count
     a = xx / count - np.outer(mx, mx)
-    return (a + a.T) / 2, xt / count - np.outer(mx, mt), float(tt / count - mt @ mt)
+    return (a + a.T) / 2, xt / count - np.outer(mx, mt), max(float(tt / count - mt @ mt), 0.0)
 
 
 class _Consumer:
@@ -191,7 +191,7 @@ def _path(state: GroupOmp, width: int) -> OmpPath:
     for step in range(width):
         order[step] = int(np.argmax(state.gains()))
         curve[step + 1] = state.add(int(order[step]))
-    return OmpPath(order, curve)
+    return OmpPath(order, np.maximum(curve, 0.0))  # squared errors: a rounding below 0 is 0
 
 
 RIDGE = 1e-4  # of the group OMP's least squares, relative to the trace (as the refit's smallest)

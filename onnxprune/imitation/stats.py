@@ -24,32 +24,59 @@ def _as_float32_tensor(a: np.ndarray | torch.Tensor) -> torch.Tensor:
     return a.detach().to(torch.float32)
 
 
+SHIFT_RATIO = 4.0
+"""A column is shifted by its mean over the first chunk where that mean is over SHIFT_RATIO standard deviations: there,
+float32 products of the raw values would lose over log2(SHIFT_RATIO²) = 4 bits of its variance. Elsewhere the shift
+is 0 (the sums are those of the raw values, exact for small dyadic data)."""
+
+
+def _shift(a: torch.Tensor) -> torch.Tensor:
+    """The float32 shift of each column of ``a`` (B, columns, L) (see SHIFT_RATIO)."""
+    mean = a.mean(dim=(0, 2), dtype=torch.float64)
+    spread = (a.double() - mean[None, :, None]).square().mean(dim=(0, 2)).sqrt()
+    return torch.where(mean.abs() > SHIFT_RATIO * spread, mean, torch.zeros_like(mean)).float()
+
+
+Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # xx, xt, sx, st, tt
+
+
+def _moved(sums: Sums, n: int, dx: torch.Tensor, dt: torch.Tensor) -> Sums:
+    """The sums of (x + dx, t + dt) over ``n`` positions, from those of (x, t) (float64)."""
+    xx, xt, sx, st, tt = sums
+    return (xx + torch.outer(dx, sx) + torch.outer(sx, dx) + n * torch.outer(dx, dx),
+            xt + torch.outer(dx, st) + torch.outer(sx, dt) + n * torch.outer(dx, dt),
+            sx + n * dx, st + n * dt, tt + 2 * dt @ st + n * dt @ dt)
+
+
 class ConsumerStats:
     """Streaming float64 sums over positions p: xx = Σ x xᵀ, xt = Σ x tᵀ, sx = Σ x, st = Σ t, tt = Σ ||t||².
 
     `count` is the number of positions.
 
     Products are taken in float32 on chunks of at most `CHUNK_ROWS` rows (on the inputs' device when
-    given torch tensors) and accumulated in float64. On CUDA keep TF32 matmul disabled
+    given torch tensors) and accumulated in float64, of x and t less a shift (a column's mean over the first chunk,
+    where that mean is large against its spread: an unfolded BatchNorm's input, raw pixels): such a column would
+    otherwise lose its variance to float32 rounding, and the centred losses built from these sums could come out
+    negative (``SHIFT_RATIO``). The properties give the raw sums back, in float64. On CUDA keep TF32 matmul disabled
     (`torch.backends.cuda.matmul.allow_tf32 = False`, the default), or xx/xt lose ~3 digits.
-    The properties xx, xt, sx, st are float64 numpy arrays (views of the accumulators on CPU).
+    The properties xx, xt, sx, st are float64 numpy arrays.
     """
 
     def __init__(self, d: int, o: int) -> None:
         self.d, self.o = d, o
-        self._xx = torch.zeros(d, d, dtype=torch.float64)
-        self._xt = torch.zeros(d, o, dtype=torch.float64)
-        self._sx = torch.zeros(d, dtype=torch.float64)
-        self._st = torch.zeros(o, dtype=torch.float64)
-        self.tt = 0.0
+        self._sums: Sums = (torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, o, dtype=torch.float64),
+                            torch.zeros(d, dtype=torch.float64), torch.zeros(o, dtype=torch.float64),
+                            torch.zeros((), dtype=torch.float64))  # of the shifted x and t
+        self._shift: tuple[torch.Tensor, torch.Tensor] | None = None  # float32 (D,), (O,): set by the first chunk
+        self._cache: Sums | None = None  # the raw sums, until the next change
         self.count = 0
 
     def _to(self, device: torch.device) -> None:
         """Move the accumulators to `device` (where the inputs live)."""
-        if self._xx.device != device:
-            self._xx, self._xt, self._sx, self._st = (
-                a.to(device) for a in (self._xx, self._xt, self._sx, self._st)
-            )
+        if self._sums[0].device != device:
+            self._sums, self._cache = tuple(a.to(device) for a in self._sums), None
+            if self._shift is not None:
+                self._shift = (self._shift[0].to(device), self._shift[1].to(device))
 
     def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor) -> None:
         """Add positions given as rows, x (P, D) and t (P, O), or channel-major, x (B, D, L) and
@@ -65,10 +92,13 @@ class ConsumerStats:
             )
         tf = tf.to(xf.device)
         self._to(xf.device)
+        self._cache = None
         b, _, length = xf.shape
         if b * length == 0:  # a chunk that thinning left empty
             return
         with torch.no_grad():
+            if self._shift is None:
+                self._shift = (_shift(xf), _shift(tf))
             if length >= CHUNK_ROWS // 16:
                 # Long positions axis: one GEMM per image and slice, no transposing copy.
                 for i in range(b):
@@ -82,49 +112,68 @@ class ConsumerStats:
         self.count += b * length
 
     def _add(self, x: torch.Tensor, t: torch.Tensor) -> None:
-        """Accumulate one chunk, x (D, positions) and t (O, positions), with a single float32 GEMM
+        """Accumulate one chunk, x (D, positions) and t (O, positions), shifted, with a single float32 GEMM
         [x; 1]·[x; t; 1]ᵀ (tall-skinny products are dominated by call overhead; the ones give the
         sums, and tᵀt, which no caller needs, is never formed)."""
         d = self.d
+        x, t = x - self._shift[0][:, None], t - self._shift[1][:, None]
         ones = torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)
         left = torch.cat([x, ones])
         zz = (left @ torch.cat([left, t]).T).double()
-        self._xx += zz[:d, :d]
-        self._sx += zz[:d, d]
-        self._xt += zz[:d, d + 1 :]
-        self._st += zz[d, d + 1 :]
-        self.tt += float(torch.sum(t * t, dtype=torch.float64))
+        xx, xt, sx, st, tt = self._sums
+        xx += zz[:d, :d]
+        sx += zz[:d, d]
+        xt += zz[:d, d + 1 :]
+        st += zz[d, d + 1 :]
+        tt += torch.sum(t * t, dtype=torch.float64)
 
     def merge(self, other: ConsumerStats) -> None:
         """Add another accumulator's sums into this one (same D and O)."""
         if (other.d, other.o) != (self.d, self.o):
             raise ValueError(f"cannot merge ConsumerStats of dims {(other.d, other.o)} into {(self.d, self.o)}")
-        self._xx += other._xx.to(self._xx.device)
-        self._xt += other._xt.to(self._xx.device)
-        self._sx += other._sx.to(self._xx.device)
-        self._st += other._st.to(self._xx.device)
-        self.tt += other.tt
+        if other._shift is None:
+            return
+        self._cache = None
+        device = self._sums[0].device
+        if self._shift is None:
+            self._shift = (other._shift[0].to(device), other._shift[1].to(device))
+        theirs = tuple(a.to(device) for a in other._sums)
+        dx, dt = ((b.to(device).double() - a.double()) for a, b in zip(self._shift, other._shift))
+        self._sums = tuple(a + b for a, b in zip(self._sums, _moved(theirs, other.count, dx, dt)))
         self.count += other.count
+
+    def _raw(self) -> Sums:
+        """The raw sums (computed once after each change: the refit reads them many times)."""
+        if self._cache is None:
+            shifted = self._shift is not None and bool(self._shift[0].any() or self._shift[1].any())
+            self._cache = (_moved(self._sums, self.count, self._shift[0].double(), self._shift[1].double())
+                           if shifted else self._sums)
+        return self._cache
 
     @property
     def xx(self) -> np.ndarray:
         """Σ_p x_p x_pᵀ, shape (D, D), float64."""
-        return self._xx.cpu().numpy()
+        return self._raw()[0].cpu().numpy()
 
     @property
     def xt(self) -> np.ndarray:
         """Σ_p x_p t_pᵀ, shape (D, O), float64."""
-        return self._xt.cpu().numpy()
+        return self._raw()[1].cpu().numpy()
 
     @property
     def sx(self) -> np.ndarray:
         """Σ_p x_p, shape (D,), float64."""
-        return self._sx.cpu().numpy()
+        return self._raw()[2].cpu().numpy()
 
     @property
     def st(self) -> np.ndarray:
         """Σ_p t_p, shape (O,), float64."""
-        return self._st.cpu().numpy()
+        return self._raw()[3].cpu().numpy()
+
+    @property
+    def tt(self) -> float:
+        """Σ_p ||t_p||², float64."""
+        return float(self._raw()[4])
 
 
 def neuron_gram(xx: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:

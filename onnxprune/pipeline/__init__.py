@@ -27,6 +27,7 @@ from onnxprune.cost import LatencyReport, Spend
 from onnxprune.errors import TargetError
 from onnxprune.ir.probe import FixedBatch
 from onnxprune.pipeline.compressor import Compressor
+from onnxprune.pipeline.memory import peak_rss
 from onnxprune.preflight import preflight
 from onnxprune.pipeline.report import CompressReport, LayerReport
 from onnxprune.pipeline.schedule import schedule
@@ -57,6 +58,7 @@ def compress(
         calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
         fixed_batch=run.fixed_batch and asdict(run.fixed_batch), allocation=run.allocation,
         written_batch=run.written_batch and asdict(run.written_batch), preflight=checked.to_dict(),
+        memory=run.memory.to_dict(),
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
@@ -77,6 +79,7 @@ def compress(
                                    lambda label: _progress(on_layer, len(order), len(order), label))
     report.selection = run.select.summary()
     report.seconds = time.perf_counter() - start
+    report.memory["peak_rss"] = peak_rss()
     return pruned, report
 
 
@@ -92,6 +95,7 @@ def _allocate(run: Compressor, order: list[tuple[int, Group]], spend: Spend, on_
             requested, target = target, lowest
     # before the curves, which may take minutes: an unreachable target is the user's to fix at once
     check_target(spend.cost, groups, target, options.min_channels, options.round_to, options.allocate.floor)
+    _progress(on_layer, 0, len(order), run.memory.line())  # before the first long work, after the checks
     curves, run.allocation = options.allocate.curves(run, order, on_layer)
     widths = options.allocate.widths(spend.cost, groups, curves, target, options.min_channels, options.round_to)
     return widths, target, requested

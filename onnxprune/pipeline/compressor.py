@@ -28,10 +28,11 @@ from onnxprune.ir.graph import restore_subgraphs, static_shape
 from onnxprune.ir.probe import fixed_batch, free_batch, restore_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes import remove_block, slice_channels
+from onnxprune.pipeline.memory import plan, sample_bytes
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, run_segment
-from onnxprune.runtime.store import Array, Store, default_budget, show_bytes
+from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
 
 
@@ -62,7 +63,8 @@ class Compressor:
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
-        self.store = Store(default_budget() if options.memory is None else options.memory, options.spill_dir)
+        self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory)
+        self.store = Store(self.memory.budget, options.spill_dir)
         self._check_room(len(calib))
         self.inputs = self._load(calib)
         if len(next(iter(self.inputs.values()))) < 2:
@@ -71,7 +73,8 @@ class Compressor:
         self.values_o = dict(self.inputs)
         self.fixed_batch = fixed_batch(gs.export_onnx(self.original.copy()), self.inputs)
         # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
-        self.run_batch = options.batch_size if self.fixed_batch is None else self.fixed_batch.size
+        self.run_batch = self.memory.run_batch if self.fixed_batch is None else self.fixed_batch.size
+        self.stats_bytes = self.memory.stats_bytes  # a statistics chunk's unfolded inputs and targets, at most
         self.provider = options.provider
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
         self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
@@ -87,7 +90,7 @@ class Compressor:
         i.e. before any group's consumer, the live tensors of both networks) cannot fit in the RAM budget plus the
         free space of the spill folder."""
         def size(names: set[str]) -> int:
-            return sum(_sample_bytes(tensors[name]) for name in names if name in tensors)
+            return sum(sample_bytes(tensors[name]) for name in names if name in tensors)
 
         tensors = self.graph.tensors()
         inputs = {t.name for t in self.graph.inputs}
@@ -136,7 +139,7 @@ class Compressor:
         """Streamed statistics of the group's consumers (or ``uses``): inputs on ``prefix`` (the pruned network's
         cached tensors) vs outputs of the original network (its cached tensors ``reference``)."""
         return collect(self.graph, self.original, group, prefix, reference, self.options.batch_size, self.kept_rows,
-                       uses)
+                       uses, self.stats_bytes)
 
     def note(self, group: Group, info: dict) -> None:
         """What the selector did on ``group``, for its layer report."""
@@ -272,10 +275,3 @@ class Compressor:
         model.producer_name = "onnxprune"
         return restore_subgraphs(infer_shapes(model), self.model)
 
-
-def _sample_bytes(tensor: gs.Tensor) -> int:
-    """Bytes of one sample of ``tensor`` (0 where its shape past the batch is not static)."""
-    shape = static_shape(tensor)
-    if not shape or any(d is None for d in shape[1:]):
-        return 0
-    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(tensor.dtype or np.float32).itemsize

@@ -42,6 +42,7 @@ class CompressReport:
     allocation: dict | None = None  # what the allocator measured: the output allocation's probes and their time
     selection: dict | None = None  # what the selector recorded of the run (auto: its global budget and spending)
     preflight: dict | None = None  # ``Preflight.to_dict()``: the groups pruned together in a copy, those excluded
+    memory: dict | None = None  # ``MemoryPlan.to_dict()``: the plan, its estimate, what it lowered, the peak RSS
 
     def to_dict(self) -> dict:
         return asdict(self)

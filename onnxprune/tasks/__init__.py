@@ -16,9 +16,11 @@ import numpy as np
 from onnxprune.errors import OptionError
 from onnxprune.ir.ort import zero_pad
 from onnxprune.tasks.detection import (STRIDES, APAccumulator, DetectionLayout, Detections, Truth, box_iou, cells)
+from onnxprune.tasks.maps import HeatLayout, MaskLayout, MaskMetric, heat_layout, mask_layout
+from onnxprune.tasks.sets import SetLayout, set_discrepancy, set_layout
 from onnxprune.tasks.text import ctc_decode, edit_distance, matched_regions, regions
 
-TASKS = ("auto", "classify", "detect", "segment", "ctc", "seq", "textdet", "raw")
+TASKS = ("auto", "classify", "detect", "segment", "heatmap", "mask", "ctc", "seq", "textdet", "raw")
 CONF = 0.25  # a detection the user sees (ultralytics' predict default)
 LOW_CONF = 0.001  # the detections ranked for mAP (ultralytics' val default)
 NMS_IOU = 0.5
@@ -89,7 +91,7 @@ class Detect(Task):
     """A detector (and with prototypes, an instance segmenter): mAP of the model's detections against the
     reference's (score ≥ ``conf``, the reference as ground truth) and against labels."""
 
-    layout: DetectionLayout | None = None
+    layout: DetectionLayout | SetLayout | HeatLayout | None = None
     conf: float = CONF
     iou: float = NMS_IOU
 
@@ -118,6 +120,35 @@ class Detect(Task):
                     np.mean(np.square(rc), axis=2), 1e-12)))
             weight += float(w.sum())
         return err / max(energy, 1e-30) + box_err / max(weight, 1e-30)
+
+
+@dataclass(frozen=True)
+class SetDetect(Detect):
+    """A detector whose outputs are a set of detections (NMS in the graph, or NMS-free; ``tasks.sets``): its sets
+    matched to the reference's for the objective, its mAP against the reference's for ``eval``."""
+
+    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
+                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        return set_discrepancy(self.layout, reference, outputs)
+
+
+@dataclass(frozen=True)
+class HeatDetect(Detect):
+    """A CenterNet-style detector (``tasks.maps.HeatLayout``): its heat map's peaks as detections."""
+
+    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
+                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        return self.layout.discrepancy(reference, outputs)
+
+
+@dataclass(frozen=True)
+class Mask(Task):
+    """A binary or salient mask (``tasks.maps.MaskLayout``): the IoU of the binarised masks."""
+
+    layout: MaskLayout = MaskLayout()
+
+    def metric(self) -> Metric:
+        return MaskMetric(self.layout)
 
 
 class DetectionMetric(Metric):
@@ -329,12 +360,21 @@ def image_hw(x: np.ndarray) -> tuple[int, int] | None:
 def infer_task(outputs: Sequence[np.ndarray], hw: tuple[int, int] | None, batch: int) -> Task:
     """The task of a model whose outputs on ``batch`` samples of an input of ``hw`` pixels are ``outputs``."""
     shapes = [o.shape for o in outputs]
-    if len(shapes[0]) == 2:
-        return Task("classify")
     if hw is not None:
         layout = detection_layout(outputs, hw)
         if layout is not None:
             return Detect("segment" if layout.protos is not None else "detect", layout)
+        sets = set_layout(outputs, hw)
+        if sets is not None:
+            return SetDetect("detect", sets)
+    if len(shapes[0]) == 2:
+        return Task("classify")
+    if hw is not None:
+        heat, mask = heat_layout(outputs, hw), mask_layout(outputs, hw)
+        if heat is not None:
+            return HeatDetect("heatmap", heat)
+        if mask is not None:
+            return Mask("mask", mask)
         y = shapes[0]
         if len(y) == 4 and y[1] == 1 and tuple(y[2:]) == tuple(hw):
             return TextRegions("textdet")
@@ -359,6 +399,8 @@ def task_named(name: str, outputs: Sequence[np.ndarray], hw: tuple[int, int] | N
         return Seq("seq", output=max((i for i, o in enumerate(outputs) if o.ndim == 3), key=lambda i: outputs[i].shape[2]))
     if name == "textdet" and len(outputs[0].shape) == 4:
         return TextRegions("textdet")
+    if name == "mask" and len(outputs[0].shape) == 4 and 1 in (outputs[0].shape[1], outputs[0].shape[3]):
+        return Mask("mask", MaskLayout(0, channels_last=outputs[0].shape[1] != 1))
     shapes = ", ".join(str(list(o.shape)) for o in outputs)
     raise OptionError(f"task {name!r} does not fit this model's outputs ({shapes}; read as {found.name}): "
                       "leave out --task, or say which layout it has", option="task")
@@ -399,4 +441,5 @@ def _split_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> Detecti
                            reg_max=width // 4 - 1)
 
 
-__all__ = ["TASKS", "CTC", "Detect", "Metric", "Seq", "Task", "TextRegions", "infer_task", "task_named", "box_iou"]
+__all__ = ["TASKS", "CTC", "Detect", "HeatDetect", "Mask", "Metric", "Seq", "SetDetect", "Task", "TextRegions",
+           "infer_task", "task_named", "box_iou"]

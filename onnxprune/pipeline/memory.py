@@ -1,0 +1,123 @@
+"""The run's memory, planned before any work and measured after: what each phase holds, fitted to what is available.
+
+A run holds, besides the process itself: the cached tensors of both networks at the widest cut for every sample
+(the store's budget, spilled to disk past it), onnxruntime's activations for one batch of samples, a statistics
+chunk (a consumer's unfolded inputs and targets), the network's outputs for every sample (the objective's
+reference) and a few copies of the weights (the original, the pruned graph, a probe's copy). ``plan`` estimates
+each from the graph's static shapes and, where their sum would not fit in the memory available, lowers the
+store's budget (more spills to disk), then the batch onnxruntime runs at, then the statistics chunk, and says
+which. The report records the plan and the peak resident memory the run reached.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from onnxprune.analysis import Analysis
+from onnxprune.core.statistics import STATS_BYTES
+from onnxprune.ir.graph import static_shape
+from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.store import available_memory, show_bytes
+
+FIT = 0.85  # of the memory available at the start, what the plan lets the run grow by
+MIN_STATS_BYTES = 64 << 20
+
+
+@dataclass
+class MemoryPlan:
+    """What the run may hold: the store's budget, onnxruntime's batch, a statistics chunk; what it expects to
+    reach (``estimate``, bytes beyond the process as it was), its parts, what was lowered to fit, the peak RSS."""
+
+    available: int
+    budget: int
+    run_batch: int
+    stats_bytes: int
+    estimate: int = 0
+    parts: dict[str, int] = field(default_factory=dict)
+    actions: list[str] = field(default_factory=list)
+    peak_rss: int = 0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def line(self) -> str:
+        """One line for the user: the estimate, its largest parts, what was lowered."""
+        parts = ", ".join(f"{k} {show_bytes(v)}" for k, v in sorted(self.parts.items(), key=lambda kv: -kv[1])[:3])
+        done = f"; {'; '.join(self.actions)}" if self.actions else ""
+        return (f"memory: about {show_bytes(self.estimate)} beyond the process expected ({parts}) of "
+                f"{show_bytes(self.available)} available{done}")
+
+
+def sample_bytes(tensor: gs.Tensor) -> int:
+    """Bytes of one sample of ``tensor`` (0 where its shape past the batch is not static)."""
+    shape = static_shape(tensor)
+    if not shape or any(not isinstance(d, int) for d in shape[1:]):
+        return 0
+    return int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(tensor.dtype or np.float32).itemsize
+
+
+def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bool, budget: int | None,
+         available: Callable[[], int] = available_memory) -> MemoryPlan:
+    """The memory plan of a run on ``samples`` calibration samples at onnxruntime batch ``batch`` (``fixed``: the
+    graph runs only at it), with the store's ``budget`` as given (None: half of what is available)."""
+    free = available()
+    graph = analysis.graph
+    tensors = graph.tensors()
+    size = {name: sample_bytes(t) for name, t in tensors.items()}
+    inputs = {t.name for t in graph.inputs}
+    positions = range(len(graph.nodes) + 1)
+    live_at = [sum(size.get(t, 0) for t in live.live(p)) for p in positions]
+    peak = max((live_at[p] + sum(size.get(t.name, 0) for t in graph.nodes[p].outputs)
+                for p in range(len(graph.nodes))), default=0)
+    cuts = {live.position[use.node] for group in analysis.groups for use in group.consumers}
+    widest = max((live_at[c] - sum(size[t] for t in inputs if t in size) for c in cuts), default=0)
+    cache = samples * (sum(size.get(t, 0) for t in inputs) + 2 * widest)
+    nodes = {n.name: n for n in graph.nodes}
+    macs = {e.node: e.macs for e in analysis.macs.entries}
+    unfold = max((_unfold_bytes(nodes[use.node], macs.get(use.node, 0)) for g in analysis.groups
+                  for use in g.consumers), default=0)
+    weights = sum(int(np.asarray(t.values).nbytes) for t in tensors.values() if isinstance(t, gs.Constant))
+    result = MemoryPlan(free, free // 2 if budget is None else budget, batch,
+                        min(STATS_BYTES, max(MIN_STATS_BYTES, (free if budget is None else 4 * budget) // 8)))
+    outputs = samples * sum(size.get(t.name, 0) for t in graph.outputs)
+
+    def parts() -> dict[str, int]:
+        return {"cached tensors": min(cache, result.budget), "onnxruntime batch": 2 * result.run_batch * peak,
+                "statistics": min(result.stats_bytes, 2 * batch * unfold), "outputs": 2 * outputs,
+                "weights": 3 * weights}
+
+    room = int(FIT * free)
+    over = sum(parts().values()) - room
+    if over > 0 and cache > 0 and budget is None:
+        result.budget = max(0, result.budget - over)
+        result.actions.append(f"the cached tensors past {show_bytes(result.budget)} spill to disk")
+    over = sum(parts().values()) - room
+    if over > 0 and not fixed and batch > 1:
+        result.run_batch = max(1, min(batch, int((2 * batch * peak - over) // max(2 * peak, 1))))
+        result.actions.append(f"onnxruntime runs {result.run_batch} sample(s) at a time")
+    over = sum(parts().values()) - room
+    if over > 0 and result.stats_bytes > MIN_STATS_BYTES:
+        result.stats_bytes = max(MIN_STATS_BYTES, result.stats_bytes - over)
+        result.actions.append(f"the statistics unfold at most {show_bytes(result.stats_bytes)} at a time")
+    result.parts = parts()
+    result.estimate = sum(result.parts.values())
+    return result
+
+
+def _unfold_bytes(node: gs.Node, macs: int) -> int:
+    """Bytes of one sample of a consumer's unfolded input (its MACs over its output channels) and output, float32."""
+    shape = static_shape(node.outputs[0])
+    if not shape or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
+        return 0
+    return 4 * (macs // max(shape[1], 1) + math.prod(shape[1:]))
+
+
+def peak_rss() -> int:
+    """The peak resident memory of this process so far, in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

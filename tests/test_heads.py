@@ -1,0 +1,187 @@
+"""The heads read from their outputs' layout beyond anchor grids: post-NMS and NMS-free sets of detections
+(``[N, K, 6]`` rows, ``[N, K, 4 + C]`` queries, boxes/scores/classes/count parts), CenterNet heat maps (peaks as
+detections) and binary / salient masks. Each metric of a model against itself is 1 and drops when a box (peak, mask)
+moves; each objective is 0 against itself and grows with the move; the raw objective weighs outputs equally."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from onnxprune.tasks import HeatDetect, Mask, SetDetect, Task, TextRegions, infer_task, raw_discrepancy, task_named
+
+HW = (64, 64)
+
+
+def _rows(shift: float = 0.0) -> list[np.ndarray]:
+    """Two images, 300 slots: x1, y1, x2, y2, score, class (YOLOv10's end-to-end export); 3 objects each."""
+    y = np.zeros((2, 300, 6), np.float32)
+    y[:, :3, :4] = [[4, 4, 20, 20], [30, 10, 50, 40], [8, 40, 24, 60]]
+    y[:, :3, 0::2] += shift
+    y[:, :3, 4] = [0.9, 0.8, 0.7]
+    y[:, :3, 5] = [0, 2, 1]
+    y[:, 3:, 4] = 0.01
+    return [y]
+
+
+def _queries(shift: float = 0.0) -> list[np.ndarray]:
+    """RT-DETR: 300 queries of cx, cy, w, h in [0, 1] and 4 class scores."""
+    y = np.full((1, 300, 8), 0.01, np.float32)
+    y[:, :, :4] = [0.5, 0.5, 0.1, 0.1]
+    y[0, 0, :4] = [0.25 + shift / HW[1], 0.25, 0.2, 0.2]
+    y[0, 0, 4 + 3] = 0.95
+    return [y]
+
+
+def _parts(shift: float = 0.0) -> list[np.ndarray]:
+    """TensorRT-style num_dets [N, 1], boxes [N, K, 4], scores [N, K], classes [N, K]."""
+    boxes = np.zeros((1, 100, 4), np.float32)
+    boxes[0, :2] = [[4 + shift, 4, 20 + shift, 20], [30, 30, 60, 60]]
+    scores = np.zeros((1, 100), np.float32)
+    scores[0, :2] = [0.9, 0.6]
+    classes = np.zeros((1, 100), np.float32)
+    classes[0, :2] = [5, 1]
+    return [np.array([[2]], np.int32), boxes, scores, classes]
+
+
+def _heat(shift: int = 0) -> list[np.ndarray]:
+    """CenterFace: a heat map at stride 4, then scale, offset and landmark maps at its resolution."""
+    heat = np.zeros((1, 1, 16, 16), np.float32)
+    heat[0, 0, 4, 4 + shift] = 0.9
+    heat[0, 0, 10, 12] = 0.7
+    maps = [np.full((1, c, 16, 16), 2.0, np.float32) for c in (2, 2, 10)]
+    return [heat, *maps]
+
+
+def _mask(shift: int = 0, channels_last: bool = True) -> list[np.ndarray]:
+    m = np.zeros((2, 64, 64), np.float32)
+    m[:, 10:30, 10 + shift:40 + shift] = 0.95
+    return [m[..., None]] if channels_last else [m[:, None], m[:, None] * 0.5]
+
+
+def _scores(task, ys: list[np.ndarray], refs: list[np.ndarray]) -> dict:
+    metric = task.metric()
+    metric.update(ys, refs)
+    return metric.result()
+
+
+def _named(outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+    return {f"y{i}": o for i, o in enumerate(outputs)}
+
+
+@pytest.mark.parametrize("make, kind", [(_rows, "rows"), (_queries, "queries"), (_parts, "parts")])
+def test_a_set_of_detections_is_read_matched_and_scored(make, kind: str) -> None:
+    outs = make()
+    task = infer_task(outs, HW, len(outs[0]))
+    assert isinstance(task, SetDetect) and task.name == "detect" and task.layout.kind == kind
+    assert _scores(task, outs, outs)["mAP50-95_ref"] == 1.0
+    assert _scores(task, make(shift=3.0), outs)["mAP50-95_ref"] < 1.0
+    assert task.discrepancy([_named(outs)], [_named(outs)]) == 0.0
+    near = task.discrepancy([_named(outs)], [_named(make(shift=3.0))])
+    far = task.discrepancy([_named(outs)], [_named(make(shift=12.0))])
+    assert 0.0 < near < far <= 1.0
+
+
+def test_set_slots_are_matched_not_compared_in_order() -> None:
+    """Two sets holding the same detections in another slot order are the same detections."""
+    outs = _rows()
+    swapped = [outs[0][:, [1, 0, 2, *range(3, 300)]]]
+    task = infer_task(outs, HW, 2)
+    assert task.discrepancy([{"y": outs[0]}], [{"y": swapped[0]}]) == 0.0
+
+
+def test_a_dense_face_head_per_level_outputs_are_not_a_set() -> None:
+    """SCRFD: per stride, scores [N, 2·HW, 1], box distances [N, 2·HW, 4] and keypoints [N, 2·HW, 10]."""
+    cells = [2 * (64 // s) ** 2 for s in (8, 16, 32)]
+    outs = [np.random.default_rng(0).random((1, c, w)) for w in (1, 4, 10) for c in cells]
+    assert not isinstance(infer_task(outs, HW, 1), SetDetect)
+
+
+def test_a_recogniser_per_step_softmax_is_not_a_set_of_boxes() -> None:
+    logits = np.random.default_rng(0).normal(size=(2, 40, 97))
+    probs = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    assert infer_task([probs], (32, 160), 2).name == "ctc"
+
+
+def test_a_heat_map_peaks_are_detections() -> None:
+    outs = _heat()
+    task = infer_task(outs, HW, 1)
+    assert isinstance(task, HeatDetect) and task.name == "heatmap" and task.layout.stride == 4
+    assert task.layout.others == (1, 2, 3)
+    dets = task.layout.decode(outs, 0.25, 0.5)[0]
+    np.testing.assert_allclose(dets.boxes[0], [18 - 8, 18 - 8, 18 + 8, 18 + 8])
+    assert dets.scores.tolist() == pytest.approx([0.9, 0.7])
+    assert _scores(task, outs, outs)["mAP50-95_ref"] == 1.0
+    assert _scores(task, _heat(shift=1), outs)["mAP50-95_ref"] < 1.0
+    assert task.discrepancy([_named(outs)], [_named(outs)]) == 0.0
+    assert task.discrepancy([_named(outs)], [_named(_heat(shift=1))]) > 0.0
+    sized = _heat()
+    sized[3][0, :, 4, 4] = 5.0  # a landmark moves where there is an object
+    elsewhere = _heat()
+    elsewhere[3][0, :, 0, 15] = 5.0  # the same change where there is none
+    assert task.discrepancy([_named(outs)], [_named(sized)]) > 0.0 == task.discrepancy([_named(outs)], [_named(elsewhere)])
+
+
+def test_masks_are_judged_by_the_iou_of_the_binarised_masks() -> None:
+    keras = infer_task(_mask(), HW, 2)
+    u2net = infer_task(_mask(channels_last=False), HW, 2)
+    assert isinstance(keras, Mask) and keras.layout.channels_last and isinstance(u2net, Mask)
+    for task, make in ((keras, _mask), (u2net, lambda shift=0: _mask(shift, channels_last=False))):
+        assert _scores(task, make(), make()) == {"mask_iou_ref": 1.0}
+        assert _scores(task, make(shift=10), make())["mask_iou_ref"] == pytest.approx(20 / 40)
+    one_map = [_mask(channels_last=False)[0]]
+    assert isinstance(infer_task(one_map, HW, 2), TextRegions)  # a text detector's map, unless named
+    assert isinstance(task_named("mask", one_map, HW, 2), Mask)
+
+
+def test_the_raw_objective_weighs_every_output_equally() -> None:
+    """A 1-channel heat map and a 10-channel landmark map, each 10% off: each adds the same to the objective."""
+    rng = np.random.default_rng(0)
+    heat, marks = rng.random((2, 1, 8, 8)), 100 * rng.random((2, 10, 8, 8))
+    ref = {"heat": heat, "marks": marks}
+    assert Task("raw").discrepancy([ref], [{"heat": heat * 1.1, "marks": marks}]) == pytest.approx(0.01)
+    assert Task("raw").discrepancy([ref], [{"heat": heat, "marks": marks * 1.1}]) == pytest.approx(0.01)
+    assert raw_discrepancy([ref], [{"heat": heat * 1.1, "marks": marks * 1.1}]) == pytest.approx(0.02)
+
+
+def _nms_free(path) -> None:
+    """A tiny detector exported as YOLOv10's end-to-end head: per cell 4 box values and 3 class scores, the best
+    class's score and index per cell, TopK over the cells and the chosen rows gathered: ``[1, 10, 6]`` (batch 1,
+    as ultralytics exports it)."""
+    from onnx import TensorProto, helper, save
+
+    from tests.onnx_builders import GraphBuilder
+    b = GraphBuilder({"images": [1, 3, 32, 32]})
+    x = b.op("Relu", [b.conv("images", "stem", 3, 16, stride=2)], "stem_act")
+    x = b.op("Relu", [b.conv(x, "mid", 16, 16, stride=2)], "mid_act")
+    head = b.conv(x, "head", 16, 7)  # [1, 7, 8, 8]
+    rows = b.op("Transpose", [b.op("Reshape", [head, b.const("flat", np.array([1, 7, 64]), np.int64)], "flat")],
+                "cells", perm=[0, 2, 1])
+    box = b.op("Mul", [b.op("Sigmoid", [b.op("Slice", [rows, b.const("s0", np.array([0]), np.int64),
+                                                      b.const("s4", np.array([4]), np.int64),
+                                                      b.const("ax", np.array([2]), np.int64)], "box_raw")],
+                                "box_sig"), b.const("scale", 32.0)], "box")
+    cls = b.op("Sigmoid", [b.op("Slice", [rows, "s4", b.const("s7", np.array([7]), np.int64), "ax"], "cls_raw")],
+               "cls")
+    score = b.op("ReduceMax", [cls], "score", axes=[2], keepdims=1)
+    label = b.op("Cast", [b.op("ArgMax", [cls], "label", axis=2, keepdims=1)], "label_f", to=TensorProto.FLOAT)
+    xyxy = b.op("Concat", [b.op("Sub", [box, b.const("half", 2.0)], "x1y1"),
+                           b.op("Add", [box, "half"], "x2y2")], "xyxy", axis=2)  # [1, 64, 8]: 4 corners used
+    table = b.op("Concat", [b.op("Slice", [xyxy, b.const("s0b", np.array([0]), np.int64), "s4", "ax"], "corners"),
+                            score, label], "table", axis=2)  # [1, 64, 6]
+    flat_score = b.op("Squeeze", [score, b.const("sq", np.array([2]), np.int64)], "flat_score")
+    b.nodes.append(helper.make_node("TopK", [flat_score, b.const("k", np.array([10]), np.int64)],
+                                    ["top_v", "top_i"], name="topk", axis=1))
+    index = b.op("Squeeze", ["top_i", b.const("sq0", np.array([0]), np.int64)], "index")
+    out = b.op("Gather", [table, index], "dets", axis=1)
+    save(b.model({out: [1, 10, 6]}), str(path))
+
+
+def test_compress_judges_an_nms_free_head_by_its_detections(tmp_path) -> None:
+    import onnxprune
+    _nms_free(tmp_path / "e2e.onnx")
+    calib = np.random.default_rng(0).random((16, 3, 32, 32)).astype(np.float32)
+    result = onnxprune.compress(str(tmp_path / "e2e.onnx"), calib, budget=onnxprune.Ratio(0.7))
+    assert result.report.allocation["task"] == "detect"
+    assert result.report.macs_after <= 0.71 * result.report.macs_before
+    result.save(tmp_path / "small.onnx")

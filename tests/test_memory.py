@@ -1,0 +1,69 @@
+"""Memory held in every phase: the statistics unfold a few samples at a time within the plan's bytes (with the same
+result up to float rounding), and the plan fits the store's budget, onnxruntime's batch and the statistics chunk to the memory available,
+saying what it lowered; the report records the plan and the peak RSS."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import onnxprune
+from onnxprune.analysis import analyze, consumers
+from onnxprune.pipeline.memory import MIN_STATS_BYTES, plan
+from onnxprune.runtime.segments import Liveness
+from tests.onnx_builders import export_torch
+
+from models.unet import UNet
+
+
+@pytest.fixture(scope="module")
+def unet(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A two-level U-Net at 128x128: a 3x3 conv over 16 channels unfolds to 9.4 MB a sample (its inputs) and twice
+    that with the original's and the target: 8 samples of it, the old chunk, are 160 MB."""
+    torch.manual_seed(0)
+    return export_torch(UNet(classes=1, widths=(16, 32)), tmp_path_factory.mktemp("unet") / "unet.onnx", (1, 3, 128, 128))
+
+
+def _weights(model: onnx.ModelProto) -> list[np.ndarray]:
+    return [onnx.numpy_helper.to_array(t) for t in sorted(model.graph.initializer, key=lambda t: t.name)]
+
+
+def test_statistics_unfold_within_the_plan_and_give_the_same_model(unet: Path, monkeypatch) -> None:
+    calib = np.random.default_rng(0).standard_normal((16, 3, 128, 128)).astype(np.float32)
+    largest = [0]
+    unfold = consumers.unfold
+
+    def spy(node, x):
+        cols = unfold(node, x)
+        largest[0] = max(largest[0], cols.numel() * 4)
+        return cols
+
+    monkeypatch.setattr(consumers, "unfold", spy)
+    free = onnxprune.compress(str(unet), calib, budget=onnxprune.Ratio(0.7))
+    roomy = largest[0]
+    largest[0] = 0
+    tight = onnxprune.compress(str(unet), calib, budget=onnxprune.Ratio(0.7), memory="1M")
+    assert tight.report.memory["stats_bytes"] == MIN_STATS_BYTES
+    assert roomy > MIN_STATS_BYTES and largest[0] <= MIN_STATS_BYTES // 2  # one of the three unfolds of a chunk
+    for a, b in zip(_weights(tight.model), _weights(free.model), strict=True):  # the same up to float rounding
+        np.testing.assert_allclose(a, b, rtol=1e-3, atol=1e-5 * max(1.0, float(np.abs(b).max())))
+    assert tight.report.memory["peak_rss"] > 0 and tight.report.memory["budget"] == 1 << 20
+
+
+def test_the_plan_lowers_what_it_must_to_fit_and_says_so(unet: Path) -> None:
+    model = onnxprune.load(str(unet))
+    analysis = analyze(model)
+    live = Liveness(analysis.graph)
+    roomy = plan(analysis, live, 500, 32, False, None, available=lambda: 64 << 30)
+    assert roomy.actions == [] and roomy.budget == 32 << 30 and roomy.run_batch == 32
+    tight = plan(analysis, live, 500, 32, False, None, available=lambda: 256 << 20)
+    assert tight.estimate <= 0.85 * (256 << 20) or tight.run_batch == 1
+    assert tight.budget < roomy.budget and tight.run_batch < 32
+    assert any("spill to disk" in a for a in tight.actions) and any("onnxruntime runs" in a for a in tight.actions)
+    assert "memory: about" in tight.line() and "spill to disk" in tight.line()
+    fixed = plan(analysis, live, 500, 1, True, None, available=lambda: 256 << 20)
+    assert fixed.run_batch == 1 and not any("onnxruntime" in a for a in fixed.actions)

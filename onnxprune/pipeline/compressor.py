@@ -28,7 +28,7 @@ from onnxprune.ir.graph import restore_subgraphs, static_shape
 from onnxprune.ir.probe import fixed_batch, free_batch, restore_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes import remove_block, slice_channels
-from onnxprune.pipeline.memory import plan, sample_bytes
+from onnxprune.pipeline.memory import plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, run_segment
@@ -65,7 +65,7 @@ class Compressor:
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
         self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory)
         self.store = Store(self.memory.budget, options.spill_dir)
-        self._check_room(len(calib))
+        self._check_room(len(calib), self.memory.cache)
         self.inputs = self._load(calib)
         if len(next(iter(self.inputs.values()))) < 2:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
@@ -85,18 +85,10 @@ class Compressor:
         self.select = options.select  # the selector of this run (``Selector.bind``)
         self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
 
-    def _check_room(self, n: int) -> None:
-        """ResourceError before any work when ``n`` samples' cached tensors (the inputs, and at the widest cut,
-        i.e. before any group's consumer, the live tensors of both networks) cannot fit in the RAM budget plus the
-        free space of the spill folder."""
-        def size(names: set[str]) -> int:
-            return sum(sample_bytes(tensors[name]) for name in names if name in tensors)
-
-        tensors = self.graph.tensors()
-        inputs = {t.name for t in self.graph.inputs}
-        cuts = {self.live.position[use.node] for group in self.analysis.groups for use in group.consumers}
-        widest = max((size(self.live.live(cut) - inputs) for cut in cuts), default=0)
-        need = n * (size(inputs) + 2 * widest)
+    def _check_room(self, n: int, need: int) -> None:
+        """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
+        widest cut, i.e. before any group's consumer, the live tensors of both networks; ``memory.plan``) cannot fit
+        in the RAM budget plus the free space of the spill folder."""
         if need > self.store.budget and not self.store.folder.is_dir():
             raise ResourceError(f"the spill folder {self.store.folder} is not a folder: create it or point spill_dir "
                                 "at another", option="spill_dir")

@@ -38,6 +38,7 @@ class MemoryPlan:
     budget: int
     run_batch: int
     stats_bytes: int
+    cache: int = 0  # what the cached tensors need for every sample: the inputs and both networks at the widest cut
     estimate: int = 0
     parts: dict[str, int] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
@@ -76,7 +77,7 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
     peak = max((live_at[p] + sum(size.get(t.name, 0) for t in graph.nodes[p].outputs)
                 for p in range(len(graph.nodes))), default=0)
     cuts = {live.position[use.node] for group in analysis.groups for use in group.consumers}
-    widest = max((live_at[c] - sum(size[t] for t in inputs if t in size) for c in cuts), default=0)
+    widest = max((sum(size.get(t, 0) for t in live.live(c) - inputs) for c in cuts), default=0)
     cache = samples * (sum(size.get(t, 0) for t in inputs) + 2 * widest)
     nodes = {n.name: n for n in graph.nodes}
     macs = {e.node: e.macs for e in analysis.macs.entries}
@@ -84,7 +85,7 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
                   for use in g.consumers), default=0)
     weights = sum(int(np.asarray(t.values).nbytes) for t in tensors.values() if isinstance(t, gs.Constant))
     result = MemoryPlan(free, free // 2 if budget is None else budget, batch,
-                        min(STATS_BYTES, max(MIN_STATS_BYTES, (free if budget is None else 4 * budget) // 8)))
+                        min(STATS_BYTES, max(MIN_STATS_BYTES, (free if budget is None else 4 * budget) // 8)), cache)
     outputs = samples * sum(size.get(t.name, 0) for t in graph.outputs)
 
     def parts() -> dict[str, int]:

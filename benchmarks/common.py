@@ -9,11 +9,13 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import torch
 
 import onnxprune
+import onnxprune.ir.probe
 from onnxprune import flags as cli_flags
 from onnxprune.cli import flag_values
 from onnxprune.fileio import atomic_write
@@ -53,6 +55,25 @@ def analyze(model: Path, input_shape: list[str] | None = None) -> dict:
 def macs(model: Path) -> int:
     """The MACs of ``model`` (`onnxprune analyze --json`'s ``macs``)."""
     return analyze(model)["macs"]
+
+
+def forward_seconds(model: Path, data: Path, subset: str, flags: list[str] = (), passes: int = 2) -> float:
+    """Seconds of ``passes`` plain onnxruntime passes of ``model`` (CPU) over the calibration tensors that
+    `onnxprune compress model --calib data --subset subset *flags` reads (decoded beforehand, not timed), batches of
+    32 samples, or one at a time where an input's batch is static: the reference a compress time is put against."""
+    import onnxruntime as ort
+
+    values = flag_values("compress", [str(model), "-o", "unused.onnx", "--calib", str(data), "--subset", subset,
+                                      "--target-ratio", "0.5", *flags])
+    job = cli_flags.compress_job(values)
+    batch = 1 if onnxprune.ir.probe.static_batch(job.model) else 32
+    feeds = list(job.data.batches(batch))
+    session = ort.InferenceSession(job.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    start = time.perf_counter()
+    for _ in range(passes):
+        for feed in feeds:
+            session.run(None, feed)
+    return time.perf_counter() - start
 
 
 def evaluate(model: Path, original: Path, data: Path, subset: str, flags: list[str] = ()) -> dict:

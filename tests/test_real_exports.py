@@ -71,6 +71,37 @@ def test_a_batch_the_input_fixes_is_calibrated_batched_and_written_back(tmp_path
     same_outputs(pruned, model, (1, 3, 8, 8))
 
 
+def _exported_static(batch: int | str) -> onnx.ModelProto:
+    """As ultralytics' and torch's static exports write a head: the Reshape target is a ``Constant`` node read by
+    two Reshapes (one before, one after the head's conv), and the stem weight passes through an ``Identity``
+    (a tensor with no batch axis that no input computes)."""
+    b = GraphBuilder({"input": [batch, 3, 8, 8]})
+    b.nodes.append(onnx.helper.make_node("Constant", [], ["t"], name="t", value=numpy_helper.from_array(
+        np.array([1, 6, -1], np.int64))))
+    b.nodes.append(onnx.helper.make_node("Identity", [b.rand("cls.w0", (4, 16, 1, 1), 0.3)], ["cls.w"], name="id"))
+    stem = b.op("Relu", [b.conv("input", "stem", 3, 8)], "stem_act")
+    head = b.op("Reshape", [b.op("Reshape", [b.conv(stem, "head", 8, 6), "t"], "flat"), "t"], "boxes")
+    body = b.op("Relu", [b.conv(stem, "body", 8, 16)], "body_act")
+    logits = b.op("Flatten", [b.op("GlobalAveragePool", [b.op("Conv", [body, "cls.w"], "cls")], "gap")], "logits")
+    return kill(b.model([head, logits]), {"stem": [1, 6], "body": [0, 5, 9, 14]})
+
+
+def test_a_batch_fixed_by_constant_nodes_is_freed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The copy frees a batch written by a Constant-node target that two Reshapes share, and a weight's Identity
+    (no batch axis, computed from no input) does not count as a tensor that mixes samples."""
+    import onnxprune.pipeline.compressor as pipeline
+
+    batches = []
+    real = pipeline.run_segment
+    monkeypatch.setattr(pipeline, "run_segment", lambda *a, **k: (batches.append(k["batch_size"]), real(*a, **k))[1])
+    assert fixed_batch(_exported_static("N")).reason.startswith("Reshape flat gives flat_out shape [1, 6, 128]")
+    model = _exported_static(1)
+    pruned, report = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
+    assert report.fixed_batch is None and report.written_batch is not None
+    assert batches and set(batches) == {32}
+    same_outputs(pruned, model, (1, 3, 8, 8))
+
+
 def test_batch_free_graph_keeps_batching() -> None:
     model = _detector("N", [0, 6, -1])
     assert fixed_batch(model) is None

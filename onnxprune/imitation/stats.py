@@ -30,10 +30,20 @@ float32 products of the raw values would lose over log2(SHIFT_RATIO²) = 4 bits 
 is 0 (the sums are those of the raw values, exact for small dyadic data)."""
 
 
+SHIFT_POSITIONS = 4096
+"""Positions of the first chunk the shift is estimated on (evenly spaced): any shift near the mean will do, the
+sums are reconstructed exactly from the one taken."""
+
+
 def _shift(a: torch.Tensor) -> torch.Tensor:
-    """The float32 shift of each column of ``a`` (B, columns, L) (see SHIFT_RATIO)."""
-    mean = a.mean(dim=(0, 2), dtype=torch.float64)
-    spread = (a.double() - mean[None, :, None]).square().mean(dim=(0, 2)).sqrt()
+    """The float32 shift of each column of ``a`` (B, columns, L) (see SHIFT_RATIO), estimated on at most about
+    SHIFT_POSITIONS of its positions, evenly spaced."""
+    b, _, length = a.shape
+    rows = a[:: max(1, b * min(length, SHIFT_POSITIONS) // SHIFT_POSITIONS)]
+    sample = rows[:, :, :: max(1, len(rows) * length // SHIFT_POSITIONS)].transpose(0, 1).reshape(a.shape[1], -1)
+    sample = sample.double()
+    mean = sample.mean(dim=1)
+    spread = (sample - mean[:, None]).square().mean(dim=1).sqrt()
     return torch.where(mean.abs() > SHIFT_RATIO * spread, mean, torch.zeros_like(mean)).float()
 
 
@@ -68,6 +78,7 @@ class ConsumerStats:
                             torch.zeros(d, dtype=torch.float64), torch.zeros(o, dtype=torch.float64),
                             torch.zeros((), dtype=torch.float64))  # of the shifted x and t
         self._shift: tuple[torch.Tensor, torch.Tensor] | None = None  # float32 (D,), (O,): set by the first chunk
+        self._shifted = (False, False)  # whether each shift has a non-zero entry
         self._cache: Sums | None = None  # the raw sums, until the next change
         self.count = 0
 
@@ -99,6 +110,7 @@ class ConsumerStats:
         with torch.no_grad():
             if self._shift is None:
                 self._shift = (_shift(xf), _shift(tf))
+                self._shifted = (bool(self._shift[0].any()), bool(self._shift[1].any()))
             if length >= CHUNK_ROWS // 16:
                 # Long positions axis: one GEMM per image and slice, no transposing copy.
                 for i in range(b):
@@ -116,7 +128,10 @@ class ConsumerStats:
         [x; 1]·[x; t; 1]ᵀ (tall-skinny products are dominated by call overhead; the ones give the
         sums, and tᵀt, which no caller needs, is never formed)."""
         d = self.d
-        x, t = x - self._shift[0][:, None], t - self._shift[1][:, None]
+        if self._shifted[0]:
+            x = x - self._shift[0][:, None]
+        if self._shifted[1]:
+            t = t - self._shift[1][:, None]
         ones = torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)
         left = torch.cat([x, ones])
         zz = (left @ torch.cat([left, t]).T).double()
@@ -137,6 +152,7 @@ class ConsumerStats:
         device = self._sums[0].device
         if self._shift is None:
             self._shift = (other._shift[0].to(device), other._shift[1].to(device))
+            self._shifted = other._shifted
         theirs = tuple(a.to(device) for a in other._sums)
         dx, dt = ((b.to(device).double() - a.double()) for a, b in zip(self._shift, other._shift))
         self._sums = tuple(a + b for a, b in zip(self._sums, _moved(theirs, other.count, dx, dt)))
@@ -145,9 +161,8 @@ class ConsumerStats:
     def _raw(self) -> Sums:
         """The raw sums (computed once after each change: the refit reads them many times)."""
         if self._cache is None:
-            shifted = self._shift is not None and bool(self._shift[0].any() or self._shift[1].any())
             self._cache = (_moved(self._sums, self.count, self._shift[0].double(), self._shift[1].double())
-                           if shifted else self._sums)
+                           if any(self._shifted) else self._sums)
         return self._cache
 
     @property

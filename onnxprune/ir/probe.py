@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from onnxprune.ir.ort import make_session
 
@@ -47,6 +46,16 @@ def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str
     except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed
         return None
     return dict(zip(names, arrays))
+
+
+def input_dependent(model: onnx.ModelProto) -> set[str]:
+    """The tensors computed from a graph input (a node with a subgraph counts as reading every input)."""
+    data = {v.name for v in real_inputs(model)}
+    for node in model.graph.node:
+        subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
+        if subgraph or any(name in data for name in node.input):
+            data.update(o for o in node.output if o)
+    return data
 
 
 @dataclass(frozen=True)
@@ -89,9 +98,11 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
     if arrays is None:
         return FixedBatch(1, "onnxruntime cannot run the graph at batch 2")
     read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
+    data = input_dependent(model)
     for node in model.graph.node:
         for name in node.output:
-            a = arrays.get(name) if name in read else None  # unread: a Loop's carried weights, say
+            # unread (a Loop's carried weights) or not computed from an input (an Identity of a weight)
+            a = arrays.get(name) if name in read and name in data else None
             if a is not None and a.dtype.kind == "f" and (a.ndim == 0 or a.shape[0] != 2):
                 where = f"{node.op_type} {node.name or name} gives {name} shape {list(a.shape)} at batch 2"
                 why = _batch_reason(model, name, a.shape, {k: v[:1] for k, v in feed.items()})
@@ -112,57 +123,3 @@ def _batch_reason(model: onnx.ModelProto, name: str, at2: tuple[int, ...], feed1
         return (f"the batch is merged with another dim on its axis {moved[0]} ({at1.shape[moved[0]]} at batch 1), "
                 "so its samples cannot be held apart")
     return "the graph writes batch 1 into its shapes"
-
-
-def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
-    """A copy of ``model`` that batches freely, when its batch is fixed only by a static input dim and by
-    ``Reshape`` targets whose first entry is that batch (rewritten to 0, "copy the input's dim"), and that copy
-    at batch 2 gives what ``model`` gives on each sample alone (random inputs); else None. An exporter often
-    fixes the batch this way (``torch.onnx.export`` without ``dynamic_axes``), and running such a graph one sample
-    at a time costs far more than batching."""
-    fixed = static_batch(model)
-    if fixed is None or any(d.dim_value <= 0 for v in real_inputs(model) for d in v.type.tensor_type.shape.dim):
-        return None  # a batch free already, or other dims unknown: nothing to check the copy on
-    free = onnx.ModelProto()
-    free.CopyFrom(model)
-    del free.graph.value_info[:]
-    for value in [*real_inputs(free), *free.graph.output]:
-        dims = value.type.tensor_type.shape.dim
-        if dims and dims[0].dim_value > 0:
-            dims[0].dim_param = "N"
-    weights = {init.name: init for init in free.graph.initializer}
-    readers: dict[str, int] = {}
-    for node in free.graph.node:
-        for name in node.input:
-            readers[name] = readers.get(name, 0) + 1
-    for node in free.graph.node:
-        target = weights.get(node.input[1]) if node.op_type == "Reshape" and len(node.input) > 1 else None
-        if target is None or readers[target.name] != 1:
-            continue
-        shape = numpy_helper.to_array(target)
-        if shape.ndim == 1 and len(shape) > 1 and shape[0] == fixed.size:
-            target.CopyFrom(numpy_helper.from_array(np.concatenate([[0], shape[1:]]).astype(shape.dtype), target.name))
-    feed = random_feed(real_inputs(model), fixed.size * 2)
-    if fixed_batch(free, feed) is not None:
-        return None
-    names = [o.name for o in model.graph.output]
-    both = run_all_tensors(free, names, feed)
-    for half in range(2):
-        part = {k: v[half * fixed.size:(half + 1) * fixed.size] for k, v in feed.items()}
-        alone = run_all_tensors(model, names, part)
-        if both is None or alone is None or any(
-                not np.allclose(both[k][half * fixed.size:(half + 1) * fixed.size], alone[k], rtol=1e-4, atol=1e-5)
-                for k in names):
-            return None
-    return free
-
-
-def restore_batch(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` (pruned from ``free_batch(original)``) with ``original``'s input and output shapes written back
-    (the user's fixed batch), the inner shapes left to be inferred again."""
-    shapes = {v.name: v.type for v in [*real_inputs(original), *original.graph.output]}
-    del model.graph.value_info[:]
-    for value in [*real_inputs(model), *model.graph.output]:
-        if value.name in shapes:
-            value.type.CopyFrom(shapes[value.name])
-    return model

@@ -56,10 +56,19 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
         size = np.asarray(nodes[name].inputs[i].values).shape[axis]
         plans.append((nodes[name], i, axis, keep_index(size, at, width, repeat, keep)))
     entries = kept_entries(graph, group, keep)
+    # a constant read by several nodes (folded weights an exporter shares) is sliced once per distinct index
+    sliced: dict[tuple[int, int, bytes], gs.Constant] = {}
+    names: set[str] = set()
     for node, i, axis, index in plans:
         const = node.inputs[i]
-        values = np.take(np.asarray(const.values), index, axis=axis)
-        node.inputs[i] = gs.Constant(f"{const.name}.keep{group.id}", np.ascontiguousarray(values))
+        key = (id(const), axis, index.tobytes())
+        if key not in sliced:
+            name = f"{const.name}.keep{group.id}"
+            name = next(n for k in range(len(names) + 1) if (n := name + (f".{k}" if k else "")) not in names)
+            names.add(name)
+            values = np.take(np.asarray(const.values), index, axis=axis)
+            sliced[key] = gs.Constant(name, np.ascontiguousarray(values))
+        node.inputs[i] = sliced[key]
     for site in group.attrs:
         nodes[site.node].attrs[site.attr] = int(nodes[site.node].attrs[site.attr]) - (width - len(keep))
     for name, index in entries.items():

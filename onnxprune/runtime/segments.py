@@ -89,7 +89,7 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
     The cache holds every tensor samples first: a tensor with its batch on another axis (time-major, e.g. an
     RNN's ``[T, N, C]``) enters through a Transpose from that order and leaves through one to it."""
     symbol = batch_symbol(graph)
-    g = graph.copy()
+    g = _needed(graph, values, outputs).copy()
     tensors = g.tensors()
     inputs = []
     for name in values:
@@ -115,6 +115,30 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
         g.outputs.append(tensor)
     g.cleanup(remove_unused_graph_inputs=True, recurse_subgraphs=False)  # bodies keep their inputs
     return g.toposort(recurse_subgraphs=False)
+
+
+def _needed(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:
+    """A graph (sharing ``graph``'s nodes, not to be changed) of the nodes that compute ``outputs`` from ``values``
+    in ``graph``'s order, the outputs that are values themselves as its inputs: copying it costs what the cut needs,
+    not what the whole graph holds."""
+    producer = {t.name: node for node in graph.nodes for t in node.outputs}
+    wanted = set(outputs)
+    need: set[int] = set()
+    stack, seen = list(wanted), set()
+    while stack:
+        name = stack.pop()
+        if name in seen or name in values:
+            continue
+        seen.add(name)
+        node = producer.get(name)
+        if node is not None and id(node) not in need:
+            need.add(id(node))
+            stack.extend(t.name for t in [*node.inputs, *outer_reads(node)] if t.name)
+    nodes = [n for n in graph.nodes if id(n) in need]
+    tensors = graph.tensors()
+    return gs.Graph(nodes=nodes, inputs=[tensors[n] for n in sorted(wanted) if n in values],
+                    outputs=[tensors[n] for n in sorted(wanted)], name=graph.name, opset=graph.opset,
+                    import_domains=graph.import_domains, functions=graph.functions, ir_version=graph.ir_version)
 
 
 def _samples_first(g: gs.Graph, native: gs.Tensor, axis: int, entering: bool) -> gs.Tensor:

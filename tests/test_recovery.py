@@ -89,7 +89,7 @@ def test_written_model_is_judged_in_onnxruntime_on_unpicked_samples(tiny, studen
 
 def test_a_broken_write_back_is_refused(tiny, student, monkeypatch: pytest.MonkeyPatch) -> None:
     """Weights that do not reach the written model: recover raises, naming the error and the tolerance."""
-    monkeypatch.setattr(onnxprune.recovery, "write_back", lambda model, net: model)
+    monkeypatch.setattr(onnxprune.recovery.stages, "write_back", lambda model, net: model)
     with pytest.raises(OnnxPruneError, match=r"differs from the trained weights by \S+ .* tolerance 1e-04"):
         recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block"))
 

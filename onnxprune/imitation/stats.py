@@ -40,8 +40,8 @@ def _shift(a: torch.Tensor) -> torch.Tensor:
     SHIFT_POSITIONS of its positions, evenly spaced."""
     b, _, length = a.shape
     rows = a[:: max(1, b * min(length, SHIFT_POSITIONS) // SHIFT_POSITIONS)]
-    sample = rows[:, :, :: max(1, len(rows) * length // SHIFT_POSITIONS)].transpose(0, 1).reshape(a.shape[1], -1)
-    sample = sample.double()
+    rows = rows[:, :, :: max(1, len(rows) * length // SHIFT_POSITIONS)]
+    sample = rows.transpose(0, 1).reshape(rows.shape[1], rows.shape[0] * rows.shape[2]).double()
     mean = sample.mean(dim=1)
     spread = (sample - mean[:, None]).square().mean(dim=1).sqrt()
     return torch.where(mean.abs() > SHIFT_RATIO * spread, mean, torch.zeros_like(mean)).float()

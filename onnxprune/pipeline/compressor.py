@@ -24,7 +24,7 @@ from onnxprune.core.statistics import collect
 from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.ir.graph import restore_subgraphs, static_shape
+from onnxprune.ir.graph import restore_subgraphs
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes

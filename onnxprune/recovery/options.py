@@ -1,0 +1,104 @@
+"""What ``recover`` is asked to do: its stages, what they train, and the checked options."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+
+import torch
+
+from onnxprune.errors import OptionError, check_choice
+from onnxprune.recovery.augment import Mix
+from onnxprune.runtime.store import Store, check_memory, default_budget
+
+
+class Train(StrEnum):
+    """What a stage trains: every float weight of a changed segment, or only the weights pruning changed."""
+
+    SEGMENT = "segment"
+    CHANGED = "changed"
+
+
+class Layout(StrEnum):
+    """The layout of an image input, for the augmentation."""
+
+    NCHW = "nchw"
+    NHWC = "nhwc"
+
+
+TRAIN = tuple(t.value for t in Train)
+
+
+class Method(StrEnum):
+    """The recovery stages to run: block-wise reconstruction, distillation, or both in this order."""
+
+    BLOCK_DISTILL = "block+distill"
+    BLOCK = "block"
+    DISTILL = "distill"
+
+    @property
+    def block(self) -> bool:
+        """Whether the block-wise reconstruction stage runs."""
+        return self in (Method.BLOCK_DISTILL, Method.BLOCK)
+
+    @property
+    def distill(self) -> bool:
+        """Whether the distillation stage runs."""
+        return self in (Method.BLOCK_DISTILL, Method.DISTILL)
+
+
+METHODS = tuple(m.value for m in Method)
+Progress = Callable[[str, int, int, float | None], None]
+Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
+
+
+def writeback_tolerance(device: torch.device) -> float:
+    """Largest relative difference allowed between onnxruntime on the written model and the trained
+    torch weights: float32 kernels summing in other orders (~1e-6 on CPU), or cuDNN convolutions in
+    TF32 (~1e-3) on CUDA. A weight left unwritten differs by what the training changed."""
+    return 1e-4 if device.type == "cpu" else 1e-2
+
+
+@dataclass
+class RecoverOptions:
+    """The recovery's settings, checked when built (a bad value raises OptionError naming the field).
+
+    ``method``, ``train``, ``mix`` and ``layout`` are enums (``Method``, ``Train``, ``Mix``, ``Layout``) or their
+    values ('block+distill', 'segment', 'mixup', 'nchw', ...); they are stored as the enums."""
+
+    method: Method | str = Method.BLOCK_DISTILL
+    steps: int = 200  # Adam steps per trainable segment (block stage)
+    lr: float = 1e-3
+    distill_steps: int = 600  # Adam steps of the distillation stage
+    distill_lr: float = 1e-4
+    distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
+    distill_views: int = 8  # augmented views of every training sample cached for a head distillation
+    mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
+    layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
+    batch_size: int = 32
+    holdout: float = 0.2  # fraction of the calibration samples kept aside to choose checkpoints
+    train: Train | str = Train.SEGMENT  # every float weight (of a changed segment), or only the changed ones
+    pull: float = 0.0  # decay towards the starting weights
+    seed: int = 0
+    provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
+    device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
+    memory: int | None = None  # bytes of cached tensors held in RAM, the rest spilled (None: half the available)
+    spill_dir: str | None = None  # where spilled tensors go (None: the system's temporary folder)
+
+    def torch_device(self) -> torch.device:
+        return torch.device("cuda" if self.device == "auto" and torch.cuda.is_available() else
+                            "cpu" if self.device == "auto" else self.device)
+
+    def __post_init__(self) -> None:
+        for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
+            check_choice(name, getattr(self, name), tuple(k.value for k in kind))
+            setattr(self, name, kind(getattr(self, name)))
+        for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
+            if getattr(self, name) < least:
+                raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
+        check_memory(self.memory)
+
+    def store(self) -> Store:
+        """Where the run's cached tensors live (``runtime.store``)."""
+        return Store(default_budget() if self.memory is None else self.memory, self.spill_dir)

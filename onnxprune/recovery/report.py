@@ -1,0 +1,52 @@
+"""What ``recover`` did: per stage, and the verdict on held-out samples."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class SegmentReport:
+    end: list[str]
+    parameters: int
+    held_before: float
+    held_after: float
+    best_step: int
+    seconds: float
+
+
+@dataclass
+class DistillReport:
+    parameters: int
+    whole_model: bool  # every weight trained on batches augmented on the fly (else the head on cached views)
+    trained_from: list[str]  # the tensors the trained part starts at
+    samples: int  # training samples seen: cached views of a head, or on-the-fly augmented batches
+    augment: str  # what the inputs went through
+    held_before: float  # held-out metric (the report's) when the stage started
+    held_after: float
+    best_step: int
+    seconds: float
+
+
+@dataclass
+class RecoverReport:
+    samples_train: int
+    samples_held: int  # the held-out samples: those that picked the checkpoints, then those that judged
+    samples_verdict: int  # the held-out samples that judged the result (before / after), none of which picked
+    held_unseen: bool  # the held-out samples were given apart (True) or split off the calibration set
+    metric: str  # "kl" (KL(teacher || student) of 2-D outputs' rows as probabilities) or "rel_mse"
+    before: float  # metric of the input model on the verdict samples
+    after: float  # ... of the recovered weights (returned only if lower)
+    agreement_before: float | None  # top-1 agreement with the teacher on the verdict samples (classifiers)
+    agreement_after: float | None
+    improved: bool  # False: the input model was returned unchanged
+    writeback_error: float = 0.0  # relative difference, onnxruntime on the written model vs the trained torch
+    # (on the checkpoint-picking samples); past ``writeback_tolerance`` recover raises instead
+    seconds: float = 0.0
+    device: str = "cpu"  # where torch trained
+    options: dict = field(default_factory=dict)
+    segments: list[SegmentReport] = field(default_factory=list)
+    distill: DistillReport | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)

@@ -1,0 +1,92 @@
+"""``recover``: the samples, the teacher's outputs, the stages in order and the never-worse verdict."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.calib.sources import CalibrationSet
+from onnxprune.errors import OnnxPruneError
+from onnxprune.ir.load import import_graph
+from onnxprune.ir.probe import fixed_batch
+from onnxprune.ir.shapes import infer_shapes
+from onnxprune.recovery.options import Progress, RecoverOptions, writeback_tolerance
+from onnxprune.recovery.report import RecoverReport
+from onnxprune.recovery.samples import discrepancy, samples
+from onnxprune.recovery.segments import find_segments
+from onnxprune.recovery.stages import block_stage, distill_stage
+from onnxprune.runtime.segments import run_segment
+
+
+def recover(
+    student: onnx.ModelProto,
+    teacher: onnx.ModelProto,
+    calib: CalibrationSet,
+    options: RecoverOptions,
+    on_progress: Progress | None = None,
+    held: CalibrationSet | None = None,
+) -> tuple[onnx.ModelProto, RecoverReport]:
+    """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``).
+
+    Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
+    caller's state is left as it was)."""
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
+    with torch.random.fork_rng(devices=cuda):
+        torch.manual_seed(options.seed)
+        return _recover(student, teacher, calib, options, on_progress, held)
+
+
+def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,
+             on_progress: Progress | None, held: CalibrationSet | None) -> tuple[onnx.ModelProto, RecoverReport]:
+    """``recover`` with torch's random state seeded."""
+    start_time = time.perf_counter()
+    s_graph, t_graph = import_graph(student), import_graph(teacher)
+    segments = find_segments(s_graph, t_graph)
+    s_model = infer_shapes(gs.export_onnx(s_graph))
+    store = options.store()
+    values, train_idx, held_idx, verdict_idx = samples(calib, held, options, store)
+    fixed = fixed_batch(gs.export_onnx(t_graph.copy()), values)
+    if fixed is not None:  # training batches samples (and the torch evaluator would mix them)
+        raise OnnxPruneError(f"recover trains on batches of samples, but the teacher graph fixes its batch "
+                             f"({fixed.reason}): re-export it with a dynamic batch to recover the pruned model")
+    outputs = [t.name for t in s_graph.outputs]
+
+    def outputs_of(model: onnx.ModelProto, idx: np.ndarray, graph: gs.Graph | None = None) -> list[np.ndarray]:
+        out, _ = run_segment(graph or gs.import_onnx(model), {name: store.copy(v, idx) for name, v in values.items()},
+                             outputs, provider=options.provider, batch_size=options.batch_size)
+        return [out[name] for name in outputs]
+
+    teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
+    report = RecoverReport(len(train_idx), len(held_idx) + len(verdict_idx), len(verdict_idx), held is not None, "",
+                           0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options))
+    report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student, verdict_idx),
+                                                                        teacher_verdict)
+
+    recovered, trained_held = s_model, None
+    if options.method.block:
+        recovered, cur = block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
+                                      on_progress, store)
+        trained_held = [cur[name][held_idx] for name in outputs]
+    if options.method.distill:
+        recovered, trained_held, report.distill = distill_stage(recovered, teacher, t_graph, segments, values,
+                                                                 train_idx, held_idx, teacher_held, options,
+                                                                 on_progress, store)
+
+    report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
+                                 for o, t in zip(outputs_of(recovered, held_idx), trained_held))
+    tolerance = writeback_tolerance(options.torch_device())
+    if not report.writeback_error <= tolerance:
+        raise OnnxPruneError(f"recover: the written model differs from the trained weights by "
+                             f"{report.writeback_error:.2e} (relative, onnxruntime vs torch on the held-out samples), "
+                             f"past the tolerance {tolerance:.0e}: the weights were not written back faithfully, "
+                             "no model is returned")
+    _, report.after, report.agreement_after = discrepancy(outputs_of(recovered, verdict_idx), teacher_verdict)
+    report.improved = report.after < report.before
+    report.seconds = time.perf_counter() - start_time
+    return (recovered if report.improved else student), report

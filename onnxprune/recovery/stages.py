@@ -1,0 +1,148 @@
+"""The two stages of ``recover``: block-wise reconstruction, and distillation of the head (on cached augmented views)
+or of the whole model (augmented on the fly)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import torch
+
+from onnxprune.recovery.augment import augment_images
+from onnxprune.recovery.options import Augment, Progress, RecoverOptions
+from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
+from onnxprune.recovery.samples import discrepancy
+from onnxprune.recovery.segments import Segment, head_start
+from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
+from onnxprune.runtime.segments import run_segment
+from onnxprune.runtime.store import Array, Store
+from onnxprune.runtime.torch_eval import TorchGraph, write_back
+
+
+def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
+                 values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
+                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store
+                 ) -> tuple[onnx.ModelProto, dict[str, Array]]:
+    """Train every changed segment in turn; the written model and the trained nets' outputs."""
+    n = len(next(iter(values.values())))
+    cur = dict(values)  # student tensors at the current anchor (all samples)
+    ref = dict(values)  # teacher tensors at the same anchor
+    model, trainable, done = s_model, sum(s.trainable for s in segments), 0
+    for seg in segments:
+        t0 = time.perf_counter()
+        net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start).to(options.torch_device())
+        xs = [cur[name] for name in net.input_names]
+        new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size,
+                                 store=store)
+        if seg.trainable:
+            ts = [new_ref[name] for name in seg.end]
+            names = set(seg.changed) if options.train == "changed" else None
+            params = [p for name, p in net.named_initializers()
+                      if isinstance(p, torch.nn.Parameter) and (names is None or name in names)]
+            label = f"block {done + 1}/{trainable} → {seg.end[0]}"
+
+            def step(k: int, loss: float, held: float, label: str = label) -> None:
+                if on_progress is not None:
+                    on_progress(label, k, options.steps, held)
+
+            result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.steps, lr=options.lr,
+                         batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step)
+            done += 1
+            report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
+                                                 result.held_after, result.best_step, time.perf_counter() - t0))
+            model = write_back(model, net)
+        ref = {**{k: v for k, v in ref.items() if k in values}, **new_ref}
+        ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
+        cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
+    return model, cur
+
+
+def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Augment | None]:
+    """Crop/flip/mix for a model with one 4-D float input, else None (and why)."""
+    inits = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in inits]
+    image = (len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 4
+             and inputs[0].type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                           onnx.TensorProto.DOUBLE))
+    if not image:
+        return "none (the model does not take one batch of images)", None
+    what = f"random resized crop, flip, {options.mix} ({options.layout})"
+    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout)]
+
+
+def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
+                   values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
+                   teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None,
+                   store: Store) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
+    """Distillation of the head (the last ``distill_segments`` segments, reaching back to weights to train:
+    ``head_start``; on cached augmented views) or of the whole model (augmented on the fly); the written model,
+    its held-out outputs, the report."""
+    t0 = time.perf_counter()
+    first = head_start(segments, options.distill_segments, options.train == "changed")
+    changed = {name for seg in segments for name in seg.changed}
+    augment, transform = _augmenter(model, options)
+    loss = kl_loss if teacher_held[0].ndim == 2 else relative_mse
+
+    def step(k: int, value: float, best: float) -> None:
+        if on_progress is not None:
+            on_progress("distill", k, options.distill_steps, best)
+
+    def trainable(net: TorchGraph) -> list[torch.nn.Parameter]:
+        return [p for name, p in net.named_initializers()
+                if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
+
+    loop = {"steps": options.distill_steps, "lr": options.distill_lr, "pull": options.pull, "seed": options.seed,
+            "on_step": step}
+    if first is not None:
+        start = segments[first].start
+        net = TorchGraph(model, outputs=[o.name for o in model.graph.output], inputs_at=start)
+        xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
+                                      options, store)
+        params = trainable(net.to(options.torch_device()))
+        held_part = np.arange(n_views, len(xs[0]))
+        result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
+                     **loop)
+        held_out = evaluate_net(net, xs, held_part, options.batch_size)
+    else:
+        start, n_views = [i.name for i in model.graph.input], options.distill_steps * options.batch_size
+        net, t_net = TorchGraph(model).to(options.torch_device()), TorchGraph(teacher).to(options.torch_device())
+        t_net.requires_grad_(False)
+        xs = [values[name] for name in net.input_names]
+        params = trainable(net)
+        result = distill(net, t_net, params, xs, train_idx,
+                         lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held)[1],
+                         batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
+                         **loop)
+        held_out = evaluate_net(net, xs, held_idx, options.batch_size)
+    report = DistillReport(sum(p.numel() for p in params), first is None, list(start), n_views, augment, result.held_before,
+                           result.held_after, result.best_step, time.perf_counter() - t0)
+    return write_back(model, net), held_out, report
+
+
+def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, Array],
+                train_idx: np.ndarray, held_idx: np.ndarray, teacher_held: list[np.ndarray],
+                transform: Augment | None, options: RecoverOptions, store: Store
+                ) -> tuple[list[Array], list[Array], int]:
+    """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
+    views of the training samples, followed by the held-out samples (not augmented); the view count."""
+    names = [i.name for i in model.graph.input if i.name in values]
+    outputs = [o.name for o in model.graph.output]
+    s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
+    bs, views, n = options.batch_size, options.distill_views if transform else 1, len(train_idx)
+    parts: list[tuple[dict[str, Array], dict[str, Array]]] = []
+    for _ in range(views):  # one view of every training sample at a time
+        feed = {n_: store.empty((n, *values[n_].shape[1:]), values[n_].dtype) for n_ in names}
+        for s in range(0, n, bs):  # mixing stays within a batch
+            batch = [torch.from_numpy(values[n_][train_idx[s : s + bs]]) for n_ in names]
+            for n_, b in zip(names, transform(batch, gen) if transform else batch):
+                feed[n_][s : s + len(b)] = b.numpy()
+        student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=bs, store=store)
+        teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=bs, store=store)
+        parts.append((student, teacher))
+    held_in, _ = run_segment(s_graph, {n_: store.copy(values[n_], held_idx) for n_ in names}, start,
+                             provider=options.provider, batch_size=bs, store=store)
+    xs = [store.concat([p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]
+    ts = [store.concat([p[1][n_] for p in parts] + [t]) for n_, t in zip(outputs, teacher_held)]
+    return xs, ts, views * n

@@ -1,0 +1,185 @@
+"""Detectors: raw-grid, DFL and split-head outputs (``tasks.detection``), sets of detections (``tasks.sets``) and
+heat maps (``tasks.maps``) scored by mAP against the reference's detections; instance masks by their IoU."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from onnxprune.tasks.base import Metric, Task
+from onnxprune.tasks.detection import STRIDES, APAccumulator, DetectionLayout, Detections, Truth, cells
+from onnxprune.tasks.maps import HeatLayout
+from onnxprune.tasks.sets import SetLayout, set_discrepancy
+
+CONF = 0.25  # a detection the user sees (ultralytics' predict default)
+LOW_CONF = 0.001  # the detections ranked for mAP (ultralytics' val default)
+NMS_IOU = 0.5
+BOX_WEIGHT_FLOOR = 0.05  # the objective's boxes count on anchors the reference scores at least this
+
+
+@dataclass(frozen=True)
+class Detect(Task):
+    """A detector (and with prototypes, an instance segmenter): mAP of the model's detections against the
+    reference's (score ≥ ``conf``, the reference as ground truth) and against labels."""
+
+    layout: DetectionLayout | SetLayout | HeatLayout | None = None
+    conf: float = CONF
+    iou: float = NMS_IOU
+
+    def metric(self) -> Metric:
+        return DetectionMetric(self)
+
+    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
+                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        """The class scores' squared error over the reference's, on every anchor, plus the boxes' squared error
+        in units of each box's size, weighted by the reference's best class score where it is at least
+        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise). The reference's
+        chunks hold the outputs in the order the layout counts them by."""
+        err = energy = box_err = weight = 0.0
+        for ref_chunk, out_chunk in zip(reference, outputs, strict=True):
+            ref, ys = list(ref_chunk.values()), [out_chunk[k] for k in ref_chunk]
+            rb, rs, rc = self.layout.candidates(ref)
+            yb, ys_, yc = self.layout.candidates(ys)
+            err += float(np.sum(np.square(ys_ - rs)))
+            energy += float(np.sum(np.square(rs)))
+            w = rs.max(axis=2)
+            w = np.where(w >= BOX_WEIGHT_FLOOR, w, 0.0)
+            size = np.maximum(np.maximum(rb[..., 2] - rb[..., 0], rb[..., 3] - rb[..., 1]), 1.0)
+            box_err += float(np.sum(w * np.sum(np.square(yb - rb), axis=2) / np.square(size)))
+            if rc is not None:
+                box_err += float(np.sum(w * np.mean(np.square(yc - rc), axis=2) / np.maximum(
+                    np.mean(np.square(rc), axis=2), 1e-12)))
+            weight += float(w.sum())
+        return err / max(energy, 1e-30) + box_err / max(weight, 1e-30)
+
+
+@dataclass(frozen=True)
+class SetDetect(Detect):
+    """A detector whose outputs are a set of detections (NMS in the graph, or NMS-free; ``tasks.sets``): its sets
+    matched to the reference's for the objective, its mAP against the reference's for ``eval``."""
+
+    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
+                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        return set_discrepancy(self.layout, reference, outputs)
+
+
+@dataclass(frozen=True)
+class HeatDetect(Detect):
+    """A CenterNet-style detector (``tasks.maps.HeatLayout``): its heat map's peaks as detections."""
+
+    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
+                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        return self.layout.discrepancy(reference, outputs)
+
+
+class DetectionMetric(Metric):
+    def __init__(self, task: Detect) -> None:
+        self.task = task
+        self.vs_ref, self.vs_labels = APAccumulator(), APAccumulator()
+        self.with_objects = self.found = 0
+        self.compared = False  # a reference was given
+        self.masks: MaskIoU | None = MaskIoU(task.layout) if task.layout.protos is not None else None
+
+    def update(self, ys: Sequence[np.ndarray], refs: Sequence[np.ndarray] | None,
+               truths: Sequence[Truth] | None = None) -> None:
+        t = self.task
+        dets = t.layout.decode(ys, LOW_CONF, t.iou)
+        if refs is not None:
+            self.compared = True
+            seen = t.layout.decode(refs, t.conf, t.iou)
+            for d, r in zip(dets, seen):
+                self.vs_ref.add(d, Truth(r.boxes, r.classes))
+                self.with_objects += bool(len(r))
+                self.found += len(r)
+            if self.masks is not None:
+                self.masks.add(ys, refs, [d.take(np.flatnonzero(d.scores >= t.conf)) for d in dets], seen)
+        if truths is not None:
+            for d, truth in zip(dets, truths, strict=True):
+                self.vs_labels.add(d, truth)
+
+    def result(self) -> dict[str, float | None]:
+        out: dict[str, float | None] = {}
+        if self.compared:
+            ref = self.vs_ref.result()
+            out.update({"mAP50_ref": ref["mAP50"], "mAP50-95_ref": ref["mAP50-95"],
+                        "ref_detections": float(self.found), "ref_images_with_objects": float(self.with_objects)})
+        if self.vs_labels.truths:
+            labels = self.vs_labels.result()
+            out.update({"mAP50_labels": labels["mAP50"], "mAP50-95_labels": labels["mAP50-95"]})
+        if self.masks is not None and self.compared:
+            out["mask_iou_ref"] = self.masks.result()
+        return out
+
+
+class MaskIoU:
+    """Instance masks of a segmenter (coefficients × prototypes, sigmoid > 0.5, inside the box), united per class
+    and image; the IoU of the model's union with the reference's, pooled over images and classes."""
+
+    def __init__(self, layout: DetectionLayout) -> None:
+        self.layout = layout
+        self.inter = self.union = 0
+
+    def masks(self, protos: np.ndarray, det: Detections) -> dict[int, np.ndarray]:
+        m, h, w = protos.shape
+        if not len(det):
+            return {}
+        logits = det.coefficients @ protos.reshape(m, -1).astype(np.float64)
+        masks = (logits.reshape(-1, h, w) > 0)  # sigmoid > 0.5
+        sy, sx = h / self.layout.hw[0], w / self.layout.hw[1]
+        ys, xs = np.arange(h)[:, None] + 0.5, np.arange(w)[None, :] + 0.5
+        out: dict[int, np.ndarray] = {}
+        for mask, box, c in zip(masks, det.boxes, det.classes):
+            inside = (xs >= box[0] * sx) & (xs < box[2] * sx) & (ys >= box[1] * sy) & (ys < box[3] * sy)
+            out[int(c)] = out.get(int(c), np.zeros((h, w), bool)) | (mask & inside)
+        return out
+
+    def add(self, ys: Sequence[np.ndarray], refs: Sequence[np.ndarray], dets: list[Detections],
+            seen: list[Detections]) -> None:
+        p = self.layout.protos
+        for i, (d, r) in enumerate(zip(dets, seen)):
+            mine, theirs = self.masks(ys[p][i], d), self.masks(refs[p][i], r)
+            for c in set(mine) | set(theirs):
+                a = mine.get(c, np.zeros_like(next(iter((mine or theirs).values()))))
+                b = theirs.get(c, np.zeros_like(a))
+                self.inter += int((a & b).sum())
+                self.union += int((a | b).sum())
+
+    def result(self) -> float | None:
+        return self.inter / self.union if self.union else None
+
+
+def detection_layout(outputs: Sequence[np.ndarray], hw: tuple[int, int]) -> DetectionLayout | None:
+    """The detection layout these outputs have (see ``DetectionLayout``), or None."""
+    shapes = [o.shape for o in outputs]
+    grids = {k * sum(cells(hw, s)): s for s in STRIDES for k in (1, 3)}
+    first = shapes[0]
+    if len(first) == 3 and first[2] in grids and 4 < first[1] < first[2]:
+        protos = next((i for i, s in enumerate(shapes[1:], 1) if len(s) == 4 and s[1] < first[1] - 4), None)
+        masks = shapes[protos][1] if protos is not None else 0
+        return DetectionLayout("channels_first", hw, first[1] - 4 - masks, masks=masks, protos=protos)
+    if len(first) == 3 and first[1] in grids and 5 < first[2] < first[1]:
+        y = np.asarray(outputs[0], np.float64)
+        strides = grids[first[1]]
+        raw = first[1] == sum(cells(hw, strides)) and np.percentile(np.abs(y[..., :2]), 99) < 4.0
+        return DetectionLayout("anchors_first", hw, first[2] - 5, grid=strides if raw else None)
+    return _split_layout(shapes, hw)
+
+
+def _split_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> DetectionLayout | None:
+    """Scores and boxes in outputs of their own (PicoDet's per-level pairs, or one merged pair)."""
+    if len(shapes) < 2 or any(len(s) != 3 for s in shapes) or len(shapes) % 2:
+        return None
+    half = len(shapes) // 2
+    scores, boxes = shapes[:half], shapes[half:]
+    if any(s[1] != b[1] for s, b in zip(scores, boxes)) or len({s[2] for s in scores}) != 1:
+        return None
+    classes, width = scores[0][2], boxes[0][2]
+    if half == 1 and width == 4:
+        return DetectionLayout("split", hw, classes, outputs=(0,), box_outputs=(1,))
+    strides = STRIDES[1][:half]
+    if width % 4 or width < 8 or [s[1] for s in scores] != cells(hw, strides):
+        return None
+    return DetectionLayout("split", hw, classes, outputs=tuple(range(half)), box_outputs=tuple(range(half, 2 * half)),
+                           reg_max=width // 4 - 1)

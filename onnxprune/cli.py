@@ -123,6 +123,9 @@ def analyze_cmd(
         console.print(f"not counted: the MACs inside the subgraph of {where}, which is left as it is")
     for where in result.macs.unknown:
         console.print(f"not counted: the MACs of {where}")
+    if result.task is not None:
+        console.print(f"task: {result.task} (read from the outputs' layout; compress and eval compare outputs as "
+                      "this task, --task names another)")
     checked = result.preflight
     if checked is not None:
         console.print(f"pre-flight not run: {checked['not_run']}" if checked["not_run"] else

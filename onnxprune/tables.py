@@ -135,26 +135,29 @@ def print_recovery(r: RecoverReport) -> None:
 
 
 
+_CLASSIFIER_COLUMNS = (("top-1", "top1", ".2%"), ("top-5", "top5", ".2%"), ("agree", "agreement", ".2%"), ("KL", "kl", ".4g"))
+
+
 def format_table(results: dict[str, EvalResult]) -> Table:
     """A rich table with one row per model (keyed by its label) and one column per metric."""
     outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
     tasks = sorted({r.task for r in results.values() if r.task})
     table = Table(title=f"Fidelity ({', '.join(tasks)})" if tasks else "Fidelity")
-    for header in ("model", "images", "top-1", "top-5", "agree", "KL"):
+    # the task's own scores first; a classifier's columns only where some model has them
+    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
+    classifier = [(header, attr, spec) for header, attr, spec in _CLASSIFIER_COLUMNS
+                  if any(getattr(r, attr) is not None for r in results.values())]
+    for header in ("model", "images", *metrics, *(header for header, _, _ in classifier)):
         table.add_column(header, justify="left" if header == "model" else "right")
     for name in outputs:
         suffix = f" {name}" if len(outputs) > 1 else ""
         table.add_column(f"rel-L2{suffix}", justify="right")
         table.add_column(f"cos{suffix}", justify="right")
-    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
-    for name in metrics:
-        table.add_column(name, justify="right")
     for label, r in results.items():
-        row = [label, str(r.images), _fmt(r.top1, ".2%"), _fmt(r.top5, ".2%"), _fmt(r.agreement, ".2%"),
-               _fmt(r.kl, ".4g")]
+        row = [label, str(r.images), *(_fmt(r.metrics.get(name), ".4g") for name in metrics),
+               *(_fmt(getattr(r, attr), spec) for _, attr, spec in classifier)]
         for name in outputs:
             row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
-        row += [_fmt(r.metrics.get(name), ".4g") for name in metrics]
         table.add_row(*row)
     padded = sorted({name for r in results.values() for name in r.padded})
     if padded:

@@ -64,12 +64,14 @@ def test_analyze_json(files) -> None:
     assert [g["channels"] for g in groups] == [16, 8, 32, 12, 48, 64, 10]
     assert [g["prunable"] for g in groups] == [True] * 6 + [False]
     assert groups[3]["coupled"] and "graph output" in groups[-1]["reason"]
+    assert data["task"] == "classify"  # the tiny net's [N, 10] logits
 
 
 def test_analyze_table(files) -> None:
     result = runner.invoke(app, ["analyze", str(files["tiny"])])
     assert result.exit_code == 0, result.stderr
     assert "6/7 groups prunable" in result.stdout
+    assert "task: classify (read from the outputs' layout" in result.stdout
 
 
 def test_compress_writes_model_and_report(files, tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ class Analysis:
     blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
     uncounted: list[str]  # control-flow nodes whose subgraphs' MACs are not counted (``macs.uncounted``)
     preflight: dict | None = None  # what the pre-flight run found (``onnxprune.preflight``), where it ran
+    task: str | None = None  # the task read from the outputs (``onnxprune.tasks``), where it was read
 
     @property
     def prunable(self) -> list[Group]:
@@ -41,6 +42,7 @@ class Analysis:
             "macs_not_counted_in": self.uncounted,
             "macs_unknown_shapes": self.macs.unknown,
             "preflight": self.preflight,
+            "task": self.task,
             "groups": [{**g.to_dict(), "removable_block": g.id in self.blocks} for g in self.groups],
         }
 

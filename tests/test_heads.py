@@ -90,11 +90,34 @@ def test_set_slots_are_matched_not_compared_in_order() -> None:
     assert task.discrepancy([{"y": outs[0]}], [{"y": swapped[0]}]) == 0.0
 
 
-def test_a_dense_face_head_per_level_outputs_are_not_a_set() -> None:
-    """SCRFD: per stride, scores [N, 2·HW, 1], box distances [N, 2·HW, 4] and keypoints [N, 2·HW, 10]."""
-    cells = [2 * (64 // s) ** 2 for s in (8, 16, 32)]
-    outs = [np.random.default_rng(0).random((1, c, w)) for w in (1, 4, 10) for c in cells]
-    assert not isinstance(infer_task(outs, HW, 1), SetDetect)
+def _faces(shift: float = 0.0, kps: float = 0.0, folded: bool = False) -> list[np.ndarray]:
+    """SCRFD at 64²: per stride 8, 16, 32 and two anchors a cell, scores [N, 2·HW, 1], box distances [N, 2·HW, 4]
+    and keypoints [N, 2·HW, 10]; one face at stride 8, cell (3, 3), box distances of 1 stride (16..32 px)."""
+    rows = [2 * (64 // s) ** 2 for s in (8, 16, 32)]
+    outs = [np.full((1, r, 1), 0.01) for r in rows] + [np.ones((1, r, 4)) for r in rows] + [
+        np.zeros((1, r, 10)) for r in rows]
+    face = (3 * 8 + 3) * 2
+    outs[0][0, face] = 0.9
+    outs[3][0, face] = [1 + shift / 8, 1 - shift / 8, 1 + shift / 8, 1 + shift / 8]
+    outs[6][0, face] = kps
+    return [o[0] if folded else o for o in outs]
+
+
+@pytest.mark.parametrize("folded", [False, True])
+def test_a_dense_face_head_is_read_as_a_detector(folded: bool) -> None:
+    """SCRFD's nine outputs (per stride: scores, box distances, keypoints; the batch maybe folded into the rows):
+    detections placed from each anchor's cell, mAP against itself 1, lower for a moved box; the objective counts
+    keypoints where there is a face."""
+    outs = _faces(folded=folded)
+    task = infer_task(outs, HW, 1)
+    assert task.name == "detect" and task.layout.kind == "dense" and task.layout.anchors == 2
+    dets = task.layout.decode(outs, 0.25, 0.5)[0]
+    np.testing.assert_allclose(dets.boxes, [[16, 16, 32, 32]])
+    assert _scores(task, outs, outs)["mAP50-95_ref"] == 1.0
+    assert _scores(task, _faces(shift=4.0, folded=folded), outs)["mAP50-95_ref"] < 1.0
+    assert task.discrepancy([_named(outs)], [_named(outs)]) == 0.0
+    assert task.discrepancy([_named(outs)], [_named(_faces(kps=0.5, folded=folded))]) > 0.0
+    assert not isinstance(task, SetDetect)
 
 
 def test_a_recogniser_per_step_softmax_is_not_a_set_of_boxes() -> None:

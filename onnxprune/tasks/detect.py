@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.tasks.base import Metric, Task
-from onnxprune.tasks.detection import STRIDES, APAccumulator, DetectionLayout, Detections, Truth, cells
+from onnxprune.tasks.detection import (DENSE_STRIDES, STRIDES, APAccumulator, DetectionLayout, Detections, Truth,
+                                      cells)
 from onnxprune.tasks.maps import HeatLayout
 from onnxprune.tasks.sets import SetLayout, set_discrepancy
 
@@ -164,7 +165,7 @@ def detection_layout(outputs: Sequence[np.ndarray], hw: tuple[int, int]) -> Dete
         strides = grids[first[1]]
         raw = first[1] == sum(cells(hw, strides)) and np.percentile(np.abs(y[..., :2]), 99) < 4.0
         return DetectionLayout("anchors_first", hw, first[2] - 5, grid=strides if raw else None)
-    return _split_layout(shapes, hw)
+    return _split_layout(shapes, hw) or _dense_layout(shapes, hw)
 
 
 def _split_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> DetectionLayout | None:
@@ -183,3 +184,26 @@ def _split_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> Detecti
         return None
     return DetectionLayout("split", hw, classes, outputs=tuple(range(half)), box_outputs=tuple(range(half, 2 * half)),
                            reg_max=width // 4 - 1)
+
+
+def _dense_layout(shapes: list[tuple[int, ...]], hw: tuple[int, int]) -> DetectionLayout | None:
+    """A dense face head (``DetectionLayout`` kind ``dense``): 3 or 5 levels of scores (width 1), box distances
+    (width 4) and optionally keypoints (width 10), each level ``anchors`` times the cells of its stride."""
+    for levels in (3, 5):
+        if len(shapes) not in (2 * levels, 3 * levels) or any(len(s) not in (2, 3) for s in shapes):
+            continue
+        widths = [s[-1] for s in shapes]
+        if widths != [w for w in (1, 4, 10)[: len(shapes) // levels] for _ in range(levels)]:
+            continue
+        grid = cells(hw, DENSE_STRIDES[:levels]) * (len(shapes) // levels)
+        # per image: the rows of a [N, rows, k] output; a batch folded into the rows ([M, k]) is read as one image,
+        # and SCRFD's two anchors a cell are preferred where the count allows both
+        rows = [s[1] if len(s) == 3 else s[0] for s in shapes]
+        anchors = next((a for a in (2, 1, 3) if all(r % (a * c) == 0 and (len(s) == 2 or r == a * c)
+                                                     for r, c, s in zip(rows, grid, shapes))), None)
+        if anchors is None or any(len(s) == 2 and r // (anchors * c) != rows[0] // (anchors * grid[0])
+                                  for r, c, s in zip(rows, grid, shapes)):
+            continue
+        return DetectionLayout("dense", hw, 1, outputs=tuple(range(levels)), box_outputs=tuple(range(levels, 2 * levels)),
+                               kps_outputs=tuple(range(2 * levels, len(shapes))), anchors=anchors)
+    return None

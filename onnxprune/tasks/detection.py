@@ -9,6 +9,11 @@ Layouts (``DetectionLayout``), all boxes in the model input's pixels:
 - ``split``: scores and boxes in outputs of their own, per level ``[N, cells, classes]`` with
   ``[N, cells, 4·(reg_max + 1)]`` distance distributions (PicoDet, GFL heads), or one ``[N, anchors, 4]``
   of xyxy boxes (PP-YOLOE).
+- ``dense``: a dense face head (SCRFD, RetinaFace-like exports): per stride 8, 16, 32 (64, 128) and ``anchors`` a
+  cell, the scores ``[N, anchors·cells, 1]``, then the box distances ``[N, anchors·cells, 4]`` (left, top, right,
+  bottom from the cell's corner, in strides), then optionally 5 keypoints ``[N, anchors·cells, 10]`` (offsets in
+  strides, carried as the detections' coefficients); an export that folds the batch into the rows (``[M, k]``)
+  is read the same way.
 
 ``average_precision`` follows pycocotools' bbox evaluation (IoU thresholds .50:.05:.95, 101 recall points,
 at most 100 detections per image, classes without ground truth left out) and is tested against it.
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 STRIDES = ((8, 16, 32), (8, 16, 32, 64))
+DENSE_STRIDES = (8, 16, 32, 64, 128)
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 RECALL_POINTS = np.linspace(0.0, 1.0, 101)
 MAX_DETECTIONS = 100
@@ -70,7 +76,7 @@ def xywh_to_xyxy(b: np.ndarray) -> np.ndarray:
 class DetectionLayout:
     """Where a detector's boxes and scores are among its outputs (see the module's docstring)."""
 
-    kind: str  # "channels_first", "anchors_first" or "split"
+    kind: str  # "channels_first", "anchors_first", "split" or "dense"
     hw: tuple[int, int]  # the input's height and width
     classes: int
     outputs: tuple[int, ...] = (0,)  # channels_first / anchors_first: the output; split: score outputs
@@ -79,6 +85,8 @@ class DetectionLayout:
     protos: int | None = None  # the output holding the mask prototypes
     grid: tuple[int, ...] | None = None  # anchors_first: strides of a grid the export did not decode
     reg_max: int | None = None  # split: bins per side of the distance distributions, less one
+    anchors: int = 1  # dense: anchors a cell
+    kps_outputs: tuple[int, ...] = ()  # dense: the keypoint outputs, level by level
 
     def candidates(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """Per anchor: xyxy boxes (N, A, 4), class scores (N, A, C) and mask coefficients (N, A, M) or None."""
@@ -94,6 +102,8 @@ class DetectionLayout:
                 box = np.concatenate([(box[..., :2] + xy) * stride[:, None],
                                       np.exp(np.minimum(box[..., 2:4], 30.0)) * stride[:, None]], axis=-1)
             return xywh_to_xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
+        if self.kind == "dense":
+            return self._dense(outputs)
         scores = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.outputs], axis=1)
         raw = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.box_outputs], axis=1)
         if self.reg_max is None:
@@ -105,6 +115,26 @@ class DetectionLayout:
         dist = (bins / bins.sum(axis=-1, keepdims=True)) @ np.arange(self.reg_max + 1) * stride[:, None]
         centre = centre * stride[:, None]
         return np.concatenate([centre - dist[..., :2], centre + dist[..., 2:]], axis=-1), scores, None
+
+    def _dense(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """``candidates`` of a dense face head: boxes and keypoints placed from each anchor's cell corner."""
+        strides = DENSE_STRIDES[: len(self.outputs)]
+        sizes = [self.anchors * c for c in cells(self.hw, strides)]
+
+        def levels(which: tuple[int, ...], width: int) -> np.ndarray:
+            return np.concatenate([np.asarray(outputs[i], np.float64).reshape(-1, m, width)
+                                   for i, m in zip(which, sizes)], axis=1)
+
+        corner, stride = grid_centres(self.hw, strides, 0.0)
+        corner = np.repeat(corner * stride[:, None], self.anchors, axis=0)
+        stride = np.repeat(stride, self.anchors)[:, None]
+        dist = levels(self.box_outputs, 4) * stride
+        boxes = np.concatenate([corner - dist[..., :2], corner + dist[..., 2:]], axis=-1)
+        kps = None
+        if self.kps_outputs:
+            points = levels(self.kps_outputs, 10).reshape(-1, len(corner), 5, 2) * stride[:, :, None]
+            kps = (points + corner[:, None, :]).reshape(-1, len(corner), 10)
+        return boxes, levels(self.outputs, 1), kps
 
     def decode(self, outputs: Sequence[np.ndarray], conf: float, iou: float) -> list[Detections]:
         """Each image's detections of score ≥ ``conf`` after class-aware NMS at ``iou`` (best class per anchor)."""

@@ -30,14 +30,15 @@ from onnxprune.evaluation import EvalResult
 from onnxprune.recovery import Layout, Method, Mix, RecoverOptions, Train
 from onnxprune.strategies import (
     L1, MACs, OMP, Allocator, Auto, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Output, Random, Ratio,
-    Reconstruction, Refit, Scale, Selector, Uniform,
+    Reconstruction, Refit, Scale, Selector, Shared, Uniform,
 )
+from onnxprune.sweep import SweepResult, SweepRow, sweep
 
 __version__ = "0.1.0"
 
 __all__ = [
     "L1", "MACs", "OMP", "Allocator", "Auto", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
     "Layout", "Method", "Mix", "NoRefit", "OnnxPruneError", "OptionError", "Output", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
-    "Refit", "Result", "Scale", "Selector", "Train", "Uniform", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
-    "preprocess_for", "recover",
+    "Refit", "Result", "Scale", "Selector", "Shared", "SweepResult", "SweepRow", "Train", "Uniform", "analyze", "bench",
+    "calibration", "compress", "evaluate", "export", "load", "preprocess_for", "recover", "sweep",
 ]

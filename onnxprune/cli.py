@@ -1,4 +1,4 @@
-"""Command line: ``onnxprune analyze | compress | recover | eval | bench | export``.
+"""Command line: ``onnxprune analyze | compress | sweep | recover | eval | bench | export``.
 
 The flags are declared in ``onnxprune.flags``, which also builds the API's objects from their values;
 ``onnxprune.tables`` prints the results."""
@@ -8,8 +8,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -18,8 +17,6 @@ import torch
 import typer
 import typer.main
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from onnxprune import api, flags
 from onnxprune.deploy.export import TensorRTUnavailable
@@ -28,17 +25,17 @@ from onnxprune.fileio import atomic_write, check_output
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, AllocationOpt, BestEffortOpt, BgrOpt, CalibOpt, CompressBatchOpt,
     CompressProviderOpt, CostTableOpt, CropOpt, DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt,
-    DrawSeedOpt, FlipOpt, GlobalBudgetOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt,
+    BenchOpt, DrawSeedOpt, FlipOpt, HeldOpt, KeepOpt, TargetsOpt, GlobalBudgetOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt,
     LatencyBatchOpt, LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt,
     RECOVER, RandomSeedOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, ReconstructOpt, RemoveBlocksOpt,
     ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt,
     StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TaskOpt, TeacherProviderOpt,
     TrainBatchOpt, TrainOpt,
 )
-from onnxprune.progress import Heartbeat
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random
-from onnxprune.tables import console, err_console, format_bench_table, format_table, mmacs, print_compress, print_recovery
+from onnxprune.tables import (console, err_console, format_bench_table, format_table, print_analysis, print_compress,
+                              print_recovery, print_sweep, progress)
 from onnxprune.tasks import CONF, NMS_IOU
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
@@ -108,29 +105,7 @@ def analyze_cmd(
     if as_json:
         print(json.dumps(result.to_dict(), indent=2))
         return
-    table = Table(title=f"{model}: channel groups")
-    for col in ("id", "group (first producer)", "channels", "producers", "consumers", "prunable"):
-        table.add_column(col)
-    for g in result.groups:
-        status = (f"[green]yes[/]{' (a removable block)' * (g.id in result.blocks)}" if g.prunable
-                  else f"[red]no[/]: {g.reason}")
-        table.add_row(str(g.id), g.name, str(g.channels), str(len(g.producers)), str(len(g.consumers)), status)
-    console.print(table)
-    console.print(f"MACs {mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
-                  f"{len(result.prunable)}/{len(result.groups)} groups prunable, "
-                  f"{result.prunable_share():.0%} of MACs touch a prunable group")
-    for where in result.uncounted:
-        console.print(f"not counted: the MACs inside the subgraph of {where}, which is left as it is")
-    for where in result.macs.unknown:
-        console.print(f"not counted: the MACs of {where}")
-    if result.task is not None:
-        console.print(f"task: {result.task} (read from the outputs' layout; compress and eval compare outputs as "
-                      "this task, --task names another)")
-    checked = result.preflight
-    if checked is not None:
-        console.print(f"pre-flight not run: {checked['not_run']}" if checked["not_run"] else
-                      f"pre-flight: {checked['groups']} groups pruned at once in a copy, {len(checked['excluded'])} "
-                      f"excluded, {checked['trials']} onnxruntime run(s) in {checked['seconds']:.1f} s")
+    print_analysis(result, model)
 
 
 @app.command("compress")
@@ -177,6 +152,10 @@ def compress_cmd(
              "scores on every anchor plus its boxes, in units of their size, where the original sees an object; a "
              "classifier's KL), a task named as in `eval --task`, or 'raw' (the relative squared error of the raw "
              "output tensors).")] = CompressOptions.task,
+    keep: Annotated[Optional[float], typer.Option(
+        help="Instead of a --target-*: the cheapest MAC ratio whose task metric against the original, on every "
+             "fifth --calib image held out, is at least this (as `sweep --keep`; the candidates are written to "
+             "<output>.sweep/).")] = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
@@ -189,8 +168,11 @@ def compress_cmd(
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
         _check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"), inputs=[model])
+        if keep is not None:
+            _compress_keeping(values, quiet)
+            return
         job = flags.compress_job(values)
-        with _progress("compress", quiet) as advance:
+        with progress("compress", quiet) as advance:
             pruned = job.run(advance)
         outcome = pruned if job.recovery is None else _recover(
             lambda on_progress: pruned.recover(job.recovery, held=job.held, on_progress=on_progress), quiet)
@@ -203,38 +185,72 @@ def compress_cmd(
 
 
 
-@contextmanager
-def _progress(description: str, quiet: bool = False) -> Iterator[Callable[[int, int, str], None]]:
-    """Progress on stderr, yielding ``advance(completed, total, description)``: a transient bar on a terminal,
-    plain lines elsewhere (a log, CI, a notebook's subprocess; ``Heartbeat``), nothing with ``quiet``."""
-    if quiet:
-        yield lambda completed, total, label: None
-        return
-    if not err_console.is_terminal:
-        with Heartbeat(description) as heartbeat:
-            yield heartbeat.update
-        return
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
-        task = progress.add_task(description, total=None)
-
-        def advance(completed: int, total: int, label: str) -> None:
-            progress.update(task, completed=completed, total=total, description=label)
-
-        yield advance
-
+def _compress_keeping(values: dict[str, Any], quiet: bool) -> None:
+    """compress --keep: a sweep's search into <output>.sweep/, its choice copied to -o (and --report)."""
+    with progress("compress --keep", quiet) as advance:
+        result, chosen, folder = flags.keep(values, advance)
+    atomic_write(values["output"], lambda tmp: tmp.write_bytes(Path(chosen.path).read_bytes()))
+    if values["report"] is not None:
+        data = json.loads(Path(chosen.path).with_suffix(".json").read_text())
+        _write_json(values["report"], {**data, "keep": {**result.keep, "reached": chosen.fidelity,
+                                                        "judged_on": result.held}})
+    print_sweep(result, folder, values["output"])
 
 
 def _recover(call: Callable[[RecoveryProgress], api.Result], quiet: bool) -> api.Result:
     """``call(on_progress)`` (a recovery) with a progress bar (segment, step, best held-out loss), torch on every
     core of the process (its default may take fewer; the library leaves torch's global settings to its caller)."""
     torch.set_num_threads(os.cpu_count() or 1)
-    with _progress("recover", quiet) as advance:
+    with progress("recover", quiet) as advance:
         def on_progress(label: str, step: int, total: int, held: float | None) -> None:
             advance(step, total, f"{label} (held-out loss {held:.4f})" if held is not None else label)
 
         return call(on_progress)
 
+
+
+@app.command("sweep")
+def sweep_cmd(
+    model: Annotated[Path, typer.Argument(help="ONNX model to prune.")],
+    output: Annotated[Path, typer.Option("-o", "--output", help="Folder for the models, their reports, sweep.json "
+                                                               "and sweep.png.")],
+    calib: CalibOpt,
+    targets: TargetsOpt = None,
+    held: HeldOpt = None,
+    keep: KeepOpt = None,
+    method: SelectMethodOpt = flags.METHOD,
+    allocation: AllocationOpt = flags.ALLOCATION,
+    reconstruct: ReconstructOpt = flags.RECONSTRUCT,
+    subset: SubsetOpt = None,
+    resize: ResizeOpt = None,
+    crop: CropOpt = None,
+    mean: MeanOpt = DEFAULT_MEAN,
+    std: StdOpt = DEFAULT_STD,
+    layout: LayoutOpt = "auto",
+    bgr: BgrOpt = False,
+    batch_size: CompressBatchOpt = CompressOptions.batch_size,
+    provider: CompressProviderOpt = CompressOptions.provider,
+    round_to: RoundToOpt = CompressOptions.round_to,
+    memory: MemoryOpt = None,
+    input_shape: InputShapeOpt = None,
+    task: TaskOpt = CompressOptions.task,
+    bench: BenchOpt = True,
+    quiet: QuietOpt = False,
+) -> None:
+    """Compress to several budgets on one calibration and one set of output-allocation probes; judge each model
+    on held-out images by the task's metric against the original, time it, and print the trade-off.
+
+    Writes every model and its report to -o, with sweep.json (the table) and sweep.png (fidelity against
+    speed-up, the original marked). With --keep, also finds the cheapest budget that keeps the metric."""
+    values = dict(locals())
+    try:
+        if output.exists() and not output.is_dir():
+            raise OutputError(f"-o {output} is a file: sweep writes a folder of models")
+        with progress("sweep", quiet) as advance:
+            result = flags.sweep(values, advance)
+    except OnnxPruneError as exc:
+        _fail(exc)
+    print_sweep(result, output)
 
 
 @app.command("recover")
@@ -354,7 +370,7 @@ def bench_cmd(
     The models take turns, each timed in blocks of back-to-back runs (about 50 ms after an untimed run)."""
     values = dict(locals())
     try:
-        with _progress("bench", quiet) as advance:
+        with progress("bench", quiet) as advance:
             results = flags.bench(values, on_round=lambda done, total: advance(done, total, "timing rounds"))
     except OnnxPruneError as exc:
         _fail(exc)

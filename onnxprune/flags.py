@@ -22,6 +22,7 @@ from onnxprune.errors import OnnxPruneError, TargetError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import ALLOCATORS, RECONSTRUCTORS, SELECTORS, CompressOptions, Latency, MACs, Ratio, named
+from onnxprune.sweep import SweepResult, SweepRow, sweep as run_sweep
 
 Values = Mapping[str, Any]  # a command's flag values by parameter name
 # The library's defaults, which the flags take: the strategies' command-line names, and recover's options.
@@ -144,6 +145,21 @@ QuietOpt = Annotated[bool, typer.Option(
                           "every 10 s: the phase, the step, the time spent and an estimate of what is left).")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
+
+
+# ---------------------------------------------------------------- sweep
+
+TargetsOpt = Annotated[Optional[str], typer.Option(
+    help="Comma-separated budgets, each as compress takes it: MAC ratios (0.9,0.8,0.7,0.6), MACs (245M) or "
+         "latencies (3.5ms, 0.8x).")]
+HeldOpt = Annotated[Optional[Path], typer.Option(
+    help="Image folder the models are judged on (default: every fifth image of --calib, which then calibrates on "
+         "the others).")]
+KeepOpt = Annotated[Optional[float], typer.Option(
+    help="Also find the cheapest MAC ratio whose held-out task metric against the original (a detector's "
+         "mAP50-95, a classifier's top-1 agreement, a mask's IoU, ...) is at least this: the --targets, else the "
+         "ratios 0.9 down to 0.5, then two halvings of the last gap.")]
+BenchOpt = Annotated[bool, typer.Option(help="Time every model against the original (onnxruntime, CPU, batch 1).")]
 
 
 # ---------------------------------------------------------------- recover
@@ -324,6 +340,33 @@ def recover_job(values: Values) -> RecoverJob:
                              seed=v["seed"], provider=v["provider"], **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])
     return RecoverJob(student, teacher, data, held, options)
+
+
+def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = None) -> SweepResult:
+    """sweep's flags: the budgets of --targets (and --keep's search) on one calibration, judged on --held."""
+    v = values
+    select, allocate, reconstruct = named(v["method"], v["allocation"], v["reconstruct"])
+    model = api.load(v["model"], v["input_shape"])
+    targets = [t for t in (v["targets"] or "").split(",") if t.strip()]
+    if not targets and v["keep"] is None:
+        raise OnnxPruneError("give --targets (e.g. 0.9,0.8,0.7,0.6 or 245M,170M), --keep (e.g. 0.95), or both")
+    return run_sweep(model, v["calib"], targets, v["output"], held=v["held"], keep=v["keep"], subset=v["subset"],
+                     preprocess=preprocess(model, v), select=select, allocate=allocate, reconstruct=reconstruct,
+                     round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
+                     memory=v["memory"], task=v["task"], bench=v["bench"], on_layer=on_layer)
+
+
+def keep(values: Values, on_layer: Callable[[int, int, str], None] | None = None
+         ) -> tuple[SweepResult, SweepRow, Path]:
+    """compress --keep: the sweep's search (no targets, every fifth --calib image held out, no timing) into
+    <output>.sweep/; the result, the chosen row and that folder."""
+    if any(values[k] is not None for k in ("target_flops", "target_ratio", "target_latency")):
+        raise TargetError("--keep chooses the budget itself: leave out --target-flops/--target-ratio/--target-latency")
+    if values["recover_steps"]:
+        raise OnnxPruneError("--keep and --recover-steps do not go together: recover the chosen model afterwards")
+    folder = values["output"].with_name(values["output"].stem + ".sweep")
+    result = sweep({**values, "targets": None, "output": folder, "held": None, "bench": False}, on_layer)
+    return result, next(r for r in result.rows if r.target == result.keep["chosen"]), folder
 
 
 def evaluate(values: Values) -> api.EvalResult:

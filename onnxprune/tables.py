@@ -4,19 +4,24 @@ stays here and in ``onnxprune.cli``)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from onnxprune.analysis import Analysis
 from onnxprune.cost import format_ms
 from onnxprune.deploy.bench import BenchResult
 from onnxprune.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
+from onnxprune.progress import Heartbeat
 from onnxprune.recovery import RecoverReport
 from onnxprune.runtime.store import show_bytes
+from onnxprune.sweep import SweepResult
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
@@ -24,6 +29,54 @@ err_console = Console(stderr=True)
 
 def mmacs(value: float) -> str:
     return f"{value / 1e6:,.1f}M"
+
+
+@contextmanager
+def progress(description: str, quiet: bool = False) -> Iterator[Callable[[int, int, str], None]]:
+    """Progress on stderr, yielding ``advance(completed, total, description)``: a transient bar on a terminal,
+    plain lines elsewhere (a log, CI, a notebook's subprocess; ``Heartbeat``), nothing with ``quiet``."""
+    if quiet:
+        yield lambda completed, total, label: None
+        return
+    if not err_console.is_terminal:
+        with Heartbeat(description) as heartbeat:
+            yield heartbeat.update
+        return
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=err_console, transient=True) as progress:
+        task = progress.add_task(description, total=None)
+
+        def advance(completed: int, total: int, label: str) -> None:
+            progress.update(task, completed=completed, total=total, description=label)
+
+        yield advance
+
+
+def print_analysis(result: Analysis, model: Path) -> None:
+    """analyze's table of groups and its lines: MACs, what is not counted, the task read, the pre-flight."""
+    table = Table(title=f"{model}: channel groups")
+    for col in ("id", "group (first producer)", "channels", "producers", "consumers", "prunable"):
+        table.add_column(col)
+    for g in result.groups:
+        status = (f"[green]yes[/]{' (a removable block)' * (g.id in result.blocks)}" if g.prunable
+                  else f"[red]no[/]: {g.reason}")
+        table.add_row(str(g.id), g.name, str(g.channels), str(len(g.producers)), str(len(g.consumers)), status)
+    console.print(table)
+    console.print(f"MACs {mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
+                  f"{len(result.prunable)}/{len(result.groups)} groups prunable, "
+                  f"{result.prunable_share():.0%} of MACs touch a prunable group")
+    for where in result.uncounted:
+        console.print(f"not counted: the MACs inside the subgraph of {where}, which is left as it is")
+    for where in result.macs.unknown:
+        console.print(f"not counted: the MACs of {where}")
+    if result.task is not None:
+        console.print(f"task: {result.task} (read from the outputs' layout; compress and eval compare outputs as "
+                      "this task, --task names another)")
+    checked = result.preflight
+    if checked is not None:
+        console.print(f"pre-flight not run: {checked['not_run']}" if checked["not_run"] else
+                      f"pre-flight: {checked['groups']} groups pruned at once in a copy, {len(checked['excluded'])} "
+                      f"excluded, {checked['trials']} onnxruntime run(s) in {checked['seconds']:.1f} s")
 
 
 def print_compress(result: CompressReport, method: str, reconstruct: str, round_to: int, output: Path) -> None:
@@ -164,6 +217,35 @@ def format_table(results: dict[str, EvalResult]) -> Table:
         table.caption = (f"{', '.join(padded)}: length varies from image to image; compared zero-padded to the "
                          "longer of the two")
     return table
+
+
+def format_sweep_table(result: SweepResult) -> Table:
+    """One row per budget, the original first: MACs, params, latency and speed-up, the held-out task metric."""
+    metric = result.rows[0].metric if result.rows else "fidelity"
+    table = Table(title=f"Sweep ({metric} against the original on {result.held})")
+    for header in ("budget", "MACs", "× MACs", "params", "latency ms", "speed-up", metric, "compress s"):
+        table.add_column(header, justify="left" if header == "budget" else "right")
+    o = result.original
+    table.add_row("original", mmacs(o["macs"]), "1.00", _count(o["params"]), _fmt(o["latency_ms"], ".2f"), "1.00",
+                  "1", "-")
+    chosen = result.keep and result.keep["chosen"]
+    for r in result.rows:
+        table.add_row(f"{r.target}{' (--keep)' if r.target == chosen else ''}", mmacs(r.macs), f"{r.mac_ratio:.2f}",
+                      _count(r.params), _fmt(r.latency_ms, ".2f"), _fmt(r.speedup, ".2f"), _fmt(r.fidelity, ".4f"),
+                      f"{r.seconds:.0f}")
+    return table
+
+
+def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> None:
+    """The sweep's table and where it wrote; ``--keep``'s choice (copied to ``kept`` by ``compress --keep``)."""
+    console.print(format_sweep_table(result))
+    console.print(f"wrote {len(result.rows)} models, sweep.json and sweep.png to {folder}; judged on {result.held}, "
+                  f"{result.seconds:.0f} s in all")
+    if result.keep is not None:
+        chosen = next(r for r in result.rows if r.target == result.keep["chosen"])
+        console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} is "
+                      f"{chosen.target} ({chosen.mac_ratio:.2f}× MACs, {chosen.fidelity:.4f}; "
+                      f"{result.keep['judged']} budgets judged)" + (f"; wrote it to {kept}" if kept else ""))
 
 
 def _fmt(value: float | None, spec: str) -> str:

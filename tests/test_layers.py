@@ -20,6 +20,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("onnxprune", "onnxprune.__main__"),  # the package's front door: the API re-exported; `python -m onnxprune`
     ("onnxprune.cli",),  # the command line
     ("onnxprune.flags", "onnxprune.tables"),  # flags declared, their values -> the API's objects; what the CLI prints
+    ("onnxprune.sweep",),  # many budgets over one calibration and one set of probes, judged and timed
     ("onnxprune.api",),  # load / compress / recover / evaluate / bench / export
     ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop; training; TensorRT, timing
     ("onnxprune.strategies",),  # budgets, selectors, allocators, reconstructions

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
@@ -85,3 +85,35 @@ class Output(Allocator):
     @property
     def floor(self) -> float:
         return min(self.ratios)
+
+
+@dataclass(frozen=True)
+class Shared(Allocator):
+    """``inner``'s widths on curves measured once and reused by every run given this same object, where the runs'
+    groups are the same: the curves do not depend on the budget, so a sweep over budgets probes once."""
+
+    inner: Allocator
+    cache: dict = field(default_factory=dict, compare=False, repr=False)  # group names in order -> curves, record
+
+    @property
+    def needs_curves(self) -> bool:  # type: ignore[override]
+        return self.inner.needs_curves
+
+    def curves(self, ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None
+               ) -> tuple[dict[int, np.ndarray], dict[str, Any] | None]:
+        key = tuple((cut, g.name, g.channels) for cut, g in order)
+        if key not in self.cache:
+            self.cache[key] = self.inner.curves(ctx, order, on_layer)
+        curves, record = self.cache[key]
+        return {g.id: curves[g.id] for _, g in order if g.id in curves}, record
+
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return self.inner.widths(cost, groups, curves, target, min_channels, round_to)
+
+    @property
+    def floor(self) -> float:
+        return self.inner.floor
+
+    def describe(self) -> dict[str, Any]:
+        return {**self.inner.describe(), "shared": True}

@@ -1,0 +1,237 @@
+"""``sweep``: one calibration and one set of output-allocation probes shared by many budgets, each budget's model
+judged on held-out samples by the task's metric against the original and timed; ``keep``: the cheapest budget
+whose held-out metric stays at or above a floor."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from onnxprune import api
+from onnxprune.calib.images import Preprocess
+from onnxprune.errors import OptionError, TargetError
+from onnxprune.evaluation import EvalResult
+from onnxprune.fileio import atomic_write, save_model
+from onnxprune.strategies import (OMP, Allocator, Budget, Latency, MACs, Output, Ratio, Reconstruction, Refit,
+                                  Selector, Shared)
+
+# the task metric a sweep judges by: the first ``eval`` reports, else a classifier's agreement, else the mean cosine
+FIDELITY = ("mAP50-95_ref", "mask_iou_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref")
+KEEP_LADDER = (0.9, 0.8, 0.7, 0.6, 0.5)  # the MAC ratios ``keep`` judges first
+KEEP_REFINE = 2  # halvings of the gap between the cheapest ratio that keeps the floor and the next one
+
+
+@dataclass
+class SweepRow:
+    """One budget's model: its size, its held-out fidelity to the original, its latency."""
+
+    target: str
+    macs: int
+    params: int
+    mac_ratio: float
+    metric: str  # what ``fidelity`` is (``FIDELITY``, 'agreement' or 'cosine')
+    fidelity: float | None
+    agreement: float | None  # a classifier's top-1 agreement with the original
+    kl: float | None
+    latency_ms: float | None = None  # median, batch 1, onnxruntime on the CPU
+    speedup: float | None = None  # the original's latency over this one's, timed in the same rounds
+    path: str = ""
+    seconds: float = 0.0  # this budget's compress (the shared probes counted in the first)
+
+
+@dataclass
+class SweepResult:
+    """The rows by MACs, the original's figures, what judged them, and ``keep``'s answer where asked."""
+
+    rows: list[SweepRow]
+    original: dict
+    held: str  # which samples judged the models
+    seconds: float
+    keep: dict | None = None  # {"floor", "chosen" (target or None), "judged", "metric"}
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_target(text: str) -> tuple[str, Budget]:
+    """A budget as ``compress`` takes it: a MAC ratio ('0.8'), MACs ('245M', '1.2G') or a latency ('3.5ms', '0.8x')."""
+    t = text.strip()
+    if m := re.fullmatch(r"([0-9.]+)\s*(ms|x)", t, re.I):
+        value = float(m.group(1))
+        return t, Latency(ms=value) if m.group(2).lower() == "ms" else Latency(ratio=value)
+    if m := re.fullmatch(r"([0-9.]+)\s*([kKmMgG])?", t):
+        value = float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}.get((m.group(2) or "").lower(), 1.0)
+        if m.group(2) is None and 0 < value < 1:
+            return t, Ratio(value)
+        if value >= 1:
+            return t, MACs(value)
+    raise TargetError(f"target {text!r} is not a MAC ratio (0.8), MACs (245M) or a latency (3.5ms, 0.8x)",
+                      option="targets")
+
+
+def fidelity(result: EvalResult) -> tuple[str, float | None]:
+    """The task metric of ``result`` against the original (see ``FIDELITY``)."""
+    for name in FIDELITY:
+        if result.metrics.get(name) is not None:
+            return name, result.metrics[name]
+    if result.agreement is not None:
+        return "agreement", result.agreement
+    cosines = list(result.cosine.values())
+    return "cosine", (sum(cosines) / len(cosines) if cosines else None)
+
+
+def sweep(
+    model: api.ModelSource,
+    calib: str | Path,
+    targets: Sequence[str],
+    out_dir: str | Path,
+    *,
+    held: str | Path | None = None,
+    keep: float | None = None,
+    subset: str | None = None,
+    preprocess: Preprocess | None = None,
+    input_shape: Sequence[str] | None = None,
+    select: Selector = OMP(),
+    allocate: Allocator = Output(),
+    reconstruct: Reconstruction = Refit(),
+    round_to: int = 8,
+    batch_size: int = 32,
+    provider: str = "auto",
+    memory: int | str | None = None,
+    task: str = "auto",
+    bench: bool = True,
+    on_layer: Callable[[int, int, str], None] | None = None,
+) -> SweepResult:
+    """Compress ``model`` to each of ``targets`` on one calibration of ``calib`` (an image folder) and one set of
+    probes, writing every model and its report to ``out_dir``; judge each on held-out images (``held``, else every
+    fifth image of ``calib``, which then calibrates on the others) by the task's metric against the original, and
+    time it. With ``keep``, also find the cheapest MAC ratio whose held-out metric is at least ``keep`` (the
+    targets, else ``KEEP_LADDER``, then ``KEEP_REFINE`` halvings); a floor the mildest budget misses is a
+    TargetError."""
+    start = time.perf_counter()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    if held is None and subset is not None:
+        raise OptionError("a sweep holds out every fifth image of --calib when no --held folder is given, and "
+                          "--subset would pick among them too: give --held, or leave out --subset", option="held")
+    onnx_model = api.load(model, input_shape)
+    prep = preprocess or api.preprocess_for(onnx_model)
+    data = api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5")
+    held_dir, held_subset = (Path(held), None) if held is not None else (Path(calib), "0%5")
+    original_path = out / "original.onnx"
+    save_model(onnx_model, original_path)
+    shared = Shared(allocate)
+    judged: dict[str, tuple[SweepRow, EvalResult]] = {}
+
+    def judge(label: str, budget: Budget) -> SweepRow:
+        t0 = time.perf_counter()
+        result = api.compress(onnx_model, data, budget=budget, select=select, allocate=shared,
+                              reconstruct=reconstruct, preprocess=prep, round_to=round_to, batch_size=batch_size,
+                              provider=provider, memory=memory, task=task,
+                              on_layer=on_layer and (lambda i, n, text: on_layer(i, n, f"[{label}] {text}")))
+        seconds = time.perf_counter() - t0
+        name = re.sub(r"[^\w.]+", "_", label)
+        path = out / f"{name}.onnx"
+        result.save(path, refuse=[original_path])
+        atomic_write(out / f"{name}.json", lambda tmp: tmp.write_text(_json(result.to_dict())))
+        scores = api.evaluate(path, held_dir, original_path, preprocess=prep, subset=held_subset,
+                              batch_size=batch_size, provider=provider, task=task)
+        metric, value = fidelity(scores)
+        r = result.report
+        row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
+                       scores.agreement, scores.kl, path=str(path), seconds=seconds)
+        judged[label] = (row, scores)
+        return row
+
+    for text in targets:
+        judge(*parse_target(text))
+    chosen = None
+    if keep is not None:
+        chosen = _keep(keep, judged, judge, bool(targets))
+    rows = sorted((row for row, _ in judged.values()), key=lambda r: -r.macs)
+    analysis = api.analyze(onnx_model)
+    original = {"macs": analysis.macs.total, "params": analysis.params, "path": str(original_path),
+                "latency_ms": None}
+    if bench:
+        timed = api.bench([original_path, *(Path(r.path) for r in rows)], provider="cpu", batch=1)
+        original["latency_ms"] = timed[0].median_ms
+        for row, t in zip(rows, timed[1:]):
+            row.latency_ms, row.speedup = t.median_ms, timed[0].median_ms / t.median_ms
+    result = SweepResult(rows, original, f"{held_dir} ({held_subset or 'all'})", time.perf_counter() - start)
+    if keep is not None:
+        result.keep = {"floor": keep, "chosen": chosen, "judged": len(judged), "metric": rows[0].metric}
+    atomic_write(out / "sweep.json", lambda tmp: tmp.write_text(_json(result.to_dict())))
+    plot(result, out / "sweep.png")
+    return result
+
+
+def _keep(floor: float, judged: dict[str, tuple[SweepRow, EvalResult]], judge: Callable[[str, Budget], SweepRow],
+          given: bool) -> str:
+    """The label of the cheapest judged budget whose fidelity is at least ``floor``, after judging ``KEEP_LADDER``
+    (unless targets were given) and ``KEEP_REFINE`` ratios between the cheapest that keeps it and the next."""
+    if not given:
+        for ratio in KEEP_LADDER:
+            row = judge(f"{ratio:g}", Ratio(ratio))
+            if row.fidelity is None or row.fidelity < floor:
+                break
+
+    def passing() -> list[SweepRow]:
+        return sorted((r for r, _ in judged.values() if r.fidelity is not None and r.fidelity >= floor),
+                      key=lambda r: r.macs)
+
+    if not passing():
+        mildest = max((r for r, _ in judged.values()), key=lambda r: r.macs)
+        raise TargetError(f"no budget keeps {mildest.metric} ≥ {floor:g} on the held-out images: the mildest judged "
+                          f"({mildest.target}, {mildest.mac_ratio:.2f}× MACs) reaches {mildest.fidelity}",
+                          option="keep")
+    for _ in range(KEEP_REFINE):
+        best = passing()[0]
+        cheaper = [r for r, _ in judged.values() if r.macs < best.macs]
+        if not cheaper:
+            break
+        below = max(cheaper, key=lambda r: r.macs)
+        ratio = round((best.mac_ratio + below.mac_ratio) / 2, 3)
+        if f"{ratio:g}" in judged or abs(best.mac_ratio - below.mac_ratio) < 0.02:
+            break
+        judge(f"{ratio:g}", Ratio(ratio))
+    return passing()[0].target
+
+
+def _json(data: dict) -> str:
+    return json.dumps(data, indent=2)
+
+
+def plot(result: SweepResult, path: Path) -> None:
+    """Fidelity against speed-up (MAC reduction without timings), the original marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    timed = all(r.speedup is not None for r in result.rows)
+    xs = [r.speedup if timed else 1 / r.mac_ratio for r in result.rows]
+    ys = [r.fidelity for r in result.rows]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(xs, ys, "o-", label="pruned")
+    for x, y, r in zip(xs, ys, result.rows):
+        if y is not None:
+            ax.annotate(r.target, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.plot([1.0], [1.0], "k*", markersize=12, label="original")
+    if result.keep is not None:
+        ax.axhline(result.keep["floor"], color="grey", linestyle="--", linewidth=1, label="keep floor")
+    metric = result.rows[0].metric if result.rows else "fidelity"
+    ax.set_xlabel("speed-up (batch 1, onnxruntime CPU)" if timed else "MAC reduction (original / pruned)")
+    ax.set_ylabel(f"{metric} vs the original (held-out)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+__all__ = ["SweepResult", "SweepRow", "fidelity", "parse_target", "sweep"]

@@ -1,0 +1,101 @@
+"""``sweep``: budgets share one calibration and one set of probes, and each model equals ``compress``'s at the same
+budget; ``keep`` returns the cheapest judged budget at or above its floor and refuses one no budget keeps."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from PIL import Image
+
+import onnxprune.strategies.allocators as allocators
+from onnxprune import api
+from onnxprune.errors import TargetError
+from onnxprune.strategies import Ratio
+from onnxprune.sweep import parse_target, sweep
+
+
+def _digest(model: onnx.ModelProto) -> str:
+    h = hashlib.sha256()
+    for t in sorted(model.graph.initializer, key=lambda t: t.name):
+        h.update(numpy_helper.to_array(t).tobytes())
+    return h.hexdigest()
+
+
+@pytest.fixture()
+def photos(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for i in range(40):
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(folder / f"{i:03d}_x.png")
+    return folder
+
+
+def test_a_sweep_probes_once_and_its_models_are_compress_s(tiny, photos: Path, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    probed = []
+    real = allocators.output_curves
+    monkeypatch.setattr(allocators, "output_curves", lambda *a, **k: (probed.append(1), real(*a, **k))[1])
+    result = sweep(tiny.path, photos, ["0.7", "0.5"], tmp_path / "out", bench=False)
+    assert len(probed) == 1  # the second budget reused the first one's probes
+    assert [r.target for r in result.rows] == ["0.7", "0.5"] and result.rows[0].macs > result.rows[1].macs
+    assert all(r.metric == "agreement" and 0 <= r.fidelity <= 1 for r in result.rows)
+    assert result.held.endswith("(0%5)")
+    alone = api.compress(tiny.path, photos, budget=Ratio(0.7), subset="!0%5")
+    assert _digest(onnx.load(result.rows[0].path)) == _digest(alone.model)
+    assert (tmp_path / "out/sweep.json").is_file()
+    assert (tmp_path / "out/sweep.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_keep_returns_the_cheapest_budget_above_its_floor(tiny, photos: Path, tmp_path: Path) -> None:
+    result = sweep(tiny.path, photos, ["0.7", "0.5"], tmp_path / "out", keep=0.0, bench=False)
+    assert result.keep == {"floor": 0.0, "chosen": "0.5", "judged": 2, "metric": "agreement"}
+    with pytest.raises(TargetError, match=r"no budget keeps agreement ≥ 2 on the held-out images: the mildest judged "
+                                          r"\(0.7, 0.\d\d× MACs\)"):
+        sweep(tiny.path, photos, ["0.7"], tmp_path / "out2", keep=2.0, bench=False)
+
+
+def test_targets_are_read_as_compress_reads_them() -> None:
+    assert parse_target("0.8")[1] == Ratio(0.8)
+    assert parse_target("245M")[1].count == 245e6
+    assert parse_target("3.5ms")[1].ms == 3.5 and parse_target("0.8x")[1].ratio == 0.8
+    with pytest.raises(TargetError, match="not a MAC ratio"):
+        parse_target("fast")
+
+
+def test_the_sweep_command_prints_the_trade_off(tiny, photos: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from onnxprune.cli import app
+
+    result = CliRunner().invoke(app, ["sweep", str(tiny.path), "--calib", str(photos), "--targets", "0.7,0.5",
+                                      "-o", str(tmp_path / "out"), "--keep", "0", "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "speed-up" in result.output and "0.5 (--keep)" in result.output
+    assert re.search(r"--keep 0: the cheapest budget keeping agreement is 0.5 \(0.\d\d× MACs, [0-9.]+; 2 budgets "
+                     r"judged\)", result.output.replace("\n", " "))
+    rows = __import__("json").loads((tmp_path / "out/sweep.json").read_text())["rows"]
+    assert all(r["speedup"] > 0 and r["latency_ms"] > 0 for r in rows)
+
+
+def test_compress_keep_writes_the_cheapest_budget_that_keeps_the_floor(tiny, photos: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from onnxprune.cli import app
+
+    out = tmp_path / "kept.onnx"
+    result = CliRunner().invoke(app, ["compress", str(tiny.path), "--calib", str(photos), "-o", str(out), "--keep",
+                                      "0", "--report", str(tmp_path / "r.json"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = __import__("json").loads((tmp_path / "r.json").read_text())
+    assert report["keep"]["chosen"] == "0.5" and report["keep"]["judged"] == 5 and report["keep"]["floor"] == 0
+    assert _digest(onnx.load(out)) == _digest(onnx.load(tmp_path / "kept.sweep/0.5.onnx"))
+    refused = CliRunner().invoke(app, ["compress", str(tiny.path), "--calib", str(photos), "-o", str(out), "--keep",
+                                       "0.9", "--target-ratio", "0.5"])
+    assert refused.exit_code == 2 and "--keep chooses the budget itself" in refused.output

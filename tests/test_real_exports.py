@@ -296,15 +296,26 @@ def test_one_channel_input_gets_grayscale_images(tmp_path: Path) -> None:
     np.testing.assert_allclose(x, (luminance - 0.5) / 0.25, atol=0.02)
 
 
-def test_recover_refuses_a_fixed_batch_graph(tmp_path: Path) -> None:
+def test_recover_trains_a_static_batch_export_through_a_free_batch_copy(tmp_path: Path) -> None:
+    """A batch the input alone fixes (torch.onnx.export without dynamic_axes) trains as compress calibrates it,
+    through a copy with a free batch, and the written model keeps batch 1; a graph that writes its batch inside is
+    refused in one line, naming where."""
     from onnxprune.errors import OnnxPruneError
     from onnxprune.recovery import RecoverOptions, recover
 
-    model = _detector(1, [1, 6, -1])
     np.save(tmp_path / "c.npy", np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32))
-    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(model))
-    with pytest.raises(OnnxPruneError, match="recover trains on batches .* static batch of 1"):
-        recover(kill(_detector(1, [1, 6, -1]), {"stem": [0]}), model, calib, RecoverOptions(steps=1, provider="cpu"))
+    teacher = _detector(1, [1, 6, -1])
+    calib = load_calibration(str(tmp_path / "c.npy"), model_input_specs(teacher))
+    student = kill(_detector(1, [1, 6, -1]), {"stem": [0, 3]})
+    model, report = recover(student, teacher, calib, RecoverOptions(steps=5, distill_steps=5, provider="cpu"))
+    assert report.improved
+    dims = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*model.graph.input, *model.graph.output]]
+    assert dims == [[1, 3, 8, 8], [1, 6, 64], [1, 4]]
+    run(model, input=np.zeros((1, 3, 8, 8), np.float32))
+    inside = _detector("N", [1, 6, -1])
+    with pytest.raises(OnnxPruneError, match=r"recover trains on batches .* the pruned model fixes its batch \(inside "
+                                             r"the graph: Reshape boxes gives boxes_out shape \[1, 6, 128\] at batch 2"):
+        recover(kill(_detector("N", [1, 6, -1]), {"stem": [0]}), inside, calib, RecoverOptions(steps=1, provider="cpu"))
 
 
 def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

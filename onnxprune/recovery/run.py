@@ -13,7 +13,8 @@ import torch
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import OnnxPruneError
 from onnxprune.ir.load import import_graph
-from onnxprune.ir.probe import fixed_batch
+from onnxprune.ir.batch import free_batch, restore_batch
+from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.recovery.options import Progress, RecoverOptions, writeback_tolerance
 from onnxprune.recovery.report import RecoverReport
@@ -36,10 +37,31 @@ def recover(
 
     Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
     caller's state is left as it was)."""
+    s_free, t_free = _batched(student, "the pruned model"), _batched(teacher, "the teacher")
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(options.seed)
-        return _recover(student, teacher, calib, options, on_progress, held)
+        model, report = _recover(s_free or student, t_free or teacher, calib, options, on_progress, held)
+    if not report.improved:
+        return student, report
+    return (model if s_free is None else restore_batch(model, student)), report
+
+
+def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
+    """A copy of ``model`` that batches freely where its input alone fixes the batch (``free_batch``: as compress
+    calibrates it; the written model keeps the user's batch), None where it batches freely already; an
+    OnnxPruneError where the graph fixes its batch inside (training batches samples, and would mix them)."""
+    static = static_batch(model)
+    free = free_batch(model) if static is not None else None
+    if static is not None and free is not None:
+        return free
+    fixed = None if static is not None else fixed_batch(model)
+    if static is None and fixed is None:
+        return None
+    where = (f"{static.reason}, and inside the graph, where a copy with a free batch cannot free it" if fixed is None
+             else f"inside the graph: {fixed.reason}")
+    raise OnnxPruneError(f"recover trains on batches of samples, but {what} fixes its batch ({where}): re-export it "
+                         "with a dynamic batch")
 
 
 def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,
@@ -54,7 +76,7 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     fixed = fixed_batch(gs.export_onnx(t_graph.copy()), values)
     if fixed is not None:  # training batches samples (and the torch evaluator would mix them)
         raise OnnxPruneError(f"recover trains on batches of samples, but the teacher graph fixes its batch "
-                             f"({fixed.reason}): re-export it with a dynamic batch to recover the pruned model")
+                             f"({fixed.reason}) on these samples: re-export it with a dynamic batch")
     outputs = [t.name for t in s_graph.outputs]
 
     def outputs_of(model: onnx.ModelProto, idx: np.ndarray, graph: gs.Graph | None = None) -> list[np.ndarray]:

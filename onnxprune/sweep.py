@@ -11,8 +11,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from onnxprune import api
 from onnxprune.calib.images import Preprocess
+from onnxprune.calib.sources import ArraySet, CalibrationSet
 from onnxprune.errors import OptionError, TargetError
 from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, save_model
@@ -121,7 +124,7 @@ def sweep(
                           "--subset would pick among them too: give --held, or leave out --subset", option="held")
     onnx_model = api.load(model, input_shape)
     prep = preprocess or api.preprocess_for(onnx_model)
-    data = api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5")
+    data = _in_memory(api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5"))
     held_dir, held_subset = (Path(held), None) if held is not None else (Path(calib), "0%5")
     original_path = out / "original.onnx"
     save_model(onnx_model, original_path)
@@ -168,6 +171,13 @@ def sweep(
     atomic_write(out / "sweep.json", lambda tmp: tmp.write_text(_json(result.to_dict())))
     plot(result, out / "sweep.png")
     return result
+
+
+def _in_memory(data: CalibrationSet) -> ArraySet:
+    """``data`` decoded once (an image folder decodes its images on every pass, and every budget makes several)."""
+    batches = list(data.batches(256))
+    arrays = {k: np.concatenate([b[k] for b in batches]) for k in data.input_names}
+    return ArraySet(arrays, np.arange(len(data)), {k: a.dtype for k, a in arrays.items()})
 
 
 def _keep(floor: float, judged: dict[str, tuple[SweepRow, EvalResult]], judge: Callable[[str, Budget], SweepRow],

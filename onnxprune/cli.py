@@ -23,14 +23,14 @@ from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.flags import (
-    DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, AllocationOpt, BestEffortOpt, BgrOpt, CalibOpt, CompressBatchOpt,
-    CompressProviderOpt, CostTableOpt, CropOpt, DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt,
-    BenchOpt, DrawSeedOpt, FlipOpt, HeldOpt, KeepOpt, TargetsOpt, GlobalBudgetOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt,
-    LatencyBatchOpt, LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt,
-    RECOVER, RandomSeedOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, ReconstructOpt, RemoveBlocksOpt,
-    ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt,
-    StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TaskOpt, TeacherProviderOpt,
-    TrainBatchOpt, TrainOpt,
+    DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, CalibOpt,
+    CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt,
+    DistillViewsOpt, DrawSeedOpt, FlipOpt, GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt,
+    InputShapeOpt, KeepOpt, LatencyBatchOpt, LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt,
+    MixOpt, PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt,
+    RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt,
+    SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt,
+    TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt,
 )
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random
@@ -271,6 +271,7 @@ def recover_cmd(
     held_subset: HeldSubsetOpt = None,
     train: TrainOpt = RECOVER.train.value,
     pull: PullOpt = RECOVER.pull,
+    time: RecoverTimeOpt = None,
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
     flip: FlipOpt = False,

@@ -147,6 +147,12 @@ ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report her
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
 
 
+RecoverTimeOpt = Annotated[Optional[str], typer.Option(
+    "--time", help="Bound the whole recovery (e.g. 15m, 900s, 1h): each training loop runs for its share of the "
+                   "time instead of --steps/--distill-steps, the best held-out checkpoint kept, with the time left "
+                   "in the progress line.")]
+
+
 # ---------------------------------------------------------------- sweep
 
 TargetsOpt = Annotated[Optional[str], typer.Option(
@@ -226,6 +232,16 @@ def parse_latency(text: str) -> tuple[float | None, float | None]:
     if value <= 0:
         raise TargetError(f"latency {text} must be positive", option="target_latency")
     return value * {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3}[unit], None
+
+
+def parse_duration(text: str | None) -> float | None:
+    """Seconds of '900', '900s', '15m' or '1.5h' (None stays None)."""
+    if text is None:
+        return None
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([smh]?)\s*", text)
+    if m is None:
+        raise OnnxPruneError(f"time {text!r} is not a duration: 900, 900s, 15m or 1.5h", option="time")
+    return float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[m.group(2)]
 
 
 def numbers(text: str) -> tuple[float, ...]:
@@ -337,7 +353,7 @@ def recover_job(values: Values) -> RecoverJob:
                              distill_lr=v["distill_lr"], distill_segments=v["distill_segments"],
                              distill_views=v["distill_views"], mix=v["mix"], layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
-                             seed=v["seed"], provider=v["provider"], **_store(v))
+                             seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])
     return RecoverJob(student, teacher, data, held, options)
 

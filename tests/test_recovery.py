@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import pytest
+import torch
 
 from onnxprune.ir.load import import_graph
 from onnxprune.calib.sources import ArraySet, load_calibration
@@ -252,3 +253,31 @@ def test_head_start_reaches_back_to_weights() -> None:
     assert head_start(segments, 3, changed_only=False) == 1
     assert head_start([seg(["a"]), seg(["b"]), seg(["c"])], 1, changed_only=False) == 2  # as before: the last one
     assert head_start(segments, 0, changed_only=False) is None and head_start(segments, 4, changed_only=False) is None
+
+
+def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With ``seconds`` the loop runs until its time is spent (a clock that ticks one second a call here), checks
+    the held-out loss at each fifth of the time and keeps the best weights; the cosine follows the time."""
+    import onnxprune.recovery.train as train
+
+    ticks = iter(range(1000))
+    monkeypatch.setattr(train.time, "monotonic", lambda: float(next(ticks)))
+    w = torch.nn.Parameter(torch.tensor([4.0]))
+    helds = []
+
+    def held() -> float:
+        helds.append(float(w.detach()[0] ** 2))
+        return helds[-1]
+
+    result = train.train_loop([w], lambda gen: (w**2).sum(), held, steps=10_000, lr=0.1, pull=0.0, seed=0,
+                              seconds=20.0)
+    assert 0 < result.steps < 20 and len(helds) == 1 + 5  # the start, then one per fifth of the time
+    assert result.held_after == min(helds) < helds[0] and float(w.detach()[0] ** 2) == result.held_after
+
+
+def test_recover_keeps_to_its_time(tiny, student) -> None:
+    """A recovery given a time runs its loops by the clock (and says so in its options)."""
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"))
+    assert report.options["time"] == 3.0 and report.segments and report.distill is not None
+    with pytest.raises(OptionError, match="time -1 must be a positive number of seconds"):
+        RecoverOptions(time=-1)

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 import torch
@@ -84,6 +85,8 @@ class RecoverOptions:
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
     device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
     memory: int | None = None  # bytes of cached tensors held in RAM, the rest spilled (None: half the available)
+    time: float | None = None  # seconds the whole recovery may take: each loop runs for its share of them instead
+    # of ``steps`` / ``distill_steps`` (``Clock``), the best checkpoint kept
     spill_dir: str | None = None  # where spilled tensors go (None: the system's temporary folder)
 
     def torch_device(self) -> torch.device:
@@ -94,6 +97,8 @@ class RecoverOptions:
         for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
             check_choice(name, getattr(self, name), tuple(k.value for k in kind))
             setattr(self, name, kind(getattr(self, name)))
+        if self.time is not None and not self.time > 0:
+            raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
@@ -102,3 +107,33 @@ class RecoverOptions:
     def store(self) -> Store:
         """Where the run's cached tensors live (``runtime.store``)."""
         return Store(default_budget() if self.memory is None else self.memory, self.spill_dir)
+
+
+BLOCK_SHARE = 0.4  # of a time budget, what the block stage's loops get when distillation follows
+RESERVE = 0.05  # of a time budget, kept for the written model's check and the verdict
+
+
+@dataclass
+class Clock:
+    """A recovery's time budget (``RecoverOptions.time``): its deadline, and the seconds each loop gets."""
+
+    seconds: float | None
+    start: float = field(default_factory=time.monotonic)
+
+    def left(self) -> float | None:
+        """Seconds left before the verdict's reserve (None: no budget)."""
+        if self.seconds is None:
+            return None
+        return self.seconds * (1 - RESERVE) - (time.monotonic() - self.start)
+
+    def loop(self, share: float = 1.0) -> float | None:
+        """Seconds for one loop: ``share`` of what is left, at least one."""
+        left = self.left()
+        return None if left is None else max(1.0, share * left)
+
+    def label(self) -> str:
+        """' · m:ss left' of the whole budget, or ''."""
+        if self.seconds is None:
+            return ""
+        rest = max(0, int(self.seconds - (time.monotonic() - self.start)))
+        return f" · {rest // 60}:{rest % 60:02d} left"

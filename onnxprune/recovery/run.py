@@ -16,7 +16,7 @@ from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
-from onnxprune.recovery.options import Progress, RecoverOptions, writeback_tolerance
+from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writeback_tolerance
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
 from onnxprune.recovery.segments import find_segments
@@ -68,6 +68,7 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
              on_progress: Progress | None, held: CalibrationSet | None) -> tuple[onnx.ModelProto, RecoverReport]:
     """``recover`` with torch's random state seeded."""
     start_time = time.perf_counter()
+    clock = Clock(options.time)
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(gs.export_onnx(s_graph))
@@ -93,12 +94,12 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     recovered, trained_held = s_model, None
     if options.method.block:
         recovered, cur = block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
-                                      on_progress, store)
+                                     on_progress, store, clock)
         trained_held = [cur[name][held_idx] for name in outputs]
     if options.method.distill:
         recovered, trained_held, report.distill = distill_stage(recovered, teacher, t_graph, segments, values,
-                                                                 train_idx, held_idx, teacher_held, options,
-                                                                 on_progress, store)
+                                                                train_idx, held_idx, teacher_held, options,
+                                                                on_progress, store, clock)
 
     report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
                                  for o, t in zip(outputs_of(recovered, held_idx), trained_held))

@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.recovery.augment import augment_images
-from onnxprune.recovery.options import Augment, Progress, RecoverOptions
+from onnxprune.recovery.options import BLOCK_SHARE, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start
@@ -23,10 +23,14 @@ from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
                  values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
-                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store
-                 ) -> tuple[onnx.ModelProto, dict[str, Array]]:
-    """Train every changed segment in turn; the written model and the trained nets' outputs."""
+                 options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store,
+                 clock: Clock) -> tuple[onnx.ModelProto, dict[str, Array]]:
+    """Train every changed segment in turn; the written model and the trained nets' outputs. Under a time
+    budget the stage gets ``BLOCK_SHARE`` of it (all of it without distillation), split among the segments left."""
     n = len(next(iter(values.values())))
+    share = BLOCK_SHARE if options.method.distill else 1.0
+    stage = clock.loop(share)
+    stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
     model, trainable, done = s_model, sum(s.trainable for s in segments), 0
@@ -43,12 +47,15 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
                       if isinstance(p, torch.nn.Parameter) and (names is None or name in names)]
             label = f"block {done + 1}/{trainable} → {seg.end[0]}"
 
-            def step(k: int, loss: float, held: float, label: str = label) -> None:
+            seconds = None if stage_end is None else max(1.0, (stage_end - time.monotonic()) / (trainable - done))
+
+            def step(k: int, loss: float, held: float, label: str = label, seconds: float | None = seconds) -> None:
                 if on_progress is not None:
-                    on_progress(label, k, options.steps, held)
+                    on_progress(label + clock.label(), k, options.steps if seconds is None else k, held)
 
             result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.steps, lr=options.lr,
-                         batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step)
+                         batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step,
+                         seconds=seconds)
             done += 1
             report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
                                                  result.held_after, result.best_step, time.perf_counter() - t0))
@@ -75,7 +82,7 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
 def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
                    values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
                    teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None,
-                   store: Store) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
+                   store: Store, clock: Clock) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
     """Distillation of the head (the last ``distill_segments`` segments, reaching back to weights to train:
     ``head_start``; on cached augmented views) or of the whole model (augmented on the fly); the written model,
     its held-out outputs, the report."""
@@ -87,7 +94,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
-            on_progress("distill", k, options.distill_steps, best)
+            on_progress("distill" + clock.label(), k, options.distill_steps if clock.seconds is None else k, best)
 
     def trainable(net: TorchGraph) -> list[torch.nn.Parameter]:
         return [p for name, p in net.named_initializers()
@@ -103,7 +110,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
-                     **loop)
+                     seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_part, options.batch_size)
     else:
         start, n_views = [i.name for i in model.graph.input], options.distill_steps * options.batch_size
@@ -114,7 +121,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         result = distill(net, t_net, params, xs, train_idx,
                          lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held)[1],
                          batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
-                         **loop)
+                         seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_idx, options.batch_size)
     report = DistillReport(sum(p.numel() for p in params), first is None, list(start), n_views, augment, result.held_before,
                            result.held_after, result.best_step, time.perf_counter() - t0)

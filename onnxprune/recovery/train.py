@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -112,35 +114,57 @@ def train_loop(
     seed: int,
     evals: int = 5,
     on_step: Callable[[int, float, float], None] | None = None,
+    seconds: float | None = None,
 ) -> FitResult:
     """Adam with cosine decay on ``params`` minimising ``batch_loss(generator)``; the held-out loss
     ``held()`` is measured ``evals`` times and the best weights (the starting ones included) are
     left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start).
-    ``on_step(step, train_loss, best_held)`` reports progress."""
+    ``on_step(step, train_loss, best_held)`` reports progress.
+
+    With ``seconds``, the loop runs for that long instead of ``steps`` steps: the cosine and the checkpoints
+    follow the share of the time spent (a held-out measure's time counted), the last one at the end."""
     gen = torch.Generator().manual_seed(seed)
+    begin = time.monotonic()
     start = [p.detach().clone() for p in params]
     scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
     best = held()
     result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps)
     best_state = [p0.clone() for p0 in start]
     opt = torch.optim.Adam(params, lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
+    sched = None if seconds is not None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     checkpoints = {int(round(steps * (k + 1) / evals)) for k in range(evals)}
-    for step in range(1, steps + 1):
+    done_evals, step = 0, 0
+    while True:
+        step += 1
+        if seconds is not None:  # the share of the time spent sets the learning rate, as the step count does
+            share = min(1.0, (time.monotonic() - begin) / seconds)
+            for group in opt.param_groups:
+                group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * share))
         value = batch_loss(gen)
         if pull > 0:
             value = value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
         opt.zero_grad(set_to_none=True)
         value.backward()
         opt.step()
-        sched.step()
-        if step in checkpoints:
+        if sched is not None:
+            sched.step()
+        if seconds is None:
+            check, last = step in checkpoints, step >= steps
+        else:
+            share = (time.monotonic() - begin) / seconds
+            last = share >= 1.0
+            check = last or share >= (done_evals + 1) / evals
+        if check:
+            done_evals += 1
             current = held()
             if current < best:
                 best, result.best_step = current, step
                 best_state = [p.detach().clone() for p in params]
         if on_step is not None:
             on_step(step, value.item(), best)
+        if last:
+            break
+    result.steps = step
     with torch.no_grad():
         for p, v in zip(params, best_state):
             p.copy_(v)

@@ -281,3 +281,45 @@ def test_recover_keeps_to_its_time(tiny, student) -> None:
     assert report.options["time"] == 3.0 and report.segments and report.distill is not None
     with pytest.raises(OptionError, match="time -1 must be a positive number of seconds"):
         RecoverOptions(time=-1)
+
+
+def _yolo(rng: np.random.Generator, n: int = 6) -> np.ndarray:
+    """YOLOv8-style [N, 4 + 3 classes, 84 anchors] at 64² (strides 8, 16, 32): decoded boxes, sigmoid scores,
+    a few anchors with objects."""
+    y = np.zeros((n, 7, 84))
+    y[:, :2] = rng.uniform(8, 56, (n, 2, 84))
+    y[:, 2:4] = rng.uniform(4, 24, (n, 2, 84))
+    y[:, 4:] = rng.uniform(0, 0.02, (n, 3, 84))
+    y[:, 4, :5] = 0.9
+    return y
+
+
+def test_a_detector_trains_on_the_objective_compress_allocates_by() -> None:
+    """DetectLoss on torch tensors is tasks.Detect's objective, its sums add up over batches, and the verdict of a
+    detector is 1 − its mAP50-95 against the teacher's detections."""
+    from onnxprune.recovery.objective import DetectLoss, detect_task, objective
+    from onnxprune.recovery.train import held_loss
+
+    rng = np.random.default_rng(0)
+    teacher = _yolo(rng)
+    student = teacher.copy()
+    student[:, :4] += rng.normal(0, 2, student[:, :4].shape)
+    student[:, 4:] += rng.uniform(0, 0.05, student[:, 4:].shape)
+    image = np.zeros((1, 3, 64, 64), np.float32)
+    task = detect_task([teacher], [image])
+    assert task is not None and task.layout.kind == "channels_first" and task.layout.classes == 3
+    loss = objective([teacher], task)
+    assert isinstance(loss, DetectLoss)
+    expected = task.discrepancy([{"y": teacher}], [{"y": student}])
+    assert float(loss([torch.from_numpy(student)], [torch.from_numpy(teacher)])) == pytest.approx(expected, rel=1e-9)
+
+    class Identity(torch.nn.Module):
+        def forward(self, x: torch.Tensor) -> tuple[torch.Tensor]:
+            return (x,)
+
+    held = held_loss(Identity(), [student], [teacher], np.arange(6), 4, loss)
+    assert held == pytest.approx(expected, rel=1e-9)
+    assert discrepancy([teacher], [teacher], task) == ("1-mAP50-95", 0.0, None)
+    name, value, _ = discrepancy([student], [teacher], task)
+    assert name == "1-mAP50-95" and 0.0 < value <= 1.0
+    assert objective([np.zeros((2, 10))], None).__name__ == "kl_loss"

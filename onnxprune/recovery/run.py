@@ -16,6 +16,7 @@ from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
+from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writeback_tolerance
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
@@ -86,10 +87,11 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
         return [out[name] for name in outputs]
 
     teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
+    task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
     report = RecoverReport(len(train_idx), len(held_idx) + len(verdict_idx), len(verdict_idx), held is not None, "",
                            0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options))
     report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student, verdict_idx),
-                                                                        teacher_verdict)
+                                                                        teacher_verdict, task)
 
     recovered, trained_held = s_model, None
     if options.method.block:
@@ -98,7 +100,7 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
         trained_held = [cur[name][held_idx] for name in outputs]
     if options.method.distill:
         recovered, trained_held, report.distill = distill_stage(recovered, teacher, t_graph, segments, values,
-                                                                train_idx, held_idx, teacher_held, options,
+                                                                train_idx, held_idx, teacher_held, task, options,
                                                                 on_progress, store, clock)
 
     report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
@@ -109,7 +111,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              f"{report.writeback_error:.2e} (relative, onnxruntime vs torch on the held-out samples), "
                              f"past the tolerance {tolerance:.0e}: the weights were not written back faithfully, "
                              "no model is returned")
-    _, report.after, report.agreement_after = discrepancy(outputs_of(recovered, verdict_idx), teacher_verdict)
+    _, report.after, report.agreement_after = discrepancy(outputs_of(recovered, verdict_idx), teacher_verdict,
+                                                          task)
     report.improved = report.after < report.before
     report.seconds = time.perf_counter() - start_time
     return (recovered if report.improved else student), report

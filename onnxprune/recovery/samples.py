@@ -11,6 +11,7 @@ from onnxprune.errors import CalibrationError
 from onnxprune.recovery.options import RecoverOptions
 from onnxprune.recovery.train import kl_loss, relative_mse
 from onnxprune.runtime.store import Array, Store
+from onnxprune.tasks import Detect
 
 
 def _arrays(calib: CalibrationSet, batch_size: int, store: Store) -> dict[str, Array]:
@@ -61,9 +62,18 @@ def samples(calib: CalibrationSet, held: CalibrationSet | None, options: Recover
     return both, np.arange(n), *halves(np.arange(n, n + m), pair)
 
 
-def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray]) -> tuple[str, float, float | None]:
-    """(metric, value, top-1 agreement): mean KL(teacher || student) of the rows as probabilities for a 2-D first
-    output (a classifier), else Σ_k ||s_k - t_k||² / ||t_k - mean t_k||² over the outputs."""
+def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray], task: Detect | None = None
+                ) -> tuple[str, float, float | None]:
+    """(metric, value, top-1 agreement), lower is better: for a detector (``task``), 1 − the mAP50-95 of the
+    student's detections against the teacher's (where the teacher finds objects); a classifier's mean
+    KL(teacher || student) of its 2-D first output's rows as probabilities; else Σ_k ||s_k - t_k||² /
+    ||t_k - mean t_k||² over the outputs."""
+    if task is not None:
+        metric = task.metric()
+        metric.update(student, teacher)
+        found = metric.result().get("mAP50-95_ref")
+        if found is not None:
+            return "1-mAP50-95", 1.0 - found, None
     ys = [torch.from_numpy(a).double() for a in student]
     ts = [torch.from_numpy(a).double() for a in teacher]
     if teacher[0].ndim == 2:

@@ -11,14 +11,16 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.recovery.augment import augment_images
+from onnxprune.recovery.objective import objective
 from onnxprune.recovery.options import BLOCK_SHARE, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start
-from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, relative_mse
+from onnxprune.recovery.train import distill, evaluate_net, fit
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.store import Array, Store
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
+from onnxprune.tasks import Detect
 
 
 def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
@@ -81,8 +83,8 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
 
 def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
                    values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
-                   teacher_held: list[np.ndarray], options: RecoverOptions, on_progress: Progress | None,
-                   store: Store, clock: Clock) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
+                   teacher_held: list[np.ndarray], task: Detect | None, options: RecoverOptions,
+                   on_progress: Progress | None, store: Store, clock: Clock) -> tuple[onnx.ModelProto, list[np.ndarray], DistillReport]:
     """Distillation of the head (the last ``distill_segments`` segments, reaching back to weights to train:
     ``head_start``; on cached augmented views) or of the whole model (augmented on the fly); the written model,
     its held-out outputs, the report."""
@@ -90,7 +92,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
     first = head_start(segments, options.distill_segments, options.train == "changed")
     changed = {name for seg in segments for name in seg.changed}
     augment, transform = _augmenter(model, options)
-    loss = kl_loss if teacher_held[0].ndim == 2 else relative_mse
+    loss = objective(teacher_held, task)
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
@@ -119,7 +121,8 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         xs = [values[name] for name in net.input_names]
         params = trainable(net)
         result = distill(net, t_net, params, xs, train_idx,
-                         lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held)[1],
+                         lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held,
+                                             task)[1],
                          batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
                          seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_idx, options.batch_size)

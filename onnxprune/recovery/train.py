@@ -67,8 +67,11 @@ def held_loss(net: TorchGraph, xs, ts, idx: np.ndarray, batch_size: int, loss: L
         for s in range(0, len(idx), batch_size):
             chunk = idx[s : s + batch_size]
             ys = [y.double().cpu() for y in net(*_feed(xs, chunk, device))]
-            part = _loss_sums(loss, ys, [torch.from_numpy(t[chunk]).double() for t in ts])
+            targets = [torch.from_numpy(t[chunk]).double() for t in ts]
+            part = loss.sums(ys, targets) if hasattr(loss, "sums") else _loss_sums(loss, ys, targets)
             sums = part if sums is None else [a + b for a, b in zip(sums, part)]
+    if hasattr(loss, "combine"):  # a loss of sums additive over batches (``objective.DetectLoss``)
+        return float(loss.combine(sums))
     if loss is kl_loss:
         return float(sums[0] / len(idx))
     total = 0.0

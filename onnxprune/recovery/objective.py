@@ -1,0 +1,74 @@
+"""What recovery trains towards and judges by: the task ``eval`` reports, where the outputs show one.
+
+A detector whose boxes are decoded in the graph (``tasks.detection`` layouts ``channels_first``, ``anchors_first``:
+YOLOv5/v8/v11, YOLOX) trains on ``DetectLoss``, the objective ``compress`` allocates by, and is judged by its
+mAP50-95 against the teacher's detections; a classifier on the KL; anything else on the relative squared error of
+its raw outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from onnxprune.recovery.train import Loss, kl_loss, relative_mse
+from onnxprune.tasks import Detect, image_hw, infer_task
+from onnxprune.tasks.detect import BOX_WEIGHT_FLOOR
+from onnxprune.tasks.detection import DetectionLayout
+
+
+@dataclass(frozen=True)
+class DetectLoss:
+    """``tasks.Detect``'s objective on torch tensors: the class scores' squared error over the teacher's energy on
+    every anchor, plus the boxes' squared error in units of each teacher box's size, weighted by the teacher's best
+    score where it is at least ``BOX_WEIGHT_FLOOR`` (an object), over the weights. ``sums`` are additive over
+    batches (``train.held_loss`` accumulates them), ``combine`` turns them into the loss."""
+
+    layout: DetectionLayout
+
+    def _candidates(self, ys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        y, c = ys[self.layout.outputs[0]], self.layout.classes
+        if self.layout.kind == "channels_first":
+            y = y.transpose(1, 2)
+            scores = y[..., 4:4 + c]
+        else:
+            scores = y[..., 4:5] * y[..., 5:5 + c]
+        box = torch.cat([y[..., :2] - y[..., 2:4] / 2, y[..., :2] + y[..., 2:4] / 2], dim=-1)
+        return box, scores
+
+    def sums(self, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> list[torch.Tensor]:
+        yb, ysc = self._candidates(ys)
+        tb, tsc = self._candidates(ts)
+        w = tsc.max(dim=-1).values
+        w = torch.where(w >= BOX_WEIGHT_FLOOR, w, torch.zeros_like(w))
+        size = torch.maximum(tb[..., 2] - tb[..., 0], tb[..., 3] - tb[..., 1]).clamp_min(1.0)
+        box = (((yb - tb) / size[..., None]) ** 2).sum(dim=-1)
+        return [((ysc - tsc) ** 2).sum(), (tsc**2).sum(), (w * box).sum(), w.sum()]
+
+    @staticmethod
+    def combine(sums: list[torch.Tensor]) -> torch.Tensor:
+        return sums[0] / sums[1].clamp_min(1e-30) + sums[2] / sums[3].clamp_min(1e-30)
+
+    def __call__(self, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
+        return self.combine(self.sums(ys, ts))
+
+
+def detect_task(teacher: list[np.ndarray], inputs: list[np.ndarray]) -> Detect | None:
+    """The detector the teacher's outputs show, where its boxes are decoded in the graph (else None)."""
+    hw = image_hw(inputs[0]) if len(inputs) == 1 else None
+    if hw is None or teacher[0].ndim != 3:
+        return None
+    task = infer_task(teacher, hw, len(teacher[0]))
+    layout = getattr(task, "layout", None)
+    if type(task) is not Detect or not isinstance(layout, DetectionLayout):
+        return None
+    return task if layout.kind in ("channels_first", "anchors_first") and layout.grid is None else None
+
+
+def objective(teacher: list[np.ndarray], task: Detect | None) -> Loss:
+    """The training loss towards the teacher's outputs: ``DetectLoss`` for ``task``, KL for a classifier's 2-D output,
+    else the relative squared error."""
+    if task is not None:
+        return DetectLoss(task.layout)
+    return kl_loss if teacher[0].ndim == 2 else relative_mse

@@ -129,7 +129,7 @@ def sweep(
     original_path = out / "original.onnx"
     save_model(onnx_model, original_path)
     shared = Shared(allocate)
-    judged: dict[str, tuple[SweepRow, EvalResult]] = {}
+    judged: dict[str, SweepRow] = {}
 
     def judge(label: str, budget: Budget) -> SweepRow:
         t0 = time.perf_counter()
@@ -148,7 +148,7 @@ def sweep(
         r = result.report
         row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
                        scores.agreement, scores.kl, path=str(path), seconds=seconds)
-        judged[label] = (row, scores)
+        judged[label] = row
         return row
 
     for text in targets:
@@ -156,7 +156,7 @@ def sweep(
     chosen = None
     if keep is not None:
         chosen = _keep(keep, judged, judge, bool(targets))
-    rows = sorted((row for row, _ in judged.values()), key=lambda r: -r.macs)
+    rows = sorted(judged.values(), key=lambda r: -r.macs)
     analysis = api.analyze(onnx_model)
     original = {"macs": analysis.macs.total, "params": analysis.params, "path": str(original_path),
                 "latency_ms": None}
@@ -180,7 +180,7 @@ def _in_memory(data: CalibrationSet) -> ArraySet:
     return ArraySet(arrays, np.arange(len(data)), {k: a.dtype for k, a in arrays.items()})
 
 
-def _keep(floor: float, judged: dict[str, tuple[SweepRow, EvalResult]], judge: Callable[[str, Budget], SweepRow],
+def _keep(floor: float, judged: dict[str, SweepRow], judge: Callable[[str, Budget], SweepRow],
           given: bool) -> str:
     """The label of the cheapest judged budget whose fidelity is at least ``floor``, after judging ``KEEP_LADDER``
     (unless targets were given) and ``KEEP_REFINE`` ratios between the cheapest that keeps it and the next."""
@@ -191,17 +191,17 @@ def _keep(floor: float, judged: dict[str, tuple[SweepRow, EvalResult]], judge: C
                 break
 
     def passing() -> list[SweepRow]:
-        return sorted((r for r, _ in judged.values() if r.fidelity is not None and r.fidelity >= floor),
+        return sorted((r for r in judged.values() if r.fidelity is not None and r.fidelity >= floor),
                       key=lambda r: r.macs)
 
     if not passing():
-        mildest = max((r for r, _ in judged.values()), key=lambda r: r.macs)
+        mildest = max(judged.values(), key=lambda r: r.macs)
         raise TargetError(f"no budget keeps {mildest.metric} ≥ {floor:g} on the held-out images: the mildest judged "
                           f"({mildest.target}, {mildest.mac_ratio:.2f}× MACs) reaches {mildest.fidelity}",
                           option="keep")
     for _ in range(KEEP_REFINE):
         best = passing()[0]
-        cheaper = [r for r, _ in judged.values() if r.macs < best.macs]
+        cheaper = [r for r in judged.values() if r.macs < best.macs]
         if not cheaper:
             break
         below = max(cheaper, key=lambda r: r.macs)

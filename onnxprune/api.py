@@ -26,15 +26,14 @@ from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
 from onnxprune.ir.inputs import resolve_input_shapes, specialise_inputs
 from onnxprune.ir.load import load_model
-from onnxprune.ir.ort import InputSpec, make_session, model_input_specs
-from onnxprune.ir.probe import random_feed, real_inputs
+from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.passes.flatten_channels_first import channels_first_heads
 from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
-from onnxprune.tasks import CONF, NMS_IOU, image_hw, infer_task
+from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.tasks.labels import Labels
 
 ModelSource = Union[str, Path, onnx.ModelProto]
@@ -138,27 +137,9 @@ def analyze(model: ModelSource, input_shape: Sequence[str] | None = None) -> Ana
     parameters; ``input_shape`` fixes its dynamic dims other than the batch (see ``load``). Every prunable group is
     pruned at once in a copy and run on one random sample (``onnxprune.preflight``): a group that breaks the run is
     not prunable, with onnxruntime's reason."""
-    onnx_model = load(model, input_shape)
-    analysis = _analyze(onnx_model)
+    analysis = _analyze(load(model, input_shape))
     analysis.preflight = preflight(analysis.graph, analysis.prunable).to_dict()
-    analysis.task = _task_read(onnx_model)
     return analysis
-
-
-def _task_read(model: onnx.ModelProto) -> str | None:
-    """The task ``compress`` and ``eval`` read from ``model``'s outputs (``tasks.infer_task``), here on one random
-    sample; None where the model does not run on one (dynamic dims past the batch, say)."""
-    inputs = real_inputs(model)
-    if any(d.dim_value <= 0 for v in inputs for d in v.type.tensor_type.shape.dim[1:]):
-        return None
-    feed = random_feed(inputs, batch=1 if any(v.type.tensor_type.shape.dim[0].dim_value <= 0 for v in inputs)
-                       else None)
-    try:
-        outputs = make_session(model, "cpu", quiet=True)[0].run(None, feed)
-    except Exception:  # noqa: BLE001 - onnxruntime's own errors: the pre-flight says why the model does not run
-        return None
-    first = next(iter(feed.values()))
-    return infer_task(outputs, image_hw(first), len(first)).name
 
 
 def compress(

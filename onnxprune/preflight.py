@@ -24,6 +24,7 @@ from onnxprune.ir.graph import static_shape
 from onnxprune.ir.ort import make_session, ort_failure
 from onnxprune.ir.probe import random_feed, real_inputs
 from onnxprune.passes import slice_channels
+from onnxprune.tasks import image_hw, infer_task
 
 SECONDS = 60.0  # isolating culprits stops here: the groups still suspected are excluded together (and said so)
 
@@ -38,6 +39,7 @@ class Preflight:
     trials: int = 0
     seconds: float = 0.0
     not_run: str | None = None
+    task: str | None = None  # what the original's outputs on the sample show (``tasks.infer_task``), where it ran
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -61,6 +63,8 @@ def preflight(graph: gs.Graph, groups: Sequence[Group], seconds: float = SECONDS
     except Exception as exc:  # noqa: BLE001 - onnxruntime's own errors: the original itself does not run here
         result.not_run = f"the original model does not run on a random sample ({ort_failure(exc)[1]})"
         return result
+    first = next(iter(feed.values()))
+    result.task = infer_task(reference, image_hw(first), len(first)).name
     declared = [static_shape(t) for t in graph.outputs]
 
     def trial(subset: Sequence[Group]) -> str | None:

@@ -22,7 +22,11 @@ class Analysis:
     blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
     uncounted: list[str]  # control-flow nodes whose subgraphs' MACs are not counted (``macs.uncounted``)
     preflight: dict | None = None  # what the pre-flight run found (``onnxprune.preflight``), where it ran
-    task: str | None = None  # the task read from the outputs (``onnxprune.tasks``), where it was read
+
+    @property
+    def task(self) -> str | None:
+        """The task the pre-flight read from the outputs (``onnxprune.tasks``), where it ran."""
+        return None if self.preflight is None else self.preflight["task"]
 
     @property
     def prunable(self) -> list[Group]:

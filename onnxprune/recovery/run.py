@@ -53,14 +53,16 @@ def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
     calibrates it; the written model keeps the user's batch), None where it batches freely already; an
     OnnxPruneError where the graph fixes its batch inside (training batches samples, and would mix them)."""
     static = static_batch(model)
-    free = free_batch(model) if static is not None else None
-    if static is not None and free is not None:
-        return free
-    fixed = None if static is not None else fixed_batch(model)
-    if static is None and fixed is None:
-        return None
-    where = (f"{static.reason}, and inside the graph, where a copy with a free batch cannot free it" if fixed is None
-             else f"inside the graph: {fixed.reason}")
+    if static is None:
+        fixed = fixed_batch(model)
+        if fixed is None:
+            return None
+        where = f"inside the graph: {fixed.reason}"
+    else:
+        free = free_batch(model)
+        if free is not None:
+            return free
+        where = f"{static.reason}, and inside the graph, where a copy with a free batch cannot free it"
     raise OnnxPruneError(f"recover trains on batches of samples, but {what} fixes its batch ({where}): re-export it "
                          "with a dynamic batch")
 
@@ -75,10 +77,6 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     s_model = infer_shapes(gs.export_onnx(s_graph))
     store = options.store()
     values, train_idx, held_idx, verdict_idx = samples(calib, held, options, store)
-    fixed = fixed_batch(gs.export_onnx(t_graph.copy()), values)
-    if fixed is not None:  # training batches samples (and the torch evaluator would mix them)
-        raise OnnxPruneError(f"recover trains on batches of samples, but the teacher graph fixes its batch "
-                             f"({fixed.reason}) on these samples: re-export it with a dynamic batch")
     outputs = [t.name for t in s_graph.outputs]
 
     def outputs_of(model: onnx.ModelProto, idx: np.ndarray, graph: gs.Graph | None = None) -> list[np.ndarray]:

@@ -10,6 +10,7 @@ from enum import StrEnum
 import torch
 
 from onnxprune.errors import OptionError, check_choice
+from onnxprune.progress import clock_text
 from onnxprune.recovery.augment import Mix
 from onnxprune.runtime.store import Store, check_memory, default_budget
 
@@ -135,5 +136,4 @@ class Clock:
         """' · m:ss left' of the whole budget, or ''."""
         if self.seconds is None:
             return ""
-        rest = max(0, int(self.seconds - (time.monotonic() - self.start)))
-        return f" · {rest // 60}:{rest % 60:02d} left"
+        return f" · {clock_text(self.seconds - (time.monotonic() - self.start))} left"

@@ -21,7 +21,8 @@ from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.errors import OnnxPruneError, TargetError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.runtime.store import memory_bytes
-from onnxprune.strategies import ALLOCATORS, RECONSTRUCTORS, SELECTORS, CompressOptions, Latency, MACs, Ratio, named
+from onnxprune.strategies import (ALLOCATORS, RECONSTRUCTORS, SELECTORS, Budget, CompressOptions, Latency, MACs, Ratio,
+                                  named)
 from onnxprune.sweep import SweepResult, SweepRow, sweep as run_sweep
 
 Values = Mapping[str, Any]  # a command's flag values by parameter name
@@ -234,6 +235,21 @@ def parse_latency(text: str) -> tuple[float | None, float | None]:
     return value * {"ms": 1.0, "us": 1e-3, "µs": 1e-3, "s": 1e3}[unit], None
 
 
+def parse_target(text: str) -> tuple[str, Budget]:
+    """A sweep's budget, labelled, as compress's target flags take it: a MAC ratio ('0.8', --target-ratio), MACs
+    ('245M', --target-flops) or a latency ('3.5ms', '0.8x', --target-latency)."""
+    label = text.strip()
+    if re.fullmatch(r"[0-9]*\.[0-9]+", label) and 0 < float(label) < 1:
+        return label, Ratio(float(label))
+    try:
+        if re.search(r"(ms|us|µs|s|x)$", label.lower()):
+            return label, Latency(*parse_latency(label))
+        return label, MACs(parse_macs(label))
+    except TargetError as exc:
+        raise TargetError(f"target {text!r} is not a MAC ratio (0.8), MACs (245M) or a latency (3.5ms, 0.8x): {exc}",
+                          option="targets") from None
+
+
 def parse_duration(text: str | None) -> float | None:
     """Seconds of '900', '900s', '15m' or '1.5h' (None stays None)."""
     if text is None:
@@ -363,7 +379,7 @@ def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = Non
     v = values
     select, allocate, reconstruct = named(v["method"], v["allocation"], v["reconstruct"])
     model = api.load(v["model"], v["input_shape"])
-    targets = [t for t in (v["targets"] or "").split(",") if t.strip()]
+    targets = dict(parse_target(t) for t in (v["targets"] or "").split(",") if t.strip())
     if not targets and v["keep"] is None:
         raise OnnxPruneError("give --targets (e.g. 0.9,0.8,0.7,0.6 or 245M,170M), --keep (e.g. 0.95), or both")
     return run_sweep(model, v["calib"], targets, v["output"], held=v["held"], keep=v["keep"], subset=v["subset"],

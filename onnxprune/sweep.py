@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -19,8 +19,7 @@ from onnxprune.calib.sources import ArraySet, CalibrationSet
 from onnxprune.errors import OptionError, TargetError
 from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, save_model
-from onnxprune.strategies import (OMP, Allocator, Budget, Latency, MACs, Output, Ratio, Reconstruction, Refit,
-                                  Selector, Shared)
+from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstruction, Refit, Selector, Shared
 
 # the task metric a sweep judges by: the first ``eval`` reports, else a classifier's agreement, else the mean cosine
 FIDELITY = ("mAP50-95_ref", "mask_iou_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref")
@@ -61,22 +60,6 @@ class SweepResult:
         return asdict(self)
 
 
-def parse_target(text: str) -> tuple[str, Budget]:
-    """A budget as ``compress`` takes it: a MAC ratio ('0.8'), MACs ('245M', '1.2G') or a latency ('3.5ms', '0.8x')."""
-    t = text.strip()
-    if m := re.fullmatch(r"([0-9.]+)\s*(ms|x)", t, re.I):
-        value = float(m.group(1))
-        return t, Latency(ms=value) if m.group(2).lower() == "ms" else Latency(ratio=value)
-    if m := re.fullmatch(r"([0-9.]+)\s*([kKmMgG])?", t):
-        value = float(m.group(1)) * {"k": 1e3, "m": 1e6, "g": 1e9}.get((m.group(2) or "").lower(), 1.0)
-        if m.group(2) is None and 0 < value < 1:
-            return t, Ratio(value)
-        if value >= 1:
-            return t, MACs(value)
-    raise TargetError(f"target {text!r} is not a MAC ratio (0.8), MACs (245M) or a latency (3.5ms, 0.8x)",
-                      option="targets")
-
-
 def fidelity(result: EvalResult) -> tuple[str, float | None]:
     """The task metric of ``result`` against the original (see ``FIDELITY``)."""
     for name in FIDELITY:
@@ -91,7 +74,7 @@ def fidelity(result: EvalResult) -> tuple[str, float | None]:
 def sweep(
     model: api.ModelSource,
     calib: str | Path,
-    targets: Sequence[str],
+    targets: Mapping[str, Budget],
     out_dir: str | Path,
     *,
     held: str | Path | None = None,
@@ -110,7 +93,7 @@ def sweep(
     bench: bool = True,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> SweepResult:
-    """Compress ``model`` to each of ``targets`` on one calibration of ``calib`` (an image folder) and one set of
+    """Compress ``model`` to each of ``targets`` (label -> budget) on one calibration of ``calib`` (an image folder) and one set of
     probes, writing every model and its report to ``out_dir``; judge each on held-out images (``held``, else every
     fifth image of ``calib``, which then calibrates on the others) by the task's metric against the original, and
     time it. With ``keep``, also find the cheapest MAC ratio whose held-out metric is at least ``keep`` (the
@@ -151,8 +134,8 @@ def sweep(
         judged[label] = row
         return row
 
-    for text in targets:
-        judge(*parse_target(text))
+    for label, budget in targets.items():
+        judge(label, budget)
     chosen = None
     if keep is not None:
         chosen = _keep(keep, judged, judge, bool(targets))
@@ -244,4 +227,4 @@ def plot(result: SweepResult, path: Path) -> None:
     plt.close(fig)
 
 
-__all__ = ["SweepResult", "SweepRow", "fidelity", "parse_target", "sweep"]
+__all__ = ["SweepResult", "SweepRow", "fidelity", "sweep"]

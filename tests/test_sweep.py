@@ -17,7 +17,8 @@ import onnxprune.strategies.allocators as allocators
 from onnxprune import api
 from onnxprune.errors import TargetError
 from onnxprune.strategies import Ratio
-from onnxprune.sweep import parse_target, sweep
+from onnxprune.flags import parse_target
+from onnxprune.sweep import sweep
 
 
 def _digest(model: onnx.ModelProto) -> str:
@@ -42,7 +43,7 @@ def test_a_sweep_probes_once_and_its_models_are_compress_s(tiny, photos: Path, t
     probed = []
     real = allocators.output_curves
     monkeypatch.setattr(allocators, "output_curves", lambda *a, **k: (probed.append(1), real(*a, **k))[1])
-    result = sweep(tiny.path, photos, ["0.7", "0.5"], tmp_path / "out", bench=False)
+    result = sweep(tiny.path, photos, {"0.7": Ratio(0.7), "0.5": Ratio(0.5)}, tmp_path / "out", bench=False)
     assert len(probed) == 1  # the second budget reused the first one's probes
     assert [r.target for r in result.rows] == ["0.7", "0.5"] and result.rows[0].macs > result.rows[1].macs
     assert all(r.metric == "agreement" and 0 <= r.fidelity <= 1 for r in result.rows)
@@ -54,11 +55,11 @@ def test_a_sweep_probes_once_and_its_models_are_compress_s(tiny, photos: Path, t
 
 
 def test_keep_returns_the_cheapest_budget_above_its_floor(tiny, photos: Path, tmp_path: Path) -> None:
-    result = sweep(tiny.path, photos, ["0.7", "0.5"], tmp_path / "out", keep=0.0, bench=False)
+    result = sweep(tiny.path, photos, {"0.7": Ratio(0.7), "0.5": Ratio(0.5)}, tmp_path / "out", keep=0.0, bench=False)
     assert result.keep == {"floor": 0.0, "chosen": "0.5", "judged": 2, "metric": "agreement"}
     with pytest.raises(TargetError, match=r"no budget keeps agreement ≥ 2 on the held-out images: the mildest judged "
                                           r"\(0.7, 0.\d\d× MACs\)"):
-        sweep(tiny.path, photos, ["0.7"], tmp_path / "out2", keep=2.0, bench=False)
+        sweep(tiny.path, photos, {"0.7": Ratio(0.7)}, tmp_path / "out2", keep=2.0, bench=False)
 
 
 def test_targets_are_read_as_compress_reads_them() -> None:

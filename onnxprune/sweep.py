@@ -113,6 +113,7 @@ def sweep(
     save_model(onnx_model, original_path)
     shared = Shared(allocate)
     judged: dict[str, SweepRow] = {}
+    original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report
 
     def judge(label: str, budget: Budget) -> SweepRow:
         t0 = time.perf_counter()
@@ -129,6 +130,7 @@ def sweep(
                               batch_size=batch_size, provider=provider, task=task)
         metric, value = fidelity(scores)
         r = result.report
+        original.update(macs=int(r.macs_before), params=int(r.params_before))
         row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
                        scores.agreement, scores.kl, path=str(path), seconds=seconds)
         judged[label] = row
@@ -140,9 +142,6 @@ def sweep(
     if keep is not None:
         chosen = _keep(keep, judged, judge, bool(targets))
     rows = sorted(judged.values(), key=lambda r: -r.macs)
-    analysis = api.analyze(onnx_model)
-    original = {"macs": analysis.macs.total, "params": analysis.params, "path": str(original_path),
-                "latency_ms": None}
     if bench:
         timed = api.bench([original_path, *(Path(r.path) for r in rows)], provider="cpu", batch=1)
         original["latency_ms"] = timed[0].median_ms

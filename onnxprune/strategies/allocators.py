@@ -105,7 +105,7 @@ class Shared(Allocator):
         if key not in self.cache:
             self.cache[key] = self.inner.curves(ctx, order, on_layer)
         curves, record = self.cache[key]
-        return {g.id: curves[g.id] for _, g in order if g.id in curves}, record
+        return dict(curves), record  # a copy: the cache outlives the run
 
     def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
                min_channels: int, round_to: int) -> dict[int, int]:

@@ -100,8 +100,6 @@ def sweep(
     targets, else ``KEEP_LADDER``, then ``KEEP_REFINE`` halvings); a floor the mildest budget misses is a
     TargetError."""
     start = time.perf_counter()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     if held is None and subset is not None:
         raise OptionError("a sweep holds out every fifth image of --calib when no --held folder is given, and "
                           "--subset would pick among them too: give --held, or leave out --subset", option="held")
@@ -109,6 +107,8 @@ def sweep(
     prep = preprocess or api.preprocess_for(onnx_model)
     data = _in_memory(api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5"))
     held_dir, held_subset = (Path(held), None) if held is not None else (Path(calib), "0%5")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)  # once the model and the samples are read: a refusal leaves nothing
     original_path = out / "original.onnx"
     save_model(onnx_model, original_path)
     shared = Shared(allocate)

@@ -100,3 +100,12 @@ def test_compress_keep_writes_the_cheapest_budget_that_keeps_the_floor(tiny, pho
     refused = CliRunner().invoke(app, ["compress", str(tiny.path), "--calib", str(photos), "-o", str(out), "--keep",
                                        "0.9", "--target-ratio", "0.5"])
     assert refused.exit_code == 2 and "--keep chooses the budget itself" in refused.output
+
+
+def test_a_refused_sweep_leaves_nothing_behind(tiny, tmp_path: Path) -> None:
+    from onnxprune.errors import CalibrationError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CalibrationError, match="no images in"):
+        sweep(tiny.path, tmp_path / "empty", {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
+    assert not (tmp_path / "out").exists()

@@ -149,9 +149,9 @@ CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .np
 
 
 RecoverTimeOpt = Annotated[Optional[str], typer.Option(
-    "--time", help="Bound the whole recovery (e.g. 15m, 900s, 1h): each training loop runs for its share of the "
-                   "time instead of --steps/--distill-steps, the best held-out checkpoint kept, with the time left "
-                   "in the progress line.")]
+    "--time", help="Bound the whole recovery (e.g. 15m, 900s, 1h; default 15m unless --steps or --distill-steps "
+                   "is given): each training loop runs for its share of the time, the best held-out checkpoint "
+                   "kept, with the time left in the progress line. More time keeps helping (docs/results.md).")]
 
 
 # ---------------------------------------------------------------- sweep
@@ -175,10 +175,13 @@ RecoverMethodOpt = Annotated[str, typer.Option(
     help="'block' reconstruction (each changed segment trained to reproduce the teacher's tensor at its end), "
          "'distill'ation of the outputs on augmented images (both models see the same crop/flip/mix), or "
          "'block+distill' (default: both, in this order).")]
-StepsOpt = Annotated[int, typer.Option(help="Block stage: Adam steps per segment whose weights differ from the "
-                                            "teacher's.")]
+StepsOpt = Annotated[Optional[int], typer.Option(
+    help="Block stage: Adam steps per segment whose weights differ from the teacher's (200 where left out). Given "
+         "without --time, step counts bound the run instead of the time.")]
 LrOpt = Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")]
-DistillStepsOpt = Annotated[int, typer.Option(help="Distill stage: Adam steps.")]
+DistillStepsOpt = Annotated[Optional[int], typer.Option(
+    help="Distill stage: Adam steps (600 where left out). Given without --time, step counts bound the run instead of "
+         "the time.")]
 DistillLrOpt = Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")]
 DistillSegmentsOpt = Annotated[int, typer.Option(
     help="Distill stage: train only the last N segments (the head; back to the last one with weights when those "
@@ -186,6 +189,9 @@ DistillSegmentsOpt = Annotated[int, typer.Option(
          "every training sample; 0 = the whole model, augmented on the fly (slow on CPU).")]
 DistillViewsOpt = Annotated[int, typer.Option(
     help="Distill stage: augmented views per training sample cached for the head.")]
+DistillFeaturesOpt = Annotated[float, typer.Option(
+    help="Distill stage, whole model: weight of the block outputs (the tensors the segments end at) matched to the "
+         "teacher's, beside the outputs' objective; 0 = the outputs only.")]
 MixOpt = Annotated[str, typer.Option(
     help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")]
 HoldoutOpt = Annotated[float, typer.Option(
@@ -367,7 +373,8 @@ def recover_job(values: Values) -> RecoverJob:
     prep = preprocess(teacher, v)
     options = RecoverOptions(method=v["method"], steps=v["steps"], lr=v["lr"], distill_steps=v["distill_steps"],
                              distill_lr=v["distill_lr"], distill_segments=v["distill_segments"],
-                             distill_views=v["distill_views"], mix=v["mix"], layout=prep.layout,
+                             distill_views=v["distill_views"],
+                             distill_features=v["distill_features"], mix=v["mix"], layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])

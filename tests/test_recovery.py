@@ -283,6 +283,49 @@ def test_recover_keeps_to_its_time(tiny, student) -> None:
         RecoverOptions(time=-1)
 
 
+def test_time_bounds_by_default_and_given_steps_bound_instead() -> None:
+    """No bound given: DEFAULT_TIME; steps or distill_steps without a time: the counts (the other one its default);
+    a time given wins over steps."""
+    from onnxprune.recovery.options import DEFAULT_TIME, DISTILL_STEPS, STEPS
+
+    plain = RecoverOptions()
+    assert (plain.time, plain.steps, plain.distill_steps) == (DEFAULT_TIME, STEPS, DISTILL_STEPS)
+    assert (RecoverOptions(steps=5).time, RecoverOptions(steps=5).distill_steps) == (None, DISTILL_STEPS)
+    assert (RecoverOptions(distill_steps=7).time, RecoverOptions(distill_steps=7).steps) == (None, STEPS)
+    assert RecoverOptions(time=60.0, steps=5).time == 60.0
+    with pytest.raises(OptionError, match="distill_features -1"):
+        RecoverOptions(distill_features=-1)
+
+
+def test_with_features_adds_the_block_outputs_relative_error() -> None:
+    """The outputs' loss on the first n tensors plus weight × the mean relative squared error of the others;
+    weight 0 is the loss itself."""
+    from onnxprune.recovery.objective import with_features
+    from onnxprune.recovery.train import kl_loss, relative_mse
+
+    gen = torch.Generator().manual_seed(0)
+    ts = [torch.randn(4, 10, generator=gen), torch.randn(4, 3, 5, generator=gen), torch.randn(4, 7, generator=gen)]
+    ys = [t + 0.3 * torch.randn(t.shape, generator=gen) for t in ts]
+    both = with_features(kl_loss, 1, 2.0)(ys, ts)
+    expected = kl_loss(ys[:1], ts[:1]) + 2.0 * (relative_mse(ys[1:2], ts[1:2]) + relative_mse(ys[2:], ts[2:])) / 2
+    assert float(both) == pytest.approx(float(expected), rel=1e-6) and float(both) > float(kl_loss(ys, ts))
+    assert with_features(kl_loss, 1, 0.0) is kl_loss
+    assert float(with_features(kl_loss, 1, 2.0)(ys[:1], ts[:1])) == pytest.approx(float(kl_loss(ys, ts)))
+
+
+def test_whole_model_distillation_matches_the_block_outputs(tiny, student) -> None:
+    """distill_features > 0 trains the whole model on its block outputs too: other weights than the outputs alone
+    give, written back exactly, and the held-out verdict still on the outputs."""
+    weights = lambda m: {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}  # noqa: E731
+    runs = {}
+    for features in (0.0, 1.0):
+        options = RecoverOptions(**FAST, method="distill", distill_segments=0, distill_features=features)
+        model, report = recover(student, tiny.model, _calib(tiny), options)
+        assert report.improved and report.writeback_error <= 1e-5 and report.metric == "kl"
+        runs[features] = weights(model)
+    assert runs[0.0] != runs[1.0]
+
+
 def _yolo(rng: np.random.Generator, n: int = 6) -> np.ndarray:
     """YOLOv8-style [N, 4 + 3 classes, 84 anchors] at 64² (strides 8, 16, 32): decoded boxes, sigmoid scores,
     a few anchors with objects."""

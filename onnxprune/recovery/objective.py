@@ -72,3 +72,18 @@ def objective(teacher: list[np.ndarray], task: Detect | None) -> Loss:
     if task is not None:
         return DetectLoss(task.layout)
     return kl_loss if teacher[0].ndim == 2 else relative_mse
+
+
+def with_features(loss: Loss, n: int, weight: float) -> Loss:
+    """``loss`` on the first ``n`` outputs plus ``weight`` times the mean relative squared error of the tensors
+    after them (the block outputs a whole-model distillation also matches: a dense signal per image that a few
+    hundred images' outputs alone do not give)."""
+    if weight == 0:
+        return loss
+
+    def total(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
+        extra = len(ys) - n
+        features = relative_mse(ys[n:], ts[n:]) / extra if extra else ys[0].new_zeros(())
+        return loss(ys[:n], ts[:n]) + weight * features
+
+    return total

@@ -62,20 +62,27 @@ def writeback_tolerance(device: torch.device) -> float:
     return 1e-4 if device.type == "cpu" else 1e-2
 
 
+DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a few hundred photos (docs/results.md)
+STEPS, DISTILL_STEPS = 200, 600  # the step counts where steps bound the run and one of them is left out
+
+
 @dataclass
 class RecoverOptions:
-    """The recovery's settings, checked when built (a bad value raises OptionError naming the field).
+    """The recovery's settings, checked when built (a bad value raises OptionError naming the field). A time
+    budget bounds the run (``time``, by default ``DEFAULT_TIME``), or step counts do where ``steps`` or
+    ``distill_steps`` is given without ``time``.
 
     ``method``, ``train``, ``mix`` and ``layout`` are enums (``Method``, ``Train``, ``Mix``, ``Layout``) or their
     values ('block+distill', 'segment', 'mixup', 'nchw', ...); they are stored as the enums."""
 
     method: Method | str = Method.BLOCK_DISTILL
-    steps: int = 200  # Adam steps per trainable segment (block stage)
+    steps: int | None = None  # Adam steps per trainable segment (block stage; None: STEPS when steps bound the run)
     lr: float = 1e-3
-    distill_steps: int = 600  # Adam steps of the distillation stage
+    distill_steps: int | None = None  # Adam steps of the distillation stage (None: DISTILL_STEPS)
     distill_lr: float = 1e-4
     distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
     distill_views: int = 8  # augmented views of every training sample cached for a head distillation
+    distill_features: float = 1.0  # whole-model distillation: weight of the block outputs' relative squared error
     mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
     layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
     batch_size: int = 32
@@ -87,7 +94,8 @@ class RecoverOptions:
     device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
     memory: int | None = None  # bytes of cached tensors held in RAM, the rest spilled (None: half the available)
     time: float | None = None  # seconds the whole recovery may take: each loop runs for its share of them instead
-    # of ``steps`` / ``distill_steps`` (``Clock``), the best checkpoint kept
+    # of ``steps`` / ``distill_steps`` (``Clock``), the best checkpoint kept. None: DEFAULT_TIME, unless ``steps`` or
+    # ``distill_steps`` is given (then the step counts bound the run)
     spill_dir: str | None = None  # where spilled tensors go (None: the system's temporary folder)
 
     def torch_device(self) -> torch.device:
@@ -98,11 +106,18 @@ class RecoverOptions:
         for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
             check_choice(name, getattr(self, name), tuple(k.value for k in kind))
             setattr(self, name, kind(getattr(self, name)))
+        if self.time is None and self.steps is None and self.distill_steps is None:
+            self.time = DEFAULT_TIME
+        self.steps = STEPS if self.steps is None else self.steps
+        self.distill_steps = DISTILL_STEPS if self.distill_steps is None else self.distill_steps
         if self.time is not None and not self.time > 0:
             raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
         for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
+        if not self.distill_features >= 0:
+            raise OptionError(f"distill_features {self.distill_features} must be a non-negative weight",
+                              option="distill_features")
         check_memory(self.memory)
 
     def store(self) -> Store:

@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.recovery.augment import augment_images
-from onnxprune.recovery.objective import objective
+from onnxprune.recovery.objective import objective, with_features
 from onnxprune.recovery.options import BLOCK_SHARE, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
@@ -114,20 +114,29 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
                      seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_part, options.batch_size)
+        samples = n_views
     else:
-        start, n_views = [i.name for i in model.graph.input], options.distill_steps * options.batch_size
-        net, t_net = TorchGraph(model).to(options.torch_device()), TorchGraph(teacher).to(options.torch_device())
+        start = [i.name for i in model.graph.input]
+        outputs = [o.name for o in model.graph.output]
+        anchors = [seg.end[0] for seg in segments[:-1]] if options.distill_features > 0 else []
+        net = TorchGraph(model, outputs=outputs + anchors).to(options.torch_device())
+        t_net = TorchGraph(teacher, outputs=outputs + anchors).to(options.torch_device())
         t_net.requires_grad_(False)
         xs = [values[name] for name in net.input_names]
         params = trainable(net)
-        result = distill(net, t_net, params, xs, train_idx,
-                         lambda: discrepancy(evaluate_net(net, xs, held_idx, options.batch_size), teacher_held,
-                                             task)[1],
-                         batch_size=options.batch_size, augment=transform or (lambda xs, gen: xs), loss=loss,
-                         seconds=clock.loop(), **loop)
-        held_out = evaluate_net(net, xs, held_idx, options.batch_size)
-    report = DistillReport(sum(p.numel() for p in params), first is None, list(start), n_views, augment, result.held_before,
-                           result.held_after, result.best_step, time.perf_counter() - t0)
+
+        def held() -> float:
+            return discrepancy(evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs)), teacher_held,
+                               task)[1]
+
+        result = distill(net, t_net, params, xs, train_idx, held, batch_size=options.batch_size,
+                         augment=transform or (lambda xs, gen: xs),
+                         loss=with_features(loss, len(outputs), options.distill_features), seconds=clock.loop(),
+                         **loop)
+        held_out = evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs))
+        samples = result.steps * options.batch_size
+    report = DistillReport(sum(p.numel() for p in params), first is None, list(start), samples, augment,
+                           result.held_before, result.held_after, result.best_step, time.perf_counter() - t0)
     return write_back(model, net), held_out, report
 
 

@@ -42,14 +42,14 @@ def _feed(xs: Sequence[np.ndarray], idx: np.ndarray, device: torch.device) -> li
 
 
 def evaluate_net(net: TorchGraph, xs: Sequence[Array], idx: np.ndarray, batch_size: int,
-                 store: Store | None = None) -> list[Array]:
-    """The net's outputs on samples ``idx`` of the cached inputs ``xs`` (no gradients); in ``store``'s arrays
-    when given, else in numpy arrays."""
+                 store: Store | None = None, first: int | None = None) -> list[Array]:
+    """The net's outputs (its ``first`` ones only, when given) on samples ``idx`` of the cached inputs ``xs`` (no
+    gradients); in ``store``'s arrays when given, else in numpy arrays."""
     outs: list[Array] | None = None
     device = device_of(net)
     with torch.no_grad():
         for s in range(0, len(idx), batch_size):
-            ys = [y.cpu().numpy() for y in net(*_feed(xs, idx[s : s + batch_size], device))]
+            ys = [y.cpu().numpy() for y in net(*_feed(xs, idx[s : s + batch_size], device))[:first]]
             if outs is None:
                 shapes = [(len(idx), *y.shape[1:]) for y in ys]
                 outs = [np.empty(sh, y.dtype) if store is None else store.empty(sh, y.dtype)

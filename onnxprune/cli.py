@@ -291,7 +291,8 @@ def recover_cmd(
     report: ReportOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
-    """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher.
+    """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher,
+    within 15 minutes by default (--time).
 
     Never worse: the result is kept only if it is closer to the teacher (KL for classifiers) on the
     held-out calibration samples than the input; otherwise the input is written unchanged."""

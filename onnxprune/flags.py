@@ -373,8 +373,8 @@ def recover_job(values: Values) -> RecoverJob:
     prep = preprocess(teacher, v)
     options = RecoverOptions(method=v["method"], steps=v["steps"], lr=v["lr"], distill_steps=v["distill_steps"],
                              distill_lr=v["distill_lr"], distill_segments=v["distill_segments"],
-                             distill_views=v["distill_views"],
-                             distill_features=v["distill_features"], mix=v["mix"], layout=prep.layout,
+                             distill_views=v["distill_views"], distill_features=v["distill_features"], mix=v["mix"],
+                             layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])

@@ -93,6 +93,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
     changed = {name for seg in segments for name in seg.changed}
     augment, transform = _augmenter(model, options)
     loss = objective(teacher_held, task)
+    outputs = [o.name for o in model.graph.output]
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
@@ -106,7 +107,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
             "on_step": step}
     if first is not None:
         start = segments[first].start
-        net = TorchGraph(model, outputs=[o.name for o in model.graph.output], inputs_at=start)
+        net = TorchGraph(model, outputs=outputs, inputs_at=start)
         xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
                                       options, store)
         params = trainable(net.to(options.torch_device()))
@@ -117,7 +118,6 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         samples = n_views
     else:
         start = [i.name for i in model.graph.input]
-        outputs = [o.name for o in model.graph.output]
         anchors = [seg.end[0] for seg in segments[:-1]] if options.distill_features > 0 else []
         net = TorchGraph(model, outputs=outputs + anchors).to(options.torch_device())
         t_net = TorchGraph(teacher, outputs=outputs + anchors).to(options.torch_device())

@@ -345,3 +345,17 @@ def test_a_probe_that_fails_prints_nothing(capfd: pytest.CaptureFixture[str]) ->
     assert run_all_tensors(model, [out], {"x": np.zeros((2, 3, 4), np.float32)}) is None
     assert fixed_batch(model) is not None
     assert "onnxruntime" not in capfd.readouterr().err
+
+
+def test_values_read_from_a_shape_do_not_fix_the_batch() -> None:
+    """A float scalar computed from the input's dims (YOLOv8's anchor grid: Shape → Gather → Cast → Range) is the
+    same for every sample and holds none: the batch stays free."""
+    b = GraphBuilder({"input": ["N", 3, 8, 8]})
+    feat = b.conv("input", "stem", 3, 4)
+    size = b.op("Cast", [b.op("Gather", [b.op("Shape", [feat], "dims"), b.const("h", np.array(2), np.int64)],
+                                        "height")], "height_f", to=onnx.TensorProto.FLOAT)
+    out = b.op("Mul", [feat, size], "scaled")
+    model = b.model([out])
+    assert fixed_batch(model) is None
+    x = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)
+    assert run(model, input=x)[0].shape == (2, 4, 8, 8)

@@ -48,12 +48,17 @@ def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str
     return dict(zip(names, arrays))
 
 
+SHAPE_READERS = ("Shape", "Size")  # read a tensor's dims, not its values
+
+
 def input_dependent(model: onnx.ModelProto) -> set[str]:
-    """The tensors computed from a graph input (a node with a subgraph counts as reading every input)."""
+    """The tensors computed from a graph input's values (a node with a subgraph counts as reading every input;
+    ``Shape`` and ``Size`` read only dims: a YOLOv8 head's anchor grid, sized from a feature map's shape, holds
+    no sample)."""
     data = {v.name for v in real_inputs(model)}
     for node in model.graph.node:
         subgraph = any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute)
-        if subgraph or any(name in data for name in node.input):
+        if subgraph or (node.op_type not in SHAPE_READERS and any(name in data for name in node.input)):
             data.update(o for o in node.output if o)
     return data
 

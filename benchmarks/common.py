@@ -5,7 +5,6 @@ objects by ``onnxprune.flags``, as the CLI builds them. No flag is declared here
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import torch
 import onnxprune
 import onnxprune.ir.probe
 from onnxprune import flags as cli_flags
-from onnxprune.cli import flag_values
+from onnxprune.cli import flag_values, torch_threads
 from onnxprune.fileio import atomic_write
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared/data/imagenet-sample-dev"
@@ -103,7 +102,7 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
 def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[str], report: Path | None = None
             ) -> dict:
     """`onnxprune recover pruned --teacher original -o output --calib data *flags [--report report]`, in-process
-    (the flags read and built as the CLI does), torch on every core as the CLI sets it (restored after): writes
+    (the flags read and built as the CLI does), torch's threads as the CLI sets them (restored after): writes
     ``output`` (and ``report``) and returns the report's dict."""
     _echo("recover", pruned, "--teacher", original, "-o", output, "--calib", data, *flags,
           *(("--report", report) if report else ()))
@@ -111,7 +110,7 @@ def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[
                                      *flags])
     job = cli_flags.recover_job(values)
     threads = torch.get_num_threads()
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch_threads()
     try:
         result = job.run()
     finally:

@@ -197,10 +197,17 @@ def _compress_keeping(values: dict[str, Any], quiet: bool) -> None:
     print_sweep(result, folder, values["output"])
 
 
+def torch_threads() -> None:
+    """Torch on every core the process may run on, unless OMP_NUM_THREADS sets its threads (torch's default may
+    take fewer; the library leaves torch's global settings to its caller)."""
+    if not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+
+
 def _recover(call: Callable[[RecoveryProgress], api.Result], quiet: bool) -> api.Result:
-    """``call(on_progress)`` (a recovery) with a progress bar (segment, step, best held-out loss), torch on every
-    core of the process (its default may take fewer; the library leaves torch's global settings to its caller)."""
-    torch.set_num_threads(os.cpu_count() or 1)
+    """``call(on_progress)`` (a recovery) with a progress bar (segment, step, best held-out loss), torch threads
+    as ``torch_threads`` sets them."""
+    torch_threads()
     with progress("recover", quiet) as advance:
         def on_progress(label: str, step: int, total: int, held: float | None) -> None:
             advance(step, total, f"{label} (held-out loss {held:.4f})" if held is not None else label)

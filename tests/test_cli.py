@@ -435,3 +435,22 @@ def test_flag_values_take_the_library_defaults() -> None:
     assert (r["steps"], r["distill_steps"], r["time"]) == (None, None, None)  # RecoverOptions: the default time
     with pytest.raises(Exception, match="No such option: --no-such-flag"):
         flag_values("compress", ["m.onnx", "-o", "p.onnx", "--calib", "photos", "--no-such-flag"])
+
+
+def test_recover_threads_follow_omp_num_threads_else_every_usable_core(monkeypatch) -> None:
+    import torch
+
+    from onnxprune.cli import torch_threads
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch_threads()
+        assert torch.get_num_threads() == len(os.sched_getaffinity(0))
+        torch.set_num_threads(1)
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")
+        torch_threads()
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

@@ -255,6 +255,20 @@ def test_head_start_reaches_back_to_weights() -> None:
     assert head_start(segments, 0, changed_only=False) is None and head_start(segments, 4, changed_only=False) is None
 
 
+def test_the_block_stage_leaves_a_head_that_is_one_changed_segment_to_the_distillation() -> None:
+    from onnxprune.recovery.stages import left_to_distill
+
+    seg = lambda weights, changed=(): Segment([], [], [], list(changed), list(weights))  # noqa: E731
+    detector = [seg(["a"], ["a"]), seg(["b"]), seg(["c"], ["c"])]  # the neck and head: one segment
+    classifier = [seg(["a"], ["a"]), seg(["b"], ["b"]), seg(["c"], ["c"])]
+    options = RecoverOptions()
+    assert left_to_distill(detector, options) == 2
+    assert left_to_distill(classifier, options) is None  # the head's two changed segments: block-wise first
+    assert left_to_distill(detector, RecoverOptions(method="block")) is None
+    assert left_to_distill(detector, RecoverOptions(distill_segments=0)) is None  # whole model: blocks first
+    assert left_to_distill([*detector, seg([])], options) is None  # a Softmax after it: the head starts before
+
+
 def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
     """With ``seconds`` the loop runs until its time is spent (a clock that ticks one second a call here), checks
     the held-out loss at each fifth of the time and keeps the best weights; the cosine follows the time."""

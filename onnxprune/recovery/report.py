@@ -46,6 +46,7 @@ class RecoverReport:
     device: str = "cpu"  # where torch trained
     options: dict = field(default_factory=dict)
     segments: list[SegmentReport] = field(default_factory=list)
+    block_skipped: list[str] = field(default_factory=list)  # the end of the segment left to the distillation
     distill: DistillReport | None = None
 
     def to_dict(self) -> dict:

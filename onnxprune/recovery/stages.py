@@ -27,22 +27,27 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
                  values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
                  options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store,
                  clock: Clock) -> tuple[onnx.ModelProto, dict[str, Array]]:
-    """Train every changed segment in turn; the written model and the trained nets' outputs. Under a time
-    budget the stage gets ``BLOCK_SHARE`` of it (all of it without distillation), split among the segments left."""
+    """Train every changed segment in turn, but one that the distillation trains whole (``left_to_distill``); the
+    written model and the trained nets' outputs. Under a time budget the stage gets ``BLOCK_SHARE`` of it (all of
+    it without distillation), split among the segments left."""
     n = len(next(iter(values.values())))
+    skip = left_to_distill(segments, options)
+    if skip is not None:
+        report.block_skipped = segments[skip].end
+    train = [i for i, s in enumerate(segments) if s.trainable and i != skip]
     share = BLOCK_SHARE if options.method.distill else 1.0
-    stage = clock.loop(share)
+    stage = clock.loop(share) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
-    model, trainable, done = s_model, sum(s.trainable for s in segments), 0
-    for seg in segments:
+    model, trainable, done = s_model, len(train), 0
+    for i, seg in enumerate(segments):
         t0 = time.perf_counter()
         net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start).to(options.torch_device())
         xs = [cur[name] for name in net.input_names]
         new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size,
                                  store=store)
-        if seg.trainable:
+        if i in train:
             ts = [new_ref[name] for name in seg.end]
             names = set(seg.changed) if options.train == "changed" else None
             params = [p for name, p in net.named_initializers()
@@ -66,6 +71,18 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
         cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
     return model, cur
+
+
+def left_to_distill(segments: list[Segment], options: RecoverOptions) -> int | None:
+    """The last segment, where it is the only changed one of a distilled head (a detector whose neck holds no
+    single tensor alive makes one segment of neck and head): the distillation trains it on the task objective with
+    augmented views, the block stage would train the same weights towards the same outputs on their raw squared
+    error without them, spending the time twice. None otherwise."""
+    if not options.method.distill:
+        return None
+    first = head_start(segments, options.distill_segments, options.train == "changed")
+    changed = [] if first is None else [i for i in range(first, len(segments)) if segments[i].trainable]
+    return changed[0] if changed == [len(segments) - 1] else None
 
 
 def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Augment | None]:

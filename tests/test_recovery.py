@@ -380,3 +380,29 @@ def test_a_detector_trains_on_the_objective_compress_allocates_by() -> None:
     name, value, _ = discrepancy([student], [teacher], task)
     assert name == "1-mAP50-95" and 0.0 < value <= 1.0
     assert objective([np.zeros((2, 10))], None).__name__ == "kl_loss"
+
+
+def test_detectors_whose_boxes_the_export_leaves_encoded_train_on_the_same_objective() -> None:
+    """A raw-grid YOLOX and a PicoDet head (distance bins per level): ``detect_task`` finds them, and DetectLoss on
+    torch tensors, through ``DetectionLayout.decoded``, equals ``tasks.Detect``'s discrepancy and has gradients."""
+    from onnxprune.recovery.objective import DetectLoss, detect_task
+    from onnxprune.tasks.detection import cells
+
+    rng = np.random.default_rng(1)
+    image = np.zeros((1, 3, 64, 64), np.float32)
+    a = sum(cells((64, 64), (8, 16, 32)))
+    yolox = np.concatenate([rng.uniform(-0.5, 1.5, (4, a, 4)), rng.uniform(0, 0.05, (4, a, 3))], 2)
+    yolox[:, :6, 4:] = 0.9  # a few objects
+    levels = cells((64, 64), (8, 16, 32, 64))
+    pico = [rng.uniform(0, 0.05, (4, c, 3)) for c in levels] + [rng.normal(0, 1, (4, c, 32)) for c in levels]
+    pico[0][:, :5] = 0.8
+    for teacher, kind in (([yolox], "anchors_first"), (pico, "split")):
+        task = detect_task(teacher, [image])
+        assert task is not None and task.layout.kind == kind
+        student = [t + rng.normal(0, 0.05, t.shape) for t in teacher]
+        expected = task.discrepancy([dict(enumerate(teacher))], [dict(enumerate(student))])
+        ys = [torch.tensor(s, requires_grad=True) for s in student]
+        loss = DetectLoss(task.layout)(ys, [torch.from_numpy(t) for t in teacher])
+        assert float(loss.detach()) == pytest.approx(expected, rel=1e-9) and expected > 0
+        loss.backward()
+        assert all(y.grad is not None and torch.isfinite(y.grad).all() for y in ys)

@@ -1,8 +1,9 @@
 """What recovery trains towards and judges by: the task ``eval`` reports, where the outputs show one.
 
-A detector whose boxes are decoded in the graph (``tasks.detection`` layouts ``channels_first``, ``anchors_first``:
-YOLOv5/v8/v11, YOLOX) trains on ``DetectLoss``, the objective ``compress`` allocates by, and is judged by its
-mAP50-95 against the teacher's detections; a classifier on the KL; anything else on the relative squared error of
+A detector (any ``tasks.detection`` layout: YOLOv5/v8/v11, YOLOX with or without its grid decoded, PicoDet/GFL
+distance bins, dense face heads) trains on ``DetectLoss``, the objective ``compress`` allocates by, on the boxes
+``DetectionLayout.decoded`` places (the code ``eval`` decodes with), and is judged by its mAP50-95 against the
+teacher's detections; a classifier on the KL; anything else on the relative squared error of
 its raw outputs."""
 
 from __future__ import annotations
@@ -27,19 +28,9 @@ class DetectLoss:
 
     layout: DetectionLayout
 
-    def _candidates(self, ys: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        y, c = ys[self.layout.outputs[0]], self.layout.classes
-        if self.layout.kind == "channels_first":
-            y = y.transpose(1, 2)
-            scores = y[..., 4:4 + c]
-        else:
-            scores = y[..., 4:5] * y[..., 5:5 + c]
-        box = torch.cat([y[..., :2] - y[..., 2:4] / 2, y[..., :2] + y[..., 2:4] / 2], dim=-1)
-        return box, scores
-
     def sums(self, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> list[torch.Tensor]:
-        yb, ysc = self._candidates(ys)
-        tb, tsc = self._candidates(ts)
+        yb, ysc, _ = self.layout.decoded(ys)
+        tb, tsc, _ = self.layout.decoded(ts)
         w = tsc.max(dim=-1).values
         w = torch.where(w >= BOX_WEIGHT_FLOOR, w, torch.zeros_like(w))
         size = torch.maximum(tb[..., 2] - tb[..., 0], tb[..., 3] - tb[..., 1]).clamp_min(1.0)
@@ -55,7 +46,7 @@ class DetectLoss:
 
 
 def detect_task(teacher: list[np.ndarray], inputs: list[np.ndarray]) -> Detect | None:
-    """The detector the teacher's outputs show, where its boxes are decoded in the graph (else None)."""
+    """The detector the teacher's outputs show (any ``DetectionLayout``: decoded in the graph or not), else None."""
     hw = image_hw(inputs[0]) if len(inputs) == 1 else None
     if hw is None or teacher[0].ndim != 3:
         return None
@@ -63,7 +54,7 @@ def detect_task(teacher: list[np.ndarray], inputs: list[np.ndarray]) -> Detect |
     layout = getattr(task, "layout", None)
     if type(task) is not Detect or not isinstance(layout, DetectionLayout):
         return None
-    return task if layout.kind in ("channels_first", "anchors_first") and layout.grid is None else None
+    return task
 
 
 def objective(teacher: list[np.ndarray], task: Detect | None) -> Loss:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+import torch
 
 STRIDES = ((8, 16, 32), (8, 16, 32, 64))
 DENSE_STRIDES = (8, 16, 32, 64, 128)
@@ -72,6 +73,17 @@ def xywh_to_xyxy(b: np.ndarray) -> np.ndarray:
     return np.concatenate([b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2], axis=-1)
 
 
+def _xyxy(b: torch.Tensor) -> torch.Tensor:
+    return torch.cat([b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2], dim=-1)
+
+
+def _grid(hw: tuple[int, int], strides: Sequence[int], offset: float, like: torch.Tensor
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``grid_centres`` as tensors of ``like``'s dtype and device."""
+    xy, stride = grid_centres(hw, strides, offset)
+    return torch.from_numpy(xy).to(like), torch.from_numpy(stride).to(like)
+
+
 @dataclass(frozen=True)
 class DetectionLayout:
     """Where a detector's boxes and scores are among its outputs (see the module's docstring)."""
@@ -89,47 +101,52 @@ class DetectionLayout:
     kps_outputs: tuple[int, ...] = ()  # dense: the keypoint outputs, level by level
 
     def candidates(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """Per anchor: xyxy boxes (N, A, 4), class scores (N, A, C) and mask coefficients (N, A, M) or None."""
+        """Per anchor: xyxy boxes (N, A, 4), class scores (N, A, C) and mask coefficients (N, A, M) or None
+        (``decoded`` on float64 copies of the outputs it reads)."""
+        read = {*self.outputs, *self.box_outputs, *self.kps_outputs}
+        ys = [torch.from_numpy(np.asarray(o, np.float64)) if i in read else None for i, o in enumerate(outputs)]
+        return tuple(None if t is None else t.numpy() for t in self.decoded(ys))
+
+    def decoded(self, ys: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``candidates`` on torch tensors, differentiable: what ``eval`` reads is what ``recover`` trains on."""
         if self.kind == "channels_first":
-            y = np.asarray(outputs[self.outputs[0]], np.float64).transpose(0, 2, 1)
+            y = ys[self.outputs[0]].transpose(1, 2)
             coef = y[..., 4 + self.classes:4 + self.classes + self.masks] if self.masks else None
-            return xywh_to_xyxy(y[..., :4]), y[..., 4:4 + self.classes], coef
+            return _xyxy(y[..., :4]), y[..., 4:4 + self.classes], coef
         if self.kind == "anchors_first":
-            y = np.asarray(outputs[self.outputs[0]], np.float64)
+            y = ys[self.outputs[0]]
             box = y[..., :4]
             if self.grid is not None:
-                xy, stride = grid_centres(self.hw, self.grid, 0.0)
-                box = np.concatenate([(box[..., :2] + xy) * stride[:, None],
-                                      np.exp(np.minimum(box[..., 2:4], 30.0)) * stride[:, None]], axis=-1)
-            return xywh_to_xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
+                xy, stride = _grid(self.hw, self.grid, 0.0, y)
+                box = torch.cat([(box[..., :2] + xy) * stride[:, None],
+                                 torch.exp(box[..., 2:4].clamp(max=30.0)) * stride[:, None]], dim=-1)
+            return _xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
         if self.kind == "dense":
-            return self._dense(outputs)
-        scores = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.outputs], axis=1)
-        raw = np.concatenate([np.asarray(outputs[i], np.float64) for i in self.box_outputs], axis=1)
+            return self._dense(ys)
+        scores = torch.cat([ys[i] for i in self.outputs], dim=1)
+        raw = torch.cat([ys[i] for i in self.box_outputs], dim=1)
         if self.reg_max is None:
             return raw[..., :4], scores, None
-        strides = STRIDES[1][: len(self.outputs)]
-        centre, stride = grid_centres(self.hw, strides, 0.5)
-        bins = raw.reshape(*raw.shape[:2], 4, self.reg_max + 1)
-        bins = np.exp(bins - bins.max(axis=-1, keepdims=True))
-        dist = (bins / bins.sum(axis=-1, keepdims=True)) @ np.arange(self.reg_max + 1) * stride[:, None]
+        centre, stride = _grid(self.hw, STRIDES[1][: len(self.outputs)], 0.5, raw)
+        bins = torch.softmax(raw.reshape(*raw.shape[:2], 4, self.reg_max + 1), dim=-1)
+        dist = (bins @ torch.arange(self.reg_max + 1).to(raw)) * stride[:, None]
         centre = centre * stride[:, None]
-        return np.concatenate([centre - dist[..., :2], centre + dist[..., 2:]], axis=-1), scores, None
+        return torch.cat([centre - dist[..., :2], centre + dist[..., 2:]], dim=-1), scores, None
 
-    def _dense(self, outputs: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-        """``candidates`` of a dense face head: boxes and keypoints placed from each anchor's cell corner."""
+    def _dense(self, ys: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """``decoded`` of a dense face head: boxes and keypoints placed from each anchor's cell corner."""
         strides = DENSE_STRIDES[: len(self.outputs)]
         sizes = [self.anchors * c for c in cells(self.hw, strides)]
 
-        def levels(which: tuple[int, ...], width: int) -> np.ndarray:
-            return np.concatenate([np.asarray(outputs[i], np.float64).reshape(-1, m, width)
-                                   for i, m in zip(which, sizes)], axis=1)
+        def levels(which: tuple[int, ...], width: int) -> torch.Tensor:
+            return torch.cat([ys[i].reshape(-1, m, width) for i, m in zip(which, sizes)], dim=1)
 
-        corner, stride = grid_centres(self.hw, strides, 0.0)
-        corner = np.repeat(corner * stride[:, None], self.anchors, axis=0)
-        stride = np.repeat(stride, self.anchors)[:, None]
+        like = ys[self.outputs[0]]
+        corner, stride = _grid(self.hw, strides, 0.0, like)
+        corner = torch.repeat_interleave(corner * stride[:, None], self.anchors, dim=0)
+        stride = torch.repeat_interleave(stride, self.anchors)[:, None]
         dist = levels(self.box_outputs, 4) * stride
-        boxes = np.concatenate([corner - dist[..., :2], corner + dist[..., 2:]], axis=-1)
+        boxes = torch.cat([corner - dist[..., :2], corner + dist[..., 2:]], dim=-1)
         kps = None
         if self.kps_outputs:
             points = levels(self.kps_outputs, 10).reshape(-1, len(corner), 5, 2) * stride[:, :, None]

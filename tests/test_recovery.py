@@ -259,14 +259,15 @@ def test_the_block_stage_leaves_a_head_that_is_one_changed_segment_to_the_distil
     from onnxprune.recovery.stages import left_to_distill
 
     seg = lambda weights, changed=(): Segment([], [], [], list(changed), list(weights))  # noqa: E731
-    detector = [seg(["a"], ["a"]), seg(["b"]), seg(["c"], ["c"])]  # the neck and head: one segment
+    # YOLOv8n: the backbone's early blocks, then neck and head in one segment, then the unchanged DFL decoding
+    detector = [seg(["a"], ["a"]), seg(["b"]), seg(["c"], ["c"]), seg(["dfl"])]
     classifier = [seg(["a"], ["a"]), seg(["b"], ["b"]), seg(["c"], ["c"])]
     options = RecoverOptions()
     assert left_to_distill(detector, options) == 2
+    assert left_to_distill(detector[:3], options) is None  # a head of two segments starts before the changed one
     assert left_to_distill(classifier, options) is None  # the head's two changed segments: block-wise first
     assert left_to_distill(detector, RecoverOptions(method="block")) is None
     assert left_to_distill(detector, RecoverOptions(distill_segments=0)) is None  # whole model: blocks first
-    assert left_to_distill([*detector, seg([])], options) is None  # a Softmax after it: the head starts before
 
 
 def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPatch) -> None:

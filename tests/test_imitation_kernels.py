@@ -13,6 +13,7 @@ from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.refit import (
     expand_channels,
     quadratic_loss_full,
+    refit_cv,
     refit_full,
     refit_scale,
     centred_energy,
@@ -297,6 +298,48 @@ def test_refit_full_on_subset_is_the_least_squares_optimum(ridge: float) -> None
     assert quadratic_loss_full(s, keep, w_new, b_new) == pytest.approx(direct, rel=1e-9)
     variance = float(((t - t.mean(0, dtype=np.float64)) ** 2).sum())
     assert quadratic_loss_full(s, keep, w_new, b_new) / centred_energy(s) == pytest.approx(direct / variance, rel=1e-9)
+
+
+def ridge_optimum(x: np.ndarray, t: np.ndarray, ridge: float, prior: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``refit_full``'s problem solved directly in float64: centred normal equations, λ = ridge·tr(xᵀx)/(|S|·P)."""
+    x, t = x.astype(np.float64), t.astype(np.float64)
+    xc, tc = x - x.mean(0), t - t.mean(0)
+    lam = ridge * float((x**2).sum()) / x.size
+    w = np.linalg.solve(xc.T @ xc / len(x) + lam * np.eye(x.shape[1]), xc.T @ tc / len(x) + lam * prior.T).T
+    return w, t.mean(0) - w @ x.mean(0)
+
+
+def test_refit_with_fewer_positions_than_columns_solves_in_their_space() -> None:
+    rng = np.random.default_rng(8)
+    x, _, _, t = exact_integer_data(rng, 30, 48, 5, offset=2)
+    s = ConsumerStats(48, 5)
+    s.update(x[:10], t[:10])
+    s.update(x[10:], t[10:])
+    np.testing.assert_array_equal(s.rows[0], x)  # 30 positions < 48 columns: kept, in order
+    keep, prior = np.arange(3, 43), rng.normal(size=(5, 40))
+    for ridge in (1e-4, 1.0):
+        w, b = refit_full(s, keep, ridge, prior)
+        want_w, want_b = ridge_optimum(x[:, keep], t, ridge, prior)
+        np.testing.assert_allclose(w, want_w, rtol=1e-9, atol=1e-9 * np.abs(want_w).max())
+        np.testing.assert_allclose(b, want_b, rtol=1e-9, atol=1e-9 * np.abs(want_b).max())
+    s.update(x[:20], t[:20])  # 50 positions: past the columns, the rows are dropped and the Gram serves
+    assert s.rows is None and s.count == 50
+
+
+def test_refit_cv_is_the_same_from_positions_and_from_the_gram() -> None:
+    rng = np.random.default_rng(9)
+    x, _, _, t = exact_integer_data(rng, 40, 48, 5, offset=1)
+    t = t + rng.integers(-4, 5, size=t.shape).astype(np.float32)  # noise: the ridges score differently
+    folds = [stats_of(x[:20], t[:20]), stats_of(x[20:], t[20:])]
+    keep, prior = np.arange(40), rng.integers(-8, 9, size=(5, 40)) / 8.0
+    w, b, ridge = refit_cv(folds, keep, prior)
+    assert folds[0].rows is not None
+    for f in folds:  # the same sums (exact: small dyadic values), the Gram's route
+        f._rows = None
+    w_gram, b_gram, ridge_gram = refit_cv(folds, keep, prior)
+    assert ridge == ridge_gram
+    np.testing.assert_allclose(w, w_gram, rtol=1e-7, atol=1e-7 * np.abs(w_gram).max())
+    np.testing.assert_allclose(b, b_gram, rtol=1e-7, atol=1e-7 * np.abs(b_gram).max())
 
 
 def test_refit_ordering_full_scale_unscaled() -> None:

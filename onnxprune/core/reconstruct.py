@@ -20,7 +20,7 @@ def refit(graph: gs.Graph, group: Group, data: list[ConsumerData], cols: np.ndar
     cross-validation), written into ``graph``. Returns the graph, the ridges and the summed output error."""
     ridges = []
     for d, prior in zip(data, priors):
-        w, b, ridge = refit_cv(d.folds, expand(cols, d.current.k), prior=prior)
+        w, b, ridge = refit_cv(d.folds, expand(cols, d.current.k), prior=prior, merged=d.stats)
         ridges.append(ridge)
         graph = refit_consumer(graph, d.use.node, consumers.Linear(w, b, d.current.k), group, d.use)
     return graph, ridges, written_error(graph, group, data, cols)

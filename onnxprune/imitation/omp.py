@@ -94,9 +94,10 @@ class _Consumer:
             ok = m > self.floor
             return np.where(ok, np.einsum("ij,ij->i", self.q, self.q) / np.where(ok, m, 1.0), 0.0)
         w, v = np.linalg.eigh(self.m)
-        proj = v.transpose(0, 2, 1) @ self.q.reshape(self.n, self.k, -1)
+        q = self.q.reshape(self.n, self.k, -1)
         inv = np.where(w > self.floor[:, None], 1.0 / np.where(w > 0, w, 1.0), 0.0)
-        return np.einsum("nk,nko->n", inv, proj * proj)
+        # tr(Q_cᵀ M_c⁺ Q_c) from the k×k Q_c Q_cᵀ: the O-wide products happen once, not per eigenvector
+        return np.einsum("nk,nkk->n", inv, v.transpose(0, 2, 1) @ (q @ q.transpose(0, 2, 1)) @ v)
 
     def add(self, c: int) -> float:
         """Select channel c: extend z, downdate m and q; return the exact loss reduction."""
@@ -111,7 +112,7 @@ class _Consumer:
         self.rows += len(z_new)
         zb = z_new.reshape(len(z_new), self.n, self.k).transpose(1, 2, 0)
         self.m -= zb @ zb.transpose(0, 2, 1)
-        self.q -= np.einsum("ad,ao->do", z_new, p_new)  # gemm is slow for k = 1
+        self.q -= np.einsum("ad,ao->do", z_new, p_new) if self.k == 1 else z_new.T @ p_new  # gemm is slow for k = 1
         return float(np.sum(p_new * p_new))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from onnxprune.imitation.stats import ConsumerStats
@@ -22,6 +24,9 @@ def _ridge_solve(a: np.ndarray, b: np.ndarray, lam: float) -> np.ndarray:
         return np.linalg.lstsq(m, b, rcond=None)[0]
 
 
+Fit = Callable[[float], tuple[np.ndarray, np.ndarray]]  # ridge -> (W' (O, |S|), b' (O,))
+
+
 def refit_full(
     stats: ConsumerStats, keep_cols: np.ndarray, ridge: float = 1e-4, prior: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -30,19 +35,58 @@ def refit_full(
 
     Solved on centred statistics (the bias is not penalised): b' = mean t - W' mean x_S.
     """
+    return _fitter(stats, np.asarray(keep_cols, dtype=np.int64), prior)(ridge)
+
+
+def _fitter(stats: ConsumerStats, s: np.ndarray, prior: np.ndarray | None) -> Fit:
+    """``refit_full`` of ``stats`` on columns ``s`` for any ridge, the work shared between ridges done once: with
+    fewer positions P than columns (their rows kept) in the positions' space (an eigendecomposition of the P×P
+    kernel serves every ridge), else by solving the |S|×|S| normal equations."""
     if stats.count == 0:
         raise ValueError("refit_full needs statistics over at least one position")
-    s = np.asarray(keep_cols, dtype=np.int64)
     n = stats.count
+    rows = stats.rows
+    if rows is not None and n < len(s):
+        return _dual_fitter(rows[0][:, s], rows[1], stats.xx.diagonal()[s].sum() / (len(s) * n), prior)
     xx_s = stats.xx[np.ix_(s, s)]
     mx, mt = stats.sx[s] / n, stats.st / n
     cov = xx_s / n - np.outer(mx, mx)
     cross = stats.xt[s] / n - np.outer(mx, mt)
-    lam = ridge * np.trace(xx_s) / (len(s) * n)  # per-position units, like cov
-    if prior is not None:
-        cross = cross + lam * np.asarray(prior, dtype=np.float64).T
-    w = _ridge_solve(cov, cross, lam).T
-    return w, mt - w @ mx
+    trace = np.trace(xx_s)
+
+    def fit(ridge: float) -> tuple[np.ndarray, np.ndarray]:
+        lam = ridge * trace / (len(s) * n)  # per-position units, like cov
+        w = _ridge_solve(cov, cross if prior is None else cross + lam * np.asarray(prior, dtype=np.float64).T, lam).T
+        return w, mt - w @ mx
+
+    return fit
+
+
+def _dual_fitter(x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray | None) -> Fit:
+    """The ridge fit of t (P, O) on x (P, S) with λ = ridge·``scale``, from the positions: with X, T centred and
+    Δ = W'ᵀ - priorᵀ, (XᵀX + Pλ I) Δ = Xᵀ(T - X priorᵀ) gives Δ = Xᵀ (XXᵀ + Pλ I)⁻¹ (T - X priorᵀ)."""
+    mx, mt = x.mean(axis=0), t.mean(axis=0)
+    xc = x - mx
+    base = np.zeros((x.shape[1], t.shape[1])) if prior is None else np.asarray(prior, dtype=np.float64).T
+    evals, u = np.linalg.eigh(xc @ xc.T)
+    ur = u.T @ (t - mt - xc @ base)
+
+    def fit(ridge: float) -> tuple[np.ndarray, np.ndarray]:
+        denom = np.maximum(evals, 0.0) + len(x) * ridge * scale
+        inv = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)  # 0: the directions X never spans
+        w = (base + xc.T @ (u @ (ur * inv[:, None]))).T
+        return w, mt - w @ mx
+
+    return fit
+
+
+def _scorer(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.ndarray], float]:
+    """``quadratic_loss_full`` on columns ``s``, from the positions where fewer than |S| are kept."""
+    rows = stats.rows
+    if rows is None or stats.count >= len(s):
+        return lambda w, b: quadratic_loss_full(stats, s, w, b)
+    x, t = rows[0][:, s], rows[1]
+    return lambda w, b: float(np.sum(np.square(x @ w.T + b - t)))
 
 
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
@@ -54,27 +98,27 @@ def refit_cv(
     keep_cols: np.ndarray,
     prior: np.ndarray,
     grid: tuple[float, ...] = RIDGE_GRID,
+    merged: ConsumerStats | None = None,
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Refit with the ridge (towards ``prior``) chosen by two-fold cross-validation.
 
     Each fold's statistics fit, the other's score; the ridge with the lowest summed held-out
-    loss is then used on both folds together. Returns (W', b', ridge). With few calibration
-    samples per weight a plain least-squares refit over-fits; shrinking towards the original
-    weights keeps it safe without a hand-tuned constant.
+    loss is then used on both folds together (``merged``, where the caller holds their merge). Returns (W', b',
+    ridge). With few calibration samples per weight a plain least-squares refit over-fits; shrinking towards the
+    original weights keeps it safe without a hand-tuned constant.
     """
     a, b = folds
-    scores = []
-    for ridge in grid:
-        loss = 0.0
-        for fit, held in ((a, b), (b, a)):
-            w, bias = refit_full(fit, keep_cols, ridge, prior)
-            loss += quadratic_loss_full(held, keep_cols, w, bias)
-        scores.append(loss)
+    s = np.asarray(keep_cols, dtype=np.int64)
+    scores = np.zeros(len(grid))
+    for fit, held in ((a, b), (b, a)):
+        solve, loss = _fitter(fit, s, prior), _scorer(held, s)
+        scores += [loss(*solve(ridge)) for ridge in grid]
     best = grid[int(np.argmin(scores))]
-    both = ConsumerStats(a.d, a.o)
-    both.merge(a)
-    both.merge(b)
-    w, bias = refit_full(both, keep_cols, best, prior)
+    if merged is None:
+        merged = ConsumerStats(a.d, a.o)
+        merged.merge(a)
+        merged.merge(b)
+    w, bias = _fitter(merged, s, prior)(best)
     return w, bias, best
 
 

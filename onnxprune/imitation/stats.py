@@ -69,7 +69,9 @@ class ConsumerStats:
     otherwise lose its variance to float32 rounding, and the centred losses built from these sums could come out
     negative (``SHIFT_RATIO``). The properties give the raw sums back, in float64. On CUDA keep TF32 matmul disabled
     (`torch.backends.cuda.matmul.allow_tf32 = False`, the default), or xx/xt lose ~3 digits.
-    The properties xx, xt, sx, st are float64 numpy arrays.
+    The properties xx, xt, sx, st are float64 numpy arrays. While there are fewer positions than columns, the
+    positions themselves are kept too (``rows``, at most half the bytes of xx): a least-squares fit then solves in
+    their space, P³ instead of D³ (``imitation.refit``).
     """
 
     def __init__(self, d: int, o: int) -> None:
@@ -80,6 +82,8 @@ class ConsumerStats:
         self._shift: tuple[torch.Tensor, torch.Tensor] | None = None  # float32 (D,), (O,): set by the first chunk
         self._shifted = (False, False)  # whether each shift has a non-zero entry
         self._cache: Sums | None = None  # the raw sums, until the next change
+        self._rows: list[tuple[torch.Tensor, torch.Tensor]] | None = []  # float32 (D, P), (O, P), while count < d
+        self._rows_cache: tuple[np.ndarray, np.ndarray] | None = None
         self.count = 0
 
     def _to(self, device: torch.device) -> None:
@@ -107,6 +111,9 @@ class ConsumerStats:
         b, _, length = xf.shape
         if b * length == 0:  # a chunk that thinning left empty
             return
+        kept = self._rows is not None and self.count + b * length < self.d
+        self._keep_rows([(xf.permute(1, 0, 2).reshape(self.d, b * length).clone(),
+                          tf.permute(1, 0, 2).reshape(self.o, b * length).clone())] if kept else None, b * length)
         with torch.no_grad():
             if self._shift is None:
                 self._shift = (_shift(xf), _shift(tf))
@@ -153,10 +160,27 @@ class ConsumerStats:
         if self._shift is None:
             self._shift = (other._shift[0].to(device), other._shift[1].to(device))
             self._shifted = other._shifted
+        self._keep_rows(other._rows, other.count)
         theirs = tuple(a.to(device) for a in other._sums)
         dx, dt = ((b.to(device).double() - a.double()) for a, b in zip(self._shift, other._shift))
         self._sums = tuple(a + b for a, b in zip(self._sums, _moved(theirs, other.count, dx, dt)))
         self.count += other.count
+
+    def _keep_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]] | None, added: int) -> None:
+        """Append ``rows`` (``added`` positions; None: not kept) while the count stays below D, else drop all."""
+        self._rows_cache = None
+        below = self._rows is not None and rows is not None and self.count + added < self.d
+        self._rows = self._rows + rows if below else None
+
+    @property
+    def rows(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The positions, x (P, D) and t (P, O) float64, while there are fewer than D of them (else None)."""
+        if self._rows is None or not self._rows:
+            return None
+        if self._rows_cache is None:
+            self._rows_cache = tuple(torch.cat([r[i] for r in self._rows], dim=1).T.double().cpu().numpy()
+                                     for i in range(2))
+        return self._rows_cache
 
     def _raw(self) -> Sums:
         """The raw sums (computed once after each change: the refit reads them many times)."""

@@ -53,7 +53,7 @@ class Search:
         for d, base in zip(self.data, self.bases):
             cols = expand(keep, d.current.k)
             if cross_validated:
-                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
+                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols], merged=d.stats)
             else:
                 w, bias = refit_full(d.stats, cols, OMP_RIDGE)
             out.append(base.with_group(cols, w, bias))

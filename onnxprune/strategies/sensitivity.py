@@ -156,7 +156,7 @@ def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: di
         for d, base in zip(data, bases):
             cols = expand(keep, d.current.k)
             if width:
-                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols])
+                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols], merged=d.stats)
             else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
             consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))

@@ -119,14 +119,15 @@ def test_full_width_is_full_least_squares(ks: list[int], n: int) -> None:
     assert path.curve[n] == pytest.approx(lstsq, rel=1e-8)
 
 
-def test_collinear_channel_gives_no_reduction() -> None:
+@pytest.mark.parametrize("k", [1, 3])
+def test_collinear_channel_gives_no_reduction(k: int) -> None:
     rng = np.random.default_rng(5)
     n, p = 8, 200
-    x = rng.standard_normal((p, n))
-    x[:, 6] = 2.0 * x[:, 1]
-    t = x @ rng.standard_normal((n, 4)) + rng.standard_normal((p, 4))
+    x = rng.standard_normal((p, n * k))
+    x[:, 6 * k : 7 * k] = 2.0 * x[:, k : 2 * k]  # channel 6's block lies in channel 1's span
+    t = x @ rng.standard_normal((n * k, 4)) + rng.standard_normal((p, 4))
     a, b, e = explicit_stats(x, t)
-    path = group_omp([a], [b], [e], [1], n, ridge=0.0)
+    path = group_omp([a], [b], [e], [k], n, ridge=0.0)
     assert np.all(np.isfinite(path.curve))
     assert path.order[-1] in (1, 6)
     assert path.curve[-1] == pytest.approx(path.curve[-2], rel=1e-9)

@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import torch
 
 from onnxprune.imitation.stats import ConsumerStats
 
@@ -87,17 +88,30 @@ class _Consumer:
         self.z = np.empty((width * k, d))
         self.rows = 0
 
-    def gains(self) -> np.ndarray:
-        """(N,) reduction of this consumer's loss by adding each channel (0 where degenerate)."""
+    def gains(self, skip: np.ndarray) -> np.ndarray:
+        """(N,) reduction of this consumer's loss by adding each channel (0 where degenerate or ``skip``)."""
         if self.k == 1:
             m = self.m[:, 0, 0]
             ok = m > self.floor
             return np.where(ok, np.einsum("ij,ij->i", self.q, self.q) / np.where(ok, m, 1.0), 0.0)
-        w, v = np.linalg.eigh(self.m)
         q = self.q.reshape(self.n, self.k, -1)
-        inv = np.where(w > self.floor[:, None], 1.0 / np.where(w > 0, w, 1.0), 0.0)
-        # tr(Q_cᵀ M_c⁺ Q_c) from the k×k Q_c Q_cᵀ: the O-wide products happen once, not per eigenvector
-        return np.einsum("nk,nkk->n", inv, v.transpose(0, 2, 1) @ (q @ q.transpose(0, 2, 1)) @ v)
+        s = q @ q.transpose(0, 2, 1)  # Q_c Q_cᵀ: the O-wide products happen once, not per direction
+        # tr(M_c⁻¹ S_c) = tr(L⁻¹ S L⁻ᵀ) by Cholesky where every eigenvalue of M_c is surely above the floor
+        # (λ_min ≥ 1/‖L⁻¹‖_F²); the eigendecomposition, which drops directions under it, serves the rest.
+        lower, info = torch.linalg.cholesky_ex(torch.from_numpy(self.m))
+        inv = torch.linalg.solve_triangular(lower, torch.eye(self.k, dtype=lower.dtype).expand_as(lower), upper=False)
+        inv = inv.numpy()
+        with np.errstate(divide="ignore", invalid="ignore"):
+            bound = 1.0 / np.sum(inv * inv, axis=(1, 2))
+        fast = (info.numpy() == 0) & (bound > self.floor) & ~skip
+        out = np.zeros(self.n)
+        out[fast] = np.einsum("nij,njl,nil->n", inv[fast], s[fast], inv[fast])
+        slow = ~fast & ~skip
+        if slow.any():
+            w, v = np.linalg.eigh(self.m[slow])
+            keep = np.where(w > self.floor[slow, None], 1.0 / np.where(w > 0, w, 1.0), 0.0)
+            out[slow] = np.einsum("nk,nkk->n", keep, v.transpose(0, 2, 1) @ s[slow] @ v)
+        return out
 
     def add(self, c: int) -> float:
         """Select channel c: extend z, downdate m and q; return the exact loss reduction."""
@@ -158,7 +172,7 @@ class GroupOmp:
         self.loss = float(np.sum(e))
 
     def gains(self) -> np.ndarray:
-        total = sum(cons.gains() for cons in self.consumers)
+        total = sum(cons.gains(self.chosen) for cons in self.consumers)
         total[self.chosen] = -np.inf
         return total
 

@@ -74,6 +74,16 @@ def test_conv_unfold_matches_im2col_and_onnxruntime(name: str) -> None:
     assert lin.k == int(np.prod(CASES[name]["kernel_shape"]))
 
 
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize(("stride", "first"), [(1, 0), (4, 1), (7, 6), (50, 3)])
+def test_conv_unfold_every_gathers_the_thinned_positions_only(name: str, stride: int, first: int) -> None:
+    node = next(n for n in import_graph(_conv_model(CASES[name])).nodes if n.op == "Conv")
+    x = torch.from_numpy(np.random.default_rng(2).standard_normal((2, 5, 9, 9)).astype(np.float32))
+    assert consumers.positions(node, tuple(x.shape)) == consumers.unfold(node, x).shape[2]
+    want = consumers.thin(consumers.unfold(node, x), stride, first)
+    assert torch.equal(consumers.unfold_every(node, x, stride, first), want)
+
+
 def test_grouped_conv_consumer_is_blocked() -> None:
     from onnxprune.analysis.ops import role_of
     from onnxprune.ops.roles import Blocked
@@ -137,3 +147,6 @@ def test_conv1d_unfold_matches_onnxruntime(attrs: dict) -> None:
     lin = consumers.matrix(conv)
     cols = consumers.unfold(conv, torch.from_numpy(x)).numpy().astype(np.float64)
     np.testing.assert_allclose((lin.weight @ cols).reshape(y.shape), y, rtol=1e-4, atol=1e-4)
+    assert consumers.positions(conv, x.shape) == cols.shape[2]
+    assert torch.equal(consumers.unfold_every(conv, torch.from_numpy(x), 3, 2),
+                       consumers.thin(consumers.unfold(conv, torch.from_numpy(x)), 3, 2))

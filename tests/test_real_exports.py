@@ -15,7 +15,7 @@ import torch
 from onnx import numpy_helper
 
 from onnxprune.allocation import group_step
-from onnxprune.analysis import analyze
+from onnxprune.analysis import analyze, consumers
 from onnxprune.ir.inputs import specialise_inputs
 from onnxprune.calib.sources import load_calibration
 from onnxprune.core import statistics
@@ -326,8 +326,8 @@ def test_thinned_statistics_stay_exact(tmp_path: Path, monkeypatch: pytest.Monke
     assert statistics._stride(8 * 9, 12 * 64, 1_000_000) == 4  # the stem group's 3x3 consumers: 1 position in 4
     a = torch.arange(2 * 3 * 5).reshape(2, 3, 5)
     # per channel the positions are sample 0's five, then sample 1's: from 1 on, every 4th is 1, 5 and 9
-    assert statistics._thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
-    assert statistics._thin(a, 1, 0) is a
+    assert consumers.thin(a, 4, 1).tolist() == [[[1, 15, 19], [6, 20, 24], [11, 25, 29]]]
+    assert consumers.thin(a, 1, 0) is a
     model = _detector("N", [0, 6, -1])
     pruned, _ = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
     same_outputs(pruned, model, (2, 3, 8, 8))

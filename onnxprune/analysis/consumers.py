@@ -21,7 +21,7 @@ from onnxprune.ops.linear import bias_add
 from onnxprune.ops.registry import Linear, Mixing, lookup
 
 __all__ = ["Cleared", "ColumnView", "Linear", "bias_add", "cleared", "columns", "group_view", "matrix", "parameters",
-           "unfold", "write"]
+           "positions", "thin", "unfold", "unfold_every", "write"]
 
 
 def _mixing(node: gs.Node) -> Mixing:
@@ -39,6 +39,32 @@ def matrix(node: gs.Node) -> Linear:
 def unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
     """What the consumer multiplies by W, channel-major: (B, D, positions)."""
     return _mixing(node).unfold(node, x)
+
+
+def positions(node: gs.Node, shape: tuple[int, ...]) -> int:
+    """Positions per sample of ``unfold`` on an input of ``shape`` (the op's arithmetic, else a meta tensor's
+    unfolding: shapes only)."""
+    known = _mixing(node).positions
+    if known is not None:
+        return known(node, tuple(shape))
+    return unfold(node, torch.empty((1, *shape[1:]), device="meta")).shape[2]
+
+
+def thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
+    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
+    if stride == 1:
+        return a
+    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
+
+
+def unfold_every(node: gs.Node, x: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """``thin(unfold(node, x), stride, first)``, without unfolding the dropped positions where the op knows how
+    (a 3x3 conv at 320² keeping one position in 16 would unfold 16 times what it keeps)."""
+    every = _mixing(node).unfold_every
+    if stride == 1 or every is None:
+        return thin(unfold(node, x), stride, first)
+    return every(node, x, stride, first)
 
 
 def columns(node: gs.Node, y: torch.Tensor) -> torch.Tensor:

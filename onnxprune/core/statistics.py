@@ -63,17 +63,15 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             partner = None
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
-        stride = 1
+        length = consumers.positions(node_p, x_p.shape)
+        stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
         sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
                                 chunk_bytes)
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
-            x = consumers.unfold(node_p, torch.from_numpy(x_p[s:e]))
-            if s == 0:
-                stride = _stride(current.weight.shape[1], x.shape[2] * len(x_p), STATS_GRAM_MACS)
-            first = -s * x.shape[2] % stride
-            x = _thin(x, stride, first)
-            t = torch.matmul(w_o, _thin(consumers.unfold(node_o, torch.from_numpy(x_o[s:e])), stride, first))
+            first = -s * length % stride
+            x = consumers.unfold_every(node_p, torch.from_numpy(x_p[s:e]), stride, first)
+            t = torch.matmul(w_o, consumers.unfold_every(node_o, torch.from_numpy(x_o[s:e]), stride, first))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
@@ -81,7 +79,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             if partner is not None:
                 ref = reference[partner][s:e]
                 shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
-                t += _thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
+                t += consumers.thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
             folds[(s // bs) % 2].update(x, t)
         stats = ConsumerStats(*current.weight.shape[::-1])
         for fold in folds:
@@ -115,13 +113,12 @@ def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progres
             lin = view.linear(consumers.matrix(node))
             stats = ConsumerStats(lin.weight.shape[1], 0)
             x = ahead[use.tensor]
-            stride = 1
+            length = consumers.positions(node, x.shape)
+            stride = _stride(lin.weight.shape[1], length * len(x), CURVE_GRAM_MACS)
             sub = samples_per_chunk(node, *consumers.matrix(node).weight.shape, ctx.options.batch_size, ctx.stats_bytes)
             for s in range(0, len(x), sub):
-                cols = view.take(consumers.unfold(node, torch.from_numpy(x[s : s + sub])))
-                if s == 0:
-                    stride = _stride(cols.shape[1], cols.shape[2] * len(x), CURVE_GRAM_MACS)
-                cols = _thin(cols, stride, -s * cols.shape[2] % stride)
+                cols = view.take(consumers.unfold_every(node, torch.from_numpy(x[s : s + sub]), stride,
+                                                        -s * length % stride))
                 stats.update(cols, cols[:, :0])
             pairs.append((stats, lin.weight, lin.k))
         curves[group.id] = local_curve(pairs, group.channels)
@@ -153,14 +150,6 @@ def _residual_partner(node: gs.Node) -> str | None:
 def _stride(d: int, positions: int, budget: int) -> int:
     """Every how many positions a Gram matrix of ``d`` columns keeps to cost at most ``budget`` multiply-adds."""
     return max(1, -(-d * d * positions // budget))
-
-
-def _thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
-    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
-    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
-    if stride == 1:
-        return a
-    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
 
 
 def local_curve(pairs: list[tuple[ConsumerStats, np.ndarray, int]], n: int) -> np.ndarray:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from collections.abc import Sequence
 
 import numpy as np
@@ -117,6 +119,35 @@ def conv_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
         dilation=tuple(node.attrs.get("dilations", [1, 1])),
         stride=strides,
     )
+
+
+def conv_positions(node: gs.Node, shape: tuple[int, ...]) -> int:
+    """Output positions per sample of a Conv on an input of ``shape`` (what ``conv_unfold`` gives as L)."""
+    kernel, pads = node.inputs[1].shape[2:], conv_pads(node)
+    strides = node.attrs.get("strides", [1] * len(kernel))
+    dil = node.attrs.get("dilations", [1] * len(kernel))
+    return math.prod((size + pads[i] + pads[i + len(kernel)] - d * (k - 1) - 1) // s + 1
+                     for i, (size, k, s, d) in enumerate(zip(shape[2:], kernel, strides, dil)))
+
+
+def conv_unfold_every(node: gs.Node, x: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """``conv_unfold``'s every ``stride``-th flattened position (b·L + l) from ``first``, (1, C·kh·kw, M): each kept
+    patch gathered from the padded input, none of the others unfolded."""
+    w_shape = node.inputs[1].shape
+    if len(w_shape) != 4:
+        cols = conv_unfold(node, x)
+        return cols.transpose(0, 1).reshape(cols.shape[1], -1)[:, first::stride].unsqueeze(0)
+    pads = conv_pads(node)
+    (sh, sw), (dh, dw), (kh, kw) = node.attrs.get("strides", [1, 1]), node.attrs.get("dilations", [1, 1]), w_shape[2:]
+    x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))
+    b, c, h, w = x.shape
+    oh, ow = (h - dh * (kh - 1) - 1) // sh + 1, (w - dw * (kw - 1) - 1) // sw + 1
+    q = torch.arange(first, b * oh * ow, stride)
+    sample, at = q // (oh * ow), q % (oh * ow)
+    rows = (at // ow * sh)[None, :] + (torch.arange(kh) * dh).repeat_interleave(kw)[:, None]  # (taps, M)
+    cols = (at % ow * sw)[None, :] + (torch.arange(kw) * dw).repeat(kh)[:, None]
+    flat = x.transpose(0, 1).reshape(c, b * h * w)  # one copy of the padded input; the gather reads whole rows
+    return flat.index_select(1, (sample[None, :] * (h * w) + rows * w + cols).reshape(-1)).reshape(c * kh * kw, -1)[None]
 
 
 def conv_transpose_unfold(node: gs.Node, x: torch.Tensor) -> torch.Tensor:
@@ -259,7 +290,8 @@ def _conv_transpose(node: OpNode, x: Inputs) -> Tensor:
 
 register(OpEntry(
     "Conv", channels=_conv_rule, macs=_conv_macs,
-    mixing=Mixing(_conv_matrix, conv_unfold, _spatial_columns, _conv_write),
+    mixing=Mixing(_conv_matrix, conv_unfold, _spatial_columns, _conv_write, unfold_every=conv_unfold_every,
+                  positions=conv_positions),
     torch={1: _conv}, check=lambda n, p: None if len(n.get("kernel_shape", [0])) <= 3 else "more than 3 spatial dims",
 ))
 register(OpEntry(

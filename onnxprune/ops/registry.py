@@ -49,7 +49,10 @@ class Mixing:
     """A channel-mixing op (producer and consumer) seen as ``t = W x + b`` (see ``analysis.consumers``):
     ``matrix(node, w)`` its float64 weight ``w`` as a ``Linear``, ``unfold`` / ``columns`` its input and
     output as (B, D | channels, positions), ``write(graph, node, w, b)`` the inverse of ``matrix``;
-    ``bias_input`` the slot of its bias (None: none), ``axis`` the channel axis of its output."""
+    ``bias_input`` the slot of its bias (None: none), ``axis`` the channel axis of its output;
+    ``unfold_every(node, x, stride, first)`` (optional) ``unfold``'s every ``stride``-th position of the flattened
+    b·L + l from ``first`` as (1, D, M), computed without unfolding the others; ``positions(node, shape)``
+    (optional) how many positions L ``unfold`` gives a sample of an input of ``shape``."""
 
     matrix: Callable[[gs.Node, np.ndarray], Linear]
     unfold: Callable[[gs.Node, torch.Tensor], torch.Tensor]
@@ -57,6 +60,8 @@ class Mixing:
     write: Callable[[gs.Graph, gs.Node, np.ndarray, np.ndarray], None]
     bias_input: int | None = 2
     axis: Callable[[gs.Node], int | None] = _channel_axis_one
+    unfold_every: Callable[[gs.Node, torch.Tensor, int, int], torch.Tensor] | None = None
+    positions: Callable[[gs.Node, tuple[int, ...]], int] | None = None
 
 
 @dataclass(frozen=True)

@@ -67,3 +67,25 @@ def test_the_plan_lowers_what_it_must_to_fit_and_says_so(unet: Path) -> None:
     assert "memory: about" in tight.line() and "spill to disk" in tight.line()
     fixed = plan(analysis, live, 500, 1, True, None, available=lambda: 256 << 20)
     assert fixed.run_batch == 1 and not any("onnxruntime" in a for a in fixed.actions)
+
+
+def test_a_group_whose_statistics_cannot_fit_is_left_unpruned_before_any_work(tmp_path: Path, monkeypatch) -> None:
+    """A conv whose channels reach a Gemm over the flattened 32x32 map: that consumer reads 16384 columns, and its
+    D×D float64 sums alone are 2 GiB a copy (VGG's classifier reads 25088)."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(), torch.nn.Conv2d(16, 16, 3, padding=1),
+                              torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(16 * 32 * 32, 10))
+    path = export_torch(net, tmp_path / "wide.onnx", (1, 3, 32, 32))
+    analysis = analyze(onnxprune.load(str(path)))
+    live = Liveness(analysis.graph)
+    assert plan(analysis, live, 8, 8, False, None, available=lambda: 64 << 30).excluded == {}
+    analysis = analyze(onnxprune.load(str(path)))
+    tight = plan(analysis, live, 8, 8, False, None, available=lambda: 4 << 30)
+    (name, why), = tight.excluded.items()
+    assert "16384 columns" in why and "Gemm" in why
+    assert any("left unpruned" in a for a in tight.actions)
+    monkeypatch.setattr("onnxprune.pipeline.memory.available_memory", lambda: 4 << 30)
+    calib = np.random.default_rng(0).standard_normal((8, 3, 32, 32)).astype(np.float32)
+    result = onnxprune.compress(str(path), calib, budget=onnxprune.Ratio(0.9))
+    assert result.report.memory["excluded"] == {name: why}
+    assert any(name in s["group"] and "memory:" in s["reason"] for s in result.report.skipped)

@@ -20,8 +20,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import Analysis
+from onnxprune.analysis.groups import Group
 from onnxprune.core.statistics import STATS_BYTES
 from onnxprune.ir.graph import static_shape
+from onnxprune.ops.registry import lookup
 from onnxprune.runtime.segments import Liveness
 from onnxprune.runtime.store import available_memory, show_bytes
 
@@ -42,6 +44,7 @@ class MemoryPlan:
     estimate: int = 0
     parts: dict[str, int] = field(default_factory=dict)
     actions: list[str] = field(default_factory=list)
+    excluded: dict[str, str] = field(default_factory=dict)  # group name -> why its statistics would not fit
     peak_rss: int = 0
 
     def to_dict(self) -> dict:
@@ -64,10 +67,10 @@ def sample_bytes(tensor: gs.Tensor) -> int:
 
 
 def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bool, budget: int | None,
-         available: Callable[[], int] = available_memory) -> MemoryPlan:
+         available: Callable[[], int] | None = None) -> MemoryPlan:
     """The memory plan of a run on ``samples`` calibration samples at onnxruntime batch ``batch`` (``fixed``: the
     graph runs only at it), with the store's ``budget`` as given (None: half of what is available)."""
-    free = available()
+    free = (available or available_memory)()
     graph = analysis.graph
     tensors = graph.tensors()
     size = {name: sample_bytes(t) for name, t in tensors.items()}
@@ -108,7 +111,50 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
         result.actions.append(f"the statistics unfold at most {show_bytes(result.stats_bytes)} at a time")
     result.parts = parts()
     result.estimate = sum(result.parts.values())
+    result.excluded = too_wide(analysis, max(room - result.estimate, room // 2))
+    if result.excluded:
+        result.actions.append(f"{len(result.excluded)} group(s) left unpruned: their statistics would not fit")
     return result
+
+
+STATS_COPIES = 6
+"""D×D float64 matrices that choosing one group's channels holds per consumer at once: the two folds' sums, their
+merge, the group OMP's centred and regularised copies, and its basis (at most as large)."""
+
+
+def statistics_bytes(group: Group, nodes: dict[str, gs.Node]) -> tuple[int, str, int]:
+    """What choosing ``group``'s channels holds for its consumers' statistics (float64, ``STATS_COPIES`` of each
+    consumer's D×D and D×O sums, D its columns: input channels × kernel taps, from shapes only), and the widest
+    consumer with its D."""
+    total, widest, columns = 0, "", 0
+    for use in group.consumers:
+        node = nodes[use.node]
+        entry = lookup(node.op)
+        weight, out = static_shape(node.inputs[1]), static_shape(node.outputs[0])
+        axis = entry.mixing.axis(node) if entry is not None and entry.mixing is not None else None
+        if not weight or not out or axis is None or not isinstance(out[axis], int) or not out[axis]:
+            continue
+        o = out[axis]
+        d = math.prod(weight) // o
+        total += 8 * STATS_COPIES * (d * d + d * o)
+        if d > columns:
+            widest, columns = use.node, d
+    return total, widest, columns
+
+
+def too_wide(analysis: Analysis, room: int) -> dict[str, str]:
+    """The groups whose statistics (``statistics_bytes``) would not fit in ``room`` bytes, with the reason; each
+    gets it as a blocker, so the run prunes the others instead of being killed on reaching it."""
+    nodes = {n.name: n for n in analysis.graph.nodes}
+    out = {}
+    for group in analysis.groups:
+        need, node, columns = statistics_bytes(group, nodes)
+        if group.prunable and need > room:
+            out[group.name] = (f"choosing its channels holds about {show_bytes(need)} of statistics (consumer {node} "
+                               f"reads {columns} columns), more than the {show_bytes(room)} this run may use: give the "
+                               f"machine more memory to prune it")
+            group.blockers.append(f"memory: {out[group.name]}")
+    return out
 
 
 def _unfold_bytes(node: gs.Node, macs: int) -> int:

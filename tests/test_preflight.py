@@ -150,3 +150,26 @@ def test_a_resize_sized_by_a_constant_is_pruned_through(tmp_path: Path) -> None:
     out = tmp_path / "p.onnx"
     result.save(out)
     assert run(out, input=calib[:1])[0].shape == (1, 1, 30, 30)
+
+
+def test_a_group_that_would_cache_a_tensor_without_batch_axis_is_left_unpruned_before_any_work(tmp_path: Path) -> None:
+    """conv a -> relu -> conv b -> relu -> conv c -> relu -> conv d, plus the input flattened to [B·768] (a tensor
+    computed from the batch size, as a transformer's tokens flattened to [B·T, C]) and brought back to add to the
+    output: alive at group a's cut, it cannot be cached across layers (the old code refused the model there, after
+    the probes). Group a is left unpruned with the tensor named, before any statistic; b and c are pruned."""
+    b = GraphBuilder({"x": ["N", 3, 16, 16]})
+    y = b.op("Relu", [b.conv(b.op("Relu", [b.conv("x", "a", 3, 8)], "relu_a"), "b", 8, 8)], "relu_b")
+    flat = b.op("Reshape", [b.op("Relu", ["x"], "early"), b.const("flat_shape", np.array([-1]), np.int64)], "flat")
+    y = b.op("Relu", [b.conv(y, "c", 8, 8)], "relu_c")
+    back = b.op("Reshape", [flat, b.const("back_shape", np.array([-1, 3, 16, 16]), np.int64)], "back")
+    path = tmp_path / "m.onnx"
+    onnx.save(b.model([b.op("Add", [b.conv(y, "d", 8, 3), back], "out")]), path)
+    calib = np.random.default_rng(0).standard_normal((8, 3, 16, 16)).astype(np.float32)
+    start = time.perf_counter()
+    result = onnxprune.compress(str(path), calib, budget=onnxprune.Ratio(0.8))
+    assert time.perf_counter() - start < 60
+    kept = {layer.group: layer.kept for layer in result.report.layers}
+    assert "a" not in kept and kept["b"] < 8 and kept["c"] < 8
+    (reason,) = [s["reason"] for s in result.report.skipped if s["group"] == "a"]
+    assert reason.startswith("tensor flat_out has no batch axis (shape [768] for a batch of 1")
+    result.save(tmp_path / "p.onnx")  # the written-model check runs it

@@ -32,7 +32,7 @@ from onnxprune.passes import remove_block, slice_channels
 from onnxprune.pipeline.memory import plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
-from onnxprune.runtime.segments import Liveness, run_segment
+from onnxprune.runtime.segments import Liveness, batchless, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
 
@@ -118,6 +118,22 @@ class Compressor:
         values.update(new)
         for name in set(values) - live:
             del values[name]
+
+    def exclude_batchless(self, order: list[tuple[int, Group]]) -> None:
+        """Before any work: leave unpruned each group that would cache, at its cut or as its consumers' input, a
+        tensor without the samples on its first axis (computed from the batch size: a transformer's tokens
+        flattened to [B·T, C]), with that tensor as the reason, found on one batch of the first samples."""
+        needed = {group.id: self.live.live(cut) | {use.tensor for use in group.consumers} for cut, group in order}
+        batch = 2 if self.fixed_batch is None else self.run_batch  # 2: a batch of 1 hides a [T, C] tensor's T = 1
+        some = {name: v[:batch] for name, v in self.inputs.items()}
+        bad = batchless(self.original, some, set().union(*needed.values()), provider=self.options.provider,
+                        batch_size=batch, exact=self.fixed_batch is not None) if needed else {}
+        for _, group in order:
+            found = sorted(needed[group.id] & set(bad))
+            if found:
+                group.blockers.append(f"tensor {found[0]} has no batch axis (shape {bad[found[0]]} for a batch of "
+                                      f"{batch}; computed from the batch size?) and would be "
+                                      "cached at this group's cut")
 
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""

@@ -38,6 +38,7 @@ def compress(
     candidates, _ = schedule(run.analysis, run.live, options.residual_streams)
     checked = preflight(run.analysis.graph, [g for _, g in candidates],
                         on_status=None if on_layer is None else lambda text: on_layer(0, len(candidates), text))
+    run.exclude_batchless(candidates)
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)

@@ -83,6 +83,19 @@ def run_segment(
     return result, ran
 
 
+def batchless(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str], *, provider: str, batch_size: int,
+              exact: bool = False) -> dict[str, list[int]]:
+    """The tensors among ``outputs`` that ``run_segment`` would refuse to cache (no samples on their first axis once
+    ``cut_graph`` has moved a time-major batch there), with their shape, from one run of ``batch_size`` samples."""
+    outputs = sorted(set(outputs) - set(values))
+    if not outputs:
+        return {}
+    chunks, _ = run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size,
+                        exact=exact)
+    m, arrays = next(iter(chunks))
+    return {name: list(a.shape) for name, a in arrays.items() if a.ndim == 0 or len(a) != m}
+
+
 def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:
     """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names.
 

@@ -18,7 +18,7 @@ from onnxprune.ir.graph import const_value
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.linear import bias_add
-from onnxprune.ops.registry import Linear, Mixing, lookup
+from onnxprune.ops.registry import Linear, Mixing, lookup, thin
 
 __all__ = ["Cleared", "ColumnView", "Linear", "bias_add", "cleared", "columns", "group_view", "matrix", "parameters",
            "positions", "thin", "unfold", "unfold_every", "write"]
@@ -48,14 +48,6 @@ def positions(node: gs.Node, shape: tuple[int, ...]) -> int:
     if known is not None:
         return known(node, tuple(shape))
     return unfold(node, torch.empty((1, *shape[1:]), device="meta")).shape[2]
-
-
-def thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
-    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
-    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
-    if stride == 1:
-        return a
-    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
 
 
 def unfold_every(node: gs.Node, x: torch.Tensor, stride: int, first: int) -> torch.Tensor:

@@ -45,8 +45,8 @@ def _fitter(stats: ConsumerStats, s: np.ndarray, prior: np.ndarray | None) -> Fi
     if stats.count == 0:
         raise ValueError("refit_full needs statistics over at least one position")
     n = stats.count
-    rows = stats.rows
-    if rows is not None and n < len(s):
+    rows = _rows_for(stats, s)
+    if rows is not None:
         return _dual_fitter(rows[0][:, s], rows[1], stats.xx.diagonal()[s].sum() / (len(s) * n), prior)
     xx_s = stats.xx[np.ix_(s, s)]
     mx, mt = stats.sx[s] / n, stats.st / n
@@ -60,6 +60,11 @@ def _fitter(stats: ConsumerStats, s: np.ndarray, prior: np.ndarray | None) -> Fi
         return w, mt - w @ mx
 
     return fit
+
+
+def _rows_for(stats: ConsumerStats, s: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """The positions kept in ``stats`` where they are fewer than the columns ``s`` (the fit is cheaper from them)."""
+    return stats.rows if stats.count < len(s) else None
 
 
 def _dual_fitter(x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray | None) -> Fit:
@@ -82,8 +87,8 @@ def _dual_fitter(x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray |
 
 def _scorer(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.ndarray], float]:
     """``quadratic_loss_full`` on columns ``s``, from the positions where fewer than |S| are kept."""
-    rows = stats.rows
-    if rows is None or stats.count >= len(s):
+    rows = _rows_for(stats, s)
+    if rows is None:
         return lambda w, b: quadratic_loss_full(stats, s, w, b)
     x, t = rows[0][:, s], rows[1]
     return lambda w, b: float(np.sum(np.square(x @ w.T + b - t)))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 from collections.abc import Sequence
 
 import numpy as np
@@ -13,7 +12,7 @@ import torch.nn.functional as F
 
 from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.errors import UnsupportedOpError
-from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
+from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias, thin
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
@@ -135,8 +134,7 @@ def conv_unfold_every(node: gs.Node, x: torch.Tensor, stride: int, first: int) -
     patch gathered from the padded input, none of the others unfolded."""
     w_shape = node.inputs[1].shape
     if len(w_shape) != 4:
-        cols = conv_unfold(node, x)
-        return cols.transpose(0, 1).reshape(cols.shape[1], -1)[:, first::stride].unsqueeze(0)
+        return thin(conv_unfold(node, x), stride, first)
     pads = conv_pads(node)
     (sh, sw), (dh, dw), (kh, kw) = node.attrs.get("strides", [1, 1]), node.attrs.get("dilations", [1, 1]), w_shape[2:]
     x = F.pad(x, (pads[1], pads[3], pads[0], pads[2]))

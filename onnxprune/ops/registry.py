@@ -40,6 +40,14 @@ def set_bias(node: gs.Node, b: np.ndarray) -> None:
         node.inputs.append(bias)
 
 
+def thin(a: torch.Tensor, stride: int, first: int) -> torch.Tensor:
+    """Every ``stride``-th position of a chunk (B, C, L), counted over its flattened positions from
+    ``first`` so that the pattern runs on across samples and chunks: (1, C, M), or ``a`` itself."""
+    if stride == 1:
+        return a
+    return a.transpose(0, 1).reshape(a.shape[1], -1)[:, first::stride].unsqueeze(0)
+
+
 def _channel_axis_one(node: gs.Node) -> int | None:
     return 1
 

@@ -69,7 +69,7 @@ def run_segment(
     start = 0
     for m, arrays in chunks:
         for name, array in arrays.items():
-            if array.ndim == 0 or len(array) != m:
+            if not _batched(array, m):
                 raise AnalysisError(
                     f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
                     "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
@@ -93,7 +93,12 @@ def batchless(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str],
     chunks, _ = run_cut(cut_graph(graph, values, outputs), values, provider=provider, batch_size=batch_size,
                         exact=exact)
     m, arrays = next(iter(chunks))
-    return {name: list(a.shape) for name, a in arrays.items() if a.ndim == 0 or len(a) != m}
+    return {name: list(a.shape) for name, a in arrays.items() if not _batched(a, m)}
+
+
+def _batched(array: np.ndarray, samples: int) -> bool:
+    """Whether ``array`` carries ``samples`` samples on its first axis (what the cache holds)."""
+    return array.ndim > 0 and len(array) == samples
 
 
 def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:

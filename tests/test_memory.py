@@ -4,6 +4,8 @@ saying what it lowered; the report records the plan and the peak RSS."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +15,7 @@ import torch
 
 import onnxprune
 from onnxprune.analysis import analyze, consumers
-from onnxprune.pipeline.memory import MIN_STATS_BYTES, plan
+from onnxprune.pipeline.memory import MIN_STATS_BYTES, peak_rss, plan
 from onnxprune.runtime.segments import Liveness
 from tests.onnx_builders import export_torch
 
@@ -89,3 +91,13 @@ def test_a_group_whose_statistics_cannot_fit_is_left_unpruned_before_any_work(tm
     result = onnxprune.compress(str(path), calib, budget=onnxprune.Ratio(0.9))
     assert result.report.memory["excluded"] == {name: why}
     assert any(name in s["group"] and "memory:" in s["reason"] for s in result.report.skipped)
+
+
+def test_peak_rss_is_the_process_own_not_its_parent_at_the_start() -> None:
+    """A compress started by a large process (a benchmark's Python) reports its own peak: ``ru_maxrss`` reported
+    the parent's resident size at the spawn (1.5 GiB here) as the child's."""
+    held = np.ones(3 << 27)  # 3 GiB / 8 · 8 bytes: 1.5 GiB resident in this process
+    code = "from onnxprune.pipeline.memory import peak_rss; print(peak_rss())"
+    child = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
+    assert 0 < child < held.nbytes / 2
+    assert peak_rss(Path("/nonexistent")) > 0  # elsewhere: ru_maxrss

@@ -11,7 +11,7 @@ method, then ``onnxprune eval --ref`` (relative L2 error over the set and mean c
 ``--eval-subset``), and times ``eval --ref --task raw`` of the original on the calibration images (two forward passes
 and the image decoding, no task metric: the reference for the compress time, taken in the same run; the compress
 time includes starting a Python process, about 2 s). Writes ``<out>/third_party.json`` and ``.md``, with the task
-metric ``eval`` gives against the original (a detector's mAP50, a mask's IoU, a recogniser's string or
+metric ``eval`` gives against the original (a detector's mAP50-95, a mask's IoU, a recogniser's string or
 token-sequence agreement, a text detector's region F1, a classifier's top-1 agreement). The images are the dev
 photos, except for the OCR models (text detectors, recognisers, direction classifier) and the table-structure
 recogniser: they see synthetic text and ruled tables (``text_images.py``), since on photos their outputs say nothing
@@ -39,6 +39,7 @@ import onnx
 
 from common import DEFAULT_DATA, analyze, evaluate, forward_seconds
 from corpus_args import MADE as MADE_DIR
+from onnxprune.sweep import FIDELITY
 from text_images import write_text_images
 
 MADE = "made here"  # MODELS' package of the exports benchmarks/corpus_torch.py and corpus_ultralytics.py write
@@ -99,8 +100,6 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
 # input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic
 # batch whose batch sits on axis 1.
 BATCH_FREED = {"CNN+LSTM recogniser batch freed (ddddocr; PyTorch; time-major)"}
-# The task metric of the table (``onnxprune eval``'s, against the original), the first of these a model reports.
-TASK_METRICS = ("mAP50_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref", "mask_iou_ref")
 TEXT_IMAGES = 150  # synthetic text and table images per kind: enough for the default subsets 0:64 and 100:150
 METHODS = {"default": [], "l1": ["--method", "l1"]}
 
@@ -141,8 +140,9 @@ def same_interface(a: Path, b: Path) -> bool:
 
 
 def task_metric(scores: dict) -> tuple[str, float] | None:
-    """The task metric ``eval`` reported (see TASK_METRICS; a classifier's top-1 agreement), if any."""
-    for name in TASK_METRICS:
+    """The task metric ``eval`` reported, the one ``onnxprune sweep`` judges by (``FIDELITY``: a detector's
+    mAP50-95), else a classifier's top-1 agreement, if any."""
+    for name in FIDELITY:
         if scores["metrics"].get(name) is not None:
             return name, scores["metrics"][name]
     return ("agreement", scores["agreement"]) if scores["agreement"] is not None else None

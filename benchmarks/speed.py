@@ -9,7 +9,7 @@ each round runs compress with those flags and then without them (times drift on 
 ratio of the two in the same rounds is the figure to read), and the JSON holds every run. With ``--samples``,
 compress runs once per count on that many random resized crops of the photos (seeded, written as JPEGs to a
 temporary folder, or to ``--crops-dir`` to keep them), and the table gives each run's time per sample and its
-peak resident memory (the compress process's maxrss).
+peak resident memory (the compress report's: its own high-water mark).
 """
 
 from __future__ import annotations
@@ -83,17 +83,18 @@ def run(original: Path, args: argparse.Namespace, flags: list[str]) -> dict:
     print("$", shlex.join(cmd), flush=True)
     start = time.perf_counter()
     child = subprocess.Popen(cmd, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(child.pid, 0)
+    code = child.wait()
     wall = time.perf_counter() - start
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise subprocess.CalledProcessError(os.waitstatus_to_exitcode(status), cmd)
+    if code != 0:
+        raise subprocess.CalledProcessError(code, cmd)
     rep = json.loads(report.read_text())
     pruned.unlink()
     report.unlink()
     result = {
         "flags": flags, "images": rep["calibration_samples"], "target": args.target, "macs_after": rep["macs_after"],
         "compress_seconds": rep["seconds"], "wall_seconds_incl_startup": wall, "provider": rep["provider"],
-        "peak_rss_bytes": usage.ru_maxrss * 1024,  # Linux gives kilobytes
+        # the process's own peak (its report); wait4's ru_maxrss counts this script's resident size at the spawn
+        "peak_rss_bytes": rep["memory"]["peak_rss"],
         "allocation_seconds": (rep.get("allocation") or {}).get("seconds"),
         "cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
         "layers": [{"group": layer["group"], "kept": layer["kept"], "channels": layer["channels"],

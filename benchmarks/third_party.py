@@ -197,6 +197,12 @@ def better_or_equal(row: dict) -> bool | None:
     return err[0] <= err[1]
 
 
+def small(x: float) -> str:
+    """An error to 3 decimals, or to 2 significant digits below 0.001 (random-weight exports' errors are tiny, and
+    the verdict compares them)."""
+    return f"{x:.3f}" if x >= 1e-3 or x == 0 else f"{x:.1e}"
+
+
 def within(row: dict) -> str:
     """Whether the default compress took at most 10 × two onnxruntime passes + 30 s, for a model over 1 GMAC."""
     if row["macs"] <= 1e9 or "ort_x2_seconds" not in row:
@@ -286,7 +292,7 @@ def write(out: Path, rows: list[dict], notes: list[str], merge: bool) -> None:
         if stop is not None:
             lines.append(f"{head} {stop} after {r[f'{stop}_seconds']:.0f} s: {r[stop]} | | | | | | |")
             continue
-        err = " / ".join(f"{sum(r[m]['rel_l2'].values()) / len(r[m]['rel_l2']):.3f}" for m in METHODS)
+        err = " / ".join(small(sum(r[m]["rel_l2"].values()) / len(r[m]["rel_l2"])) for m in METHODS)
         metric = [task_metric(r[m]) for m in METHODS]
         task = "-" if metric[0] is None else f"{metric[0][0]} {' / '.join(f'{v:.3f}' for _, v in metric)}"
         ref = r.get("ort_x2_seconds")  # rows measured before this reference was taken have none

@@ -32,7 +32,7 @@ from onnxprune.passes import remove_block, slice_channels
 from onnxprune.pipeline.memory import plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
-from onnxprune.runtime.segments import Liveness, batchless, run_segment
+from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
 
@@ -131,9 +131,8 @@ class Compressor:
         for _, group in order:
             found = sorted(needed[group.id] & set(bad))
             if found:
-                group.blockers.append(f"tensor {found[0]} has no batch axis (shape {bad[found[0]]} for a batch of "
-                                      f"{batch}; computed from the batch size?) and would be "
-                                      "cached at this group's cut")
+                group.blockers.append(f"{no_batch_axis(found[0], bad[found[0]], batch)} and would be cached at "
+                                      "this group's cut")
 
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 import resource
-from pathlib import Path
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 import numpy as np
 import onnx_graphsurgeon as gs

@@ -70,9 +70,8 @@ def run_segment(
     for m, arrays in chunks:
         for name, array in arrays.items():
             if not _batched(array, m):
-                raise AnalysisError(
-                    f"tensor {name} has no batch axis (shape {list(array.shape)} for a batch of {m}; computed from "
-                    "the batch size?) but is cached across layers: this graph cannot be pruned cut by cut yet")
+                raise AnalysisError(f"{no_batch_axis(name, array.shape, m)} but is cached across layers: this graph "
+                                    "cannot be pruned cut by cut yet")
             if name not in result:
                 shape = (n, *array.shape[1:])
                 result[name] = np.empty(shape, array.dtype) if store is None else store.empty(shape, array.dtype)
@@ -94,6 +93,12 @@ def batchless(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str],
                         exact=exact)
     m, arrays = next(iter(chunks))
     return {name: list(a.shape) for name, a in arrays.items() if not _batched(a, m)}
+
+
+def no_batch_axis(name: str, shape: Iterable[int], samples: int) -> str:
+    """Why tensor ``name`` cannot be cached: the start of the message ``run_segment`` and ``batchless``'s users give."""
+    return (f"tensor {name} has no batch axis (shape {list(shape)} for a batch of {samples}; computed from the batch "
+            "size?)")
 
 
 def _batched(array: np.ndarray, samples: int) -> bool:

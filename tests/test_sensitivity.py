@@ -8,6 +8,7 @@ import pytest
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
+from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import cut_graph
 from onnxprune.strategies.sensitivity import _probe, _run, candidate_widths, curve_of, split
@@ -84,6 +85,37 @@ def test_a_probe_keeping_every_channel_reproduces_the_original_output(tiny) -> N
     full = _probe(run_, group, ahead, values, reference, [group.channels])[group.channels]
     half = _probe(run_, group, ahead, values, reference, [group.channels // 4])[group.channels // 4]
     assert full < 1e-6 < half, (full, half)
+
+
+def test_a_probe_cross_validates_the_ridge_at_its_widest_width_only(tiny, monkeypatch) -> None:
+    """The cross-validated refit (13 solves) runs once per consumer, at the widest probe; the narrower probes
+    refit with the ridge it chose (one solve each)."""
+    import onnxprune.strategies.sensitivity as sensitivity
+
+    chosen, reused = [], []
+
+    def cv(*args, **kwargs):
+        out = refit_cv(*args, **kwargs)
+        chosen.append(out[2])
+        return out
+
+    def full(stats, cols, ridge, prior):
+        reused.append(ridge)
+        return refit_full(stats, cols, ridge, prior=prior)
+
+    monkeypatch.setattr(sensitivity, "refit_cv", cv)
+    monkeypatch.setattr(sensitivity, "refit_full", full)
+    run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(0.6), provider="cpu"))
+    order, _ = schedule(run_.analysis, run_.live)
+    values = dict(run_.inputs)
+    reference = _run(run_, cut_graph(run_.original, values, {t.name for t in run_.original.outputs}), values)
+    cut, group = order[2]
+    run_.advance(run_.original, values, cut)
+    ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})
+    widths = candidate_widths(group.channels, (0.75, 0.5, 0.25), 1)
+    probes = _probe(run_, group, ahead, values, reference, widths)
+    assert len(widths) == 3 and sorted(probes) == sorted(widths)
+    assert len(chosen) == len(group.consumers) and reused == chosen * (len(widths) - 1)
 
 
 def test_output_allocation_meets_the_budget_and_records_its_probes(tiny) -> None:

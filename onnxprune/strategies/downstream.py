@@ -1,9 +1,9 @@
 """The global-imitation objective of one channel group, evaluated on the downstream graph.
 
-``ConsumerDownstream`` (what ``--method global`` and ``auto`` use) runs the part of the graph after a cut in
-onnxruntime with the group's consumers' weights and biases as graph inputs: each candidate (the consumers
-refitted on a candidate support) is one run of the same session on the chosen samples, scored by
-``tasks.raw_discrepancy`` against the original network's outputs.
+``FedCut`` runs the part of the graph after a cut in onnxruntime with the group's consumers' weights and biases as
+graph inputs: each candidate (the consumers refitted on a candidate support) is one run of the same session. The
+output allocation's probes use it directly; ``ConsumerDownstream`` (what ``--method global`` and ``auto`` use)
+scores the candidates on chosen samples by ``tasks.raw_discrepancy`` against the original network's outputs.
 """
 
 from __future__ import annotations
@@ -21,20 +21,18 @@ from onnxprune.runtime.store import Array
 from onnxprune.tasks import raw_discrepancy
 
 
-__all__ = ["ConsumerDownstream"]
+__all__ = ["ConsumerDownstream", "FedCut"]
 
 
-class ConsumerDownstream:
-    """The network's final-output discrepancy when the consumers ``nodes`` take candidate weights.
+class FedCut:
+    """The part of ``graph`` after a cut (``runtime.segments.cut_graph``: the tensors ``at_cut`` in, ``outputs``
+    out) with the consumers ``nodes``' weights and biases as graph inputs, so that one onnxruntime session runs
+    every candidate weighting of them. ``exact_batch``: the batch a graph that fixes it runs at (short runs are
+    padded), else None."""
 
-    graph: the network as pruned so far; at_cut: the tensors alive at the cut, (samples, ...) each;
-    reference: the original network's outputs on the same samples (output name -> array). ``exact_batch``:
-    the batch a graph that fixes it runs at (short runs are padded), else None.
-    """
-
-    def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str],
-                 reference: Mapping[str, Array], *, provider: str, exact_batch: int | None = None) -> None:
-        cut = cut_graph(graph, dict(at_cut), reference)
+    def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str], outputs: Sequence[str],
+                 *, provider: str, exact_batch: int | None = None) -> None:
+        cut = cut_graph(graph, dict(at_cut), outputs)
         mine = {n.name: n for n in cut.nodes}
         missing = [name for name in nodes if name not in mine]
         if missing:
@@ -55,10 +53,8 @@ class ConsumerDownstream:
         cut.inputs = [*cut.inputs, *feeds]
         self.session, self.provider = make_session(gs.export_onnx(cut), provider, arena=False)
         self._outputs = [t.name for t in cut.outputs]
-        self._at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
-        self._reference = reference
+        self.at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
         self.exact_batch = exact_batch
-        self.n_samples = len(next(iter(reference.values())))
 
     def weights(self, linears: Sequence[consumers.Linear]) -> dict[str, np.ndarray]:
         """The session's weight and bias feeds of one candidate (a full ``Linear`` per consumer)."""
@@ -71,10 +67,32 @@ class ConsumerDownstream:
                 out[tensor.name] = np.asarray(tensor.values)
         return out
 
+    def run(self, linears: Sequence[consumers.Linear], values: Mapping[str, Array], rows: int
+            ) -> list[dict[str, np.ndarray]]:
+        """The outputs with the consumers weighted by ``linears`` on ``values`` (the tensors at the cut), chunk by
+        chunk, ``rows`` samples a run (``exact_batch``'s where the graph fixes it)."""
+        chunks = run_chunks(self.session, self._outputs, dict(values), self.exact_batch or rows,
+                            self.exact_batch is not None, self.weights(linears))
+        return [arrays for _, arrays in chunks]
+
+
+class ConsumerDownstream(FedCut):
+    """The network's final-output discrepancy when the consumers ``nodes`` take candidate weights.
+
+    graph: the network as pruned so far; at_cut: the tensors alive at the cut, (samples, ...) each;
+    reference: the original network's outputs on the same samples (output name -> array). ``exact_batch``:
+    the batch a graph that fixes it runs at (short runs are padded), else None.
+    """
+
+    def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str],
+                 reference: Mapping[str, Array], *, provider: str, exact_batch: int | None = None) -> None:
+        super().__init__(graph, at_cut, nodes, list(reference), provider=provider, exact_batch=exact_batch)
+        self._reference = reference
+
     def samples(self, idx: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The tensors at the cut and the reference outputs of samples ``idx`` (sorted), read once for many
         candidates."""
-        return ({k: np.ascontiguousarray(v[idx]) for k, v in self._at_cut.items()},
+        return ({k: np.ascontiguousarray(v[idx]) for k, v in self.at_cut.items()},
                 {k: np.asarray(v[idx]) for k, v in self._reference.items()})
 
     def losses(self, candidates: Sequence[Sequence[consumers.Linear]],
@@ -84,9 +102,4 @@ class ConsumerDownstream:
         n = len(next(iter(reference.values())))
         rows = self.exact_batch or n
         ref = [{k: v[s : s + rows] for k, v in reference.items()} for s in range(0, n, rows)]
-        out = np.empty(len(candidates))
-        for i, linears in enumerate(candidates):
-            chunks = run_chunks(self.session, self._outputs, values, rows, self.exact_batch is not None,
-                                self.weights(linears))
-            out[i] = raw_discrepancy(ref, [arrays for _, arrays in chunks])
-        return out
+        return np.array([raw_discrepancy(ref, self.run(linears, values, n)) for linears in candidates])

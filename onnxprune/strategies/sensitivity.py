@@ -1,10 +1,12 @@
 """How much the network's output degrades when one group alone is pruned: the output allocation's curves.
 
 For each prunable group and a few candidate widths, the group is pruned ALONE on the original network (group
-OMP selection, then the cross-validated least-squares refit of its consumers, fitted on one half of a
-calibration subset) and the network's final output is compared with the original's on the other half: KL
+OMP selection, then the least-squares refit of its consumers, fitted on one half of a calibration subset, its
+ridge cross-validated at the widest width and kept for the narrower ones) and the network's final output is
+compared with the original's on the other half: KL
 for a classifier's logits (2-D outputs), relative squared error otherwise, summed over the float outputs.
-Only the part of the graph after the group's cut runs per candidate (from the cached tensors at the cut).
+Only the part of the graph after the group's cut runs per candidate (from the cached tensors at the cut), one
+onnxruntime session per group with its consumers' weights fed (``FedCut``).
 The probed points become a piecewise-linear curve per group that ``allocation.curve_widths`` spends the
 budget on, sensitivities summed as if independent.
 """
@@ -25,8 +27,9 @@ from onnxprune.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.omp import stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.imitation.refit import refit_cv
+from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.runtime.segments import cut_graph, run_cut
+from onnxprune.strategies.downstream import FedCut
 from onnxprune.tasks import Task, image_hw, task_named
 
 
@@ -146,22 +149,28 @@ def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: di
     data = ctx.collect(group, fitted, fitted)
     top = max(widths)
     path = stats_omp([d.stats for d in data], [d.current.k for d in data], top) if top else None
-    downstream = cut_graph(ctx.original, at_cut, reference[0].keys())  # copied once, re-weighted per width
+    # one session for every width: the consumers' weights are its inputs
+    downstream = FedCut(ctx.original, at_cut, [d.use.node for d in data], list(reference[0]),
+                        provider=ctx.options.provider,
+                        exact_batch=None if ctx.fixed_batch is None else ctx.fixed_batch.size)
     nodes = {n.name: n for n in ctx.original.nodes}
-    mine = {n.name: n for n in downstream.nodes}
     bases = [consumers.cleared(ctx.original, nodes[d.use.node], group, d.use) for d in data]
+    ridges: list[float | None] = [None] * len(data)  # cross-validated at the widest width, kept for the others
     out = {}
     for width in widths:
         keep = path.support(width) if width else np.zeros(0, dtype=np.int64)
-        for d, base in zip(data, bases):
+        linears = []
+        for j, (d, base) in enumerate(zip(data, bases)):
             cols = expand(keep, d.current.k)
-            if width:
-                w, bias, _ = refit_cv(d.folds, cols, prior=d.current.weight[:, cols], merged=d.stats)
+            prior = d.current.weight[:, cols]
+            if width and ridges[j] is None:
+                w, bias, ridges[j] = refit_cv(d.folds, cols, prior=prior, merged=d.stats)
+            elif width:
+                w, bias = refit_full(d.stats, cols, ridges[j], prior=prior)
             else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
-            consumers.write(downstream, mine[d.use.node], base.with_group(cols, w, bias))
-        downstream.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)  # a MatMul's first bias adds a node
-        out[width] = task.discrepancy(reference, _run(ctx, downstream, at_cut))
+            linears.append(base.with_group(cols, w, bias))
+        out[width] = task.discrepancy(reference, downstream.run(linears, downstream.at_cut, ctx.run_batch))
     return out
 
 

@@ -12,7 +12,7 @@ from onnx import TensorProto, helper
 from onnxprune.analysis import consumers
 from onnxprune.ir.load import import_graph
 from onnxprune.imitation.stats import ConsumerStats
-from onnxprune.ops.conv import conv_pads
+from onnxprune.ops.conv import conv_pads, patches
 from tests.onnx_builders import run
 
 CASES = {
@@ -150,3 +150,11 @@ def test_conv1d_unfold_matches_onnxruntime(attrs: dict) -> None:
     assert consumers.positions(conv, x.shape) == cols.shape[2]
     assert torch.equal(consumers.unfold_every(conv, torch.from_numpy(x), 3, 2),
                        consumers.thin(consumers.unfold(conv, torch.from_numpy(x)), 3, 2))
+
+
+@pytest.mark.parametrize("kernel,strides,dilations", [((3, 3), (1, 1), (1, 1)), ((1, 3), (2, 1), (1, 2)),
+                                                       ((2, 3), (3, 2), (2, 1)), ((1, 1), (2, 2), (1, 1))])
+def test_patches_are_torch_unfold_exactly(kernel, strides, dilations) -> None:
+    x = torch.randn(2, 3, 11, 13, generator=torch.Generator().manual_seed(0))
+    expected = torch.nn.functional.unfold(x, kernel_size=kernel, dilation=dilations, stride=strides)
+    assert torch.equal(patches(x, kernel, strides, dilations), expected)

@@ -63,6 +63,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             partner = None
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
+        same = x_p is x_o and node_p.op == node_o.op and node_p.attrs == node_o.attrs  # the probes': unfold once
         length = consumers.positions(node_p, x_p.shape)
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
         sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
@@ -71,7 +72,8 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
             x = consumers.unfold_every(node_p, torch.from_numpy(x_p[s:e]), stride, first)
-            t = torch.matmul(w_o, consumers.unfold_every(node_o, torch.from_numpy(x_o[s:e]), stride, first))
+            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, torch.from_numpy(x_o[s:e]), stride,
+                                                                          first))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])

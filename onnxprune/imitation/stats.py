@@ -51,7 +51,10 @@ Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tenso
 
 
 def _moved(sums: Sums, n: int, dx: torch.Tensor, dt: torch.Tensor) -> Sums:
-    """The sums of (x + dx, t + dt) over ``n`` positions, from those of (x, t) (float64)."""
+    """The sums of (x + dx, t + dt) over ``n`` positions, from those of (x, t) (float64); the same tensors where
+    both moves are 0 (merging unshifted folds: D² outer products of zeros otherwise)."""
+    if not (bool(dx.any()) or bool(dt.any())):
+        return sums
     xx, xt, sx, st, tt = sums
     return (xx + torch.outer(dx, sx) + torch.outer(sx, dx) + n * torch.outer(dx, dx),
             xt + torch.outer(dx, st) + torch.outer(sx, dt) + n * torch.outer(dx, dt),

@@ -65,6 +65,9 @@ class Compressor:
         self.live = Liveness(self.graph)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
         self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory)
+        for group in self.analysis.groups:
+            if group.name in self.memory.excluded:
+                group.blockers.append(f"memory: {self.memory.excluded[group.name]}")
         self.store = Store(self.memory.budget, options.spill_dir)
         self._check_room(len(calib), self.memory.cache)
         self.inputs = self._load(calib)

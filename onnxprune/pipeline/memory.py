@@ -144,8 +144,8 @@ def statistics_bytes(group: Group, nodes: dict[str, gs.Node]) -> tuple[int, str,
 
 
 def too_wide(analysis: Analysis, room: int) -> dict[str, str]:
-    """The groups whose statistics (``statistics_bytes``) would not fit in ``room`` bytes, with the reason; each
-    gets it as a blocker, so the run prunes the others instead of being killed on reaching it."""
+    """The groups whose statistics (``statistics_bytes``) would not fit in ``room`` bytes, with the reason (the run
+    leaves them unpruned and prunes the others, instead of being killed on reaching them)."""
     nodes = {n.name: n for n in analysis.graph.nodes}
     out = {}
     for group in analysis.groups:
@@ -154,7 +154,6 @@ def too_wide(analysis: Analysis, room: int) -> dict[str, str]:
             out[group.name] = (f"choosing its channels holds about {show_bytes(need)} of statistics (consumer {node} "
                                f"reads {columns} columns), more than the {show_bytes(room)} this run may use: give the "
                                f"machine more memory to prune it")
-            group.blockers.append(f"memory: {out[group.name]}")
     return out
 
 

@@ -109,6 +109,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     if result.fixed_batch is not None:
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
+    note = _objects_note(result.allocation)
+    if note:
+        console.print(note)
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
@@ -125,6 +128,20 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
         f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
     )
+
+
+def _objects_note(allocation: dict | None) -> str | None:
+    """How many of a detector's probe samples show an object to the original, with advice where under half do:
+    images without objects teach the pruning little of what the detector finds."""
+    found = None if allocation is None else allocation.get("with_objects")
+    if found is None:
+        return None
+    n = allocation["probe_samples"]
+    text = f"detector: the original finds objects in {found} of the {n} probe samples (spread over the calibration set)"
+    if 2 * found >= n:
+        return text
+    return (f"[yellow]{text}: a detector calibrated mostly on images without objects keeps less of what it finds; "
+            "calibrate on images like those it will see in use, with objects in most (docs/usage.md)[/]")
 
 
 def _selected_by(selection: dict | None) -> str:

@@ -206,5 +206,6 @@ def test_compress_judges_an_nms_free_head_by_its_detections(tmp_path) -> None:
     calib = np.random.default_rng(0).random((16, 3, 32, 32)).astype(np.float32)
     result = onnxprune.compress(str(tmp_path / "e2e.onnx"), calib, budget=onnxprune.Ratio(0.7))
     assert result.report.allocation["task"] == "detect"
+    assert 0 <= result.report.allocation["with_objects"] <= result.report.allocation["probe_samples"]
     assert result.report.macs_after <= 0.71 * result.report.macs_before
     result.save(tmp_path / "small.onnx")

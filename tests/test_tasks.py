@@ -269,6 +269,28 @@ def test_eval_of_a_real_detector_against_itself_is_map_one(package: str, rel: st
     assert data["metrics"]["mAP50_ref"] == data["metrics"]["mAP50-95_ref"] == 1.0
 
 
+def test_a_detector_counts_the_images_on_which_the_reference_finds_objects() -> None:
+    """Per image of every chunk: one with a score of at least ``conf`` somewhere counts, one below it nowhere."""
+    rng = np.random.default_rng(3)
+    (y,) = _yolov8(rng, n=3)
+    y[:, 4:7] = np.minimum(y[:, 4:7], 0.2)  # nothing at the default conf 0.25
+    y[1, 5, 17] = y[1, 6, 60] = 0.9  # two objects on one image
+    task = infer_task([y], (64, 64), 3)
+    assert task.images_with_objects([{"out": y}]) == 1
+    assert task.images_with_objects([{"out": y[:2]}, {"out": y[1:]}]) == 2
+    assert task.images_with_objects([{"out": y[[0, 2]]}]) == 0
+
+
+def test_compress_advises_images_with_objects_where_most_probe_samples_have_none() -> None:
+    from onnxprune.tables import _objects_note
+
+    few = _objects_note({"with_objects": 3, "probe_samples": 32})
+    assert "objects in 3 of the 32 probe samples" in few and "calibrate on images" in few
+    most = _objects_note({"with_objects": 16, "probe_samples": 32})
+    assert "16 of the 32" in most and "calibrate on images" not in most
+    assert _objects_note({"with_objects": None, "probe_samples": 32}) is None and _objects_note(None) is None
+
+
 def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects() -> None:
     rng = np.random.default_rng(4)
     (y,) = _yolov8(rng)

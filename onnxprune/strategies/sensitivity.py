@@ -30,7 +30,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.runtime.segments import cut_graph, run_cut
 from onnxprune.strategies.downstream import FedCut
-from onnxprune.tasks import Task, image_hw, task_named
+from onnxprune.tasks import Detect, Task, image_hw, task_named
 
 
 PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
@@ -46,6 +46,7 @@ class Sensitivity:
     probe_samples: int = 0
     seconds: float = 0.0
     task: str = "raw"  # how the outputs were compared (``onnxprune.tasks``)
+    with_objects: int | None = None  # a detector's probe samples on which the original finds an object
 
 
 def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int) -> list[int]:
@@ -124,7 +125,8 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
                                                                    probe_values)]
     first = next(iter(probe_values.values()))
     task = task_named(ctx.options.task, list(reference[0].values()), image_hw(first), min(len(first), ctx.run_batch))
-    report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name)
+    report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name,
+                         with_objects=task.images_with_objects(reference) if isinstance(task, Detect) else None)
     curves = {}
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:

@@ -109,9 +109,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     if result.fixed_batch is not None:
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
-    note = _objects_note(result.allocation)
-    if note:
-        console.print(note)
+    if result.allocation is not None and result.allocation.get("with_objects") is not None:
+        console.print(objects_note(result.allocation["with_objects"], result.allocation["probe_samples"],
+                                   "probe samples (spread over the calibration set)"))
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
@@ -130,18 +130,14 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     )
 
 
-def _objects_note(allocation: dict | None) -> str | None:
-    """How many of a detector's probe samples show an object to the original, with advice where under half do:
-    images without objects teach the pruning little of what the detector finds."""
-    found = None if allocation is None else allocation.get("with_objects")
-    if found is None:
-        return None
-    n = allocation["probe_samples"]
-    text = f"detector: the original finds objects in {found} of the {n} probe samples (spread over the calibration set)"
+def objects_note(found: int, n: int, samples: str) -> str:
+    """How many of a detector's ``n`` ``samples`` show an object to the original, with advice where under half do:
+    images without objects teach the pruning and the recovery little of what the detector finds."""
+    text = f"detector: the original finds objects in {found} of the {n} {samples}"
     if 2 * found >= n:
         return text
-    return (f"[yellow]{text}: a detector calibrated mostly on images without objects keeps less of what it finds; "
-            "calibrate on images like those it will see in use, with objects in most (docs/usage.md)[/]")
+    return (f"[yellow]{text}: a detector pruned or recovered on images mostly without objects keeps less of what it "
+            "finds; give it images like those it will see in use, with objects in most (docs/usage.md)[/]")
 
 
 def _selected_by(selection: dict | None) -> str:
@@ -202,6 +198,8 @@ def print_recovery(r: RecoverReport) -> None:
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
     held = "given apart" if r.held_unseen else "split off the calibration set"
     picked = r.samples_held - r.samples_verdict
+    if r.with_objects is not None:
+        console.print(objects_note(r.with_objects, r.samples_held, "held-out samples"))
     console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
                   f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")

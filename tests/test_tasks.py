@@ -281,14 +281,13 @@ def test_a_detector_counts_the_images_on_which_the_reference_finds_objects() -> 
     assert task.images_with_objects([{"out": y[[0, 2]]}]) == 0
 
 
-def test_compress_advises_images_with_objects_where_most_probe_samples_have_none() -> None:
-    from onnxprune.tables import _objects_note
+def test_compress_and_recover_advise_images_with_objects_where_most_samples_have_none() -> None:
+    from onnxprune.tables import objects_note
 
-    few = _objects_note({"with_objects": 3, "probe_samples": 32})
-    assert "objects in 3 of the 32 probe samples" in few and "calibrate on images" in few
-    most = _objects_note({"with_objects": 16, "probe_samples": 32})
-    assert "16 of the 32" in most and "calibrate on images" not in most
-    assert _objects_note({"with_objects": None, "probe_samples": 32}) is None and _objects_note(None) is None
+    few = objects_note(3, 32, "probe samples")
+    assert "objects in 3 of the 32 probe samples" in few and "give it images like those" in few
+    most = objects_note(16, 32, "held-out samples")
+    assert "16 of the 32 held-out samples" in most and "give it images" not in most
 
 
 def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects() -> None:

@@ -48,6 +48,7 @@ class RecoverReport:
     segments: list[SegmentReport] = field(default_factory=list)
     block_skipped: list[str] = field(default_factory=list)  # the end of the segment left to the distillation
     distill: DistillReport | None = None
+    with_objects: int | None = None  # a detector's held-out samples on which the teacher finds an object
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -8,7 +8,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +54,7 @@ class SweepResult:
     held: str  # which samples judged the models
     seconds: float
     keep: dict | None = None  # {"floor", "chosen" (target or None), "judged", "metric"}
-    notes: list[str] = field(default_factory=list)
+    objects: tuple[int, int] | None = None  # a detector's probe samples with an object to the original, of how many
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -114,6 +114,7 @@ def sweep(
     shared = Shared(allocate)
     judged: dict[str, SweepRow] = {}
     original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report
+    probed: list[tuple[int, int]] = []  # the shared probes' objects count, from each report
 
     def judge(label: str, budget: Budget) -> SweepRow:
         t0 = time.perf_counter()
@@ -130,6 +131,8 @@ def sweep(
                               batch_size=batch_size, provider=provider, task=task)
         metric, value = fidelity(scores)
         r = result.report
+        if r.allocation is not None and r.allocation.get("with_objects") is not None:
+            probed.append((r.allocation["with_objects"], r.allocation["probe_samples"]))
         original.update(macs=int(r.macs_before), params=int(r.params_before))
         row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
                        scores.agreement, scores.kl, path=str(path), seconds=seconds)
@@ -147,7 +150,8 @@ def sweep(
         original["latency_ms"] = timed[0].median_ms
         for row, t in zip(rows, timed[1:]):
             row.latency_ms, row.speedup = t.median_ms, timed[0].median_ms / t.median_ms
-    result = SweepResult(rows, original, f"{held_dir} ({held_subset or 'all'})", time.perf_counter() - start)
+    result = SweepResult(rows, original, f"{held_dir} ({held_subset or 'all'})", time.perf_counter() - start,
+                         objects=probed[0] if probed else None)
     if keep is not None:
         result.keep = {"floor": keep, "chosen": chosen, "judged": len(judged), "metric": rows[0].metric}
     atomic_write(out / "sweep.json", lambda tmp: tmp.write_text(_json(result.to_dict())))

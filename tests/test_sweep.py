@@ -109,3 +109,13 @@ def test_a_refused_sweep_leaves_nothing_behind(tiny, tmp_path: Path) -> None:
     with pytest.raises(CalibrationError, match="no images in"):
         sweep(tiny.path, tmp_path / "empty", {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_detector_sweep_counts_the_probe_samples_with_objects(photos: Path, tmp_path: Path) -> None:
+    """The shared probes' count of samples on which the original finds an object is the one compress reports."""
+    from tests.test_heads import _nms_free
+
+    _nms_free(tmp_path / "e2e.onnx")
+    result = sweep(tmp_path / "e2e.onnx", photos, {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
+    alone = api.compress(tmp_path / "e2e.onnx", photos, budget=Ratio(0.7), subset="!0%5").report.allocation
+    assert alone["task"] == "detect" and result.objects == (alone["with_objects"], alone["probe_samples"])

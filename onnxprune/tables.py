@@ -131,10 +131,11 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
 
 
 def objects_note(found: int, n: int, samples: str) -> str:
-    """How many of a detector's ``n`` ``samples`` show an object to the original, with advice where under half do:
-    images without objects teach the pruning and the recovery little of what the detector finds."""
+    """How many of a detector's ``n`` ``samples`` show an object to the original, with advice where under three in
+    four do: images without objects teach the pruning and the recovery little of what the detector finds (YOLOv8n
+    calibrated with objects in every image, one in two, one in four: mAP50-95 0.675, 0.548, 0.585)."""
     text = f"detector: the original finds objects in {found} of the {n} {samples}"
-    if 2 * found >= n:
+    if 4 * found >= 3 * n:
         return text
     return (f"[yellow]{text}: a detector pruned or recovered on images mostly without objects keeps less of what it "
             "finds; give it images like those it will see in use, with objects in most (docs/usage.md)[/]")

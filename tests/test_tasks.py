@@ -286,8 +286,10 @@ def test_compress_and_recover_advise_images_with_objects_where_most_samples_have
 
     few = objects_note(3, 32, "probe samples")
     assert "objects in 3 of the 32 probe samples" in few and "give it images like those" in few
-    most = objects_note(16, 32, "held-out samples")
-    assert "16 of the 32 held-out samples" in most and "give it images" not in most
+    half = objects_note(16, 32, "held-out samples")
+    assert "16 of the 32 held-out samples" in half and "give it images" in half
+    most = objects_note(24, 32, "held-out samples")
+    assert "24 of the 32 held-out samples" in most and "give it images" not in most
 
 
 def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects() -> None:

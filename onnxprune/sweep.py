@@ -20,6 +20,7 @@ from onnxprune.errors import OptionError, TargetError
 from onnxprune.evaluation import EvalResult
 from onnxprune.fileio import atomic_write, save_model
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstruction, Refit, Selector, Shared
+from onnxprune.strategies.sensitivity import objects_seen
 
 # the task metric a sweep judges by: the first ``eval`` reports, else a classifier's agreement, else the mean cosine
 FIDELITY = ("mAP50-95_ref", "mask_iou_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref")
@@ -114,7 +115,7 @@ def sweep(
     shared = Shared(allocate)
     judged: dict[str, SweepRow] = {}
     original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report
-    probed: list[tuple[int, int]] = []  # the shared probes' objects count, from each report
+    probed: list[tuple[int, int] | None] = []  # each report's count of the shared probes' samples with objects
 
     def judge(label: str, budget: Budget) -> SweepRow:
         t0 = time.perf_counter()
@@ -131,8 +132,7 @@ def sweep(
                               batch_size=batch_size, provider=provider, task=task)
         metric, value = fidelity(scores)
         r = result.report
-        if r.allocation is not None and r.allocation.get("with_objects") is not None:
-            probed.append((r.allocation["with_objects"], r.allocation["probe_samples"]))
+        probed.append(objects_seen(r.allocation))
         original.update(macs=int(r.macs_before), params=int(r.params_before))
         row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
                        scores.agreement, scores.kl, path=str(path), seconds=seconds)

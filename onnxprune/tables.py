@@ -21,10 +21,12 @@ from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.progress import Heartbeat
 from onnxprune.recovery import RecoverReport
 from onnxprune.runtime.store import show_bytes
+from onnxprune.strategies.sensitivity import objects_seen
 from onnxprune.sweep import SweepResult
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
+PROBED = "probe samples (spread over the calibration set)"  # what a detector's objects are counted on in compress
 
 
 def mmacs(value: float) -> str:
@@ -109,9 +111,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     if result.fixed_batch is not None:
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
-    if result.allocation is not None and result.allocation.get("with_objects") is not None:
-        console.print(objects_note(result.allocation["with_objects"], result.allocation["probe_samples"],
-                                   "probe samples (spread over the calibration set)"))
+    seen = objects_seen(result.allocation)
+    if seen is not None:
+        console.print(objects_note(*seen, PROBED))
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
@@ -261,7 +263,7 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
     console.print(f"wrote {len(result.rows)} models, sweep.json and sweep.png to {folder}; judged on {result.held}, "
                   f"{result.seconds:.0f} s in all")
     if result.objects is not None:
-        console.print(objects_note(*result.objects, "probe samples (spread over the calibration set)"))
+        console.print(objects_note(*result.objects, PROBED))
     if result.keep is not None:
         chosen = next(r for r in result.rows if r.target == result.keep["chosen"])
         console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} is "

@@ -49,6 +49,13 @@ class Sensitivity:
     with_objects: int | None = None  # a detector's probe samples on which the original finds an object
 
 
+def objects_seen(allocation: dict | None) -> tuple[int, int] | None:
+    """From a report's ``allocation`` (a ``Sensitivity`` as a dict): a detector's probe samples on which the original
+    finds an object, and how many were probed; None for another task or allocation."""
+    found = None if allocation is None else allocation.get("with_objects")
+    return None if found is None else (found, allocation["probe_samples"])
+
+
 def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int) -> list[int]:
     """The widths probed: each ratio of the channels rounded to the group's step, narrowest last."""
     step = group_step(channels, round_to)

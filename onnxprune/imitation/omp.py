@@ -15,6 +15,8 @@ O(|C|·k·D + D·O·k + N·k³) per consumer and the reduction of candidate c is
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +74,19 @@ def centred(
     return (a + a.T) / 2, xt / count - np.outer(mx, mt), max(float(tt / count - mt @ mt), 0.0)
 
 
+@contextmanager
+def _one_torch_thread() -> Iterator[None]:
+    """Torch on one thread inside: a step's batched k×k factorisations gain nothing from more, and torch's pool
+    spinning between them takes the cores from the BLAS threads of the step's products (on 2 cores, OMP ran
+    1.7× slower with torch on 2 threads than with torch on 1)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 class _Consumer:
     """Incremental state of one consumer: basis rows z (rows, D), Schur blocks m (N, k, k),
     residual cross q (D, O) (rows c·k … c·k + k - 1 are Q_c)."""
@@ -98,9 +113,10 @@ class _Consumer:
         s = q @ q.transpose(0, 2, 1)  # Q_c Q_cᵀ: the O-wide products happen once, not per direction
         # tr(M_c⁻¹ S_c) = tr(L⁻¹ S L⁻ᵀ) by Cholesky where every eigenvalue of M_c is surely above the floor
         # (λ_min ≥ 1/‖L⁻¹‖_F²); the eigendecomposition, which drops directions under it, serves the rest.
-        lower, info = torch.linalg.cholesky_ex(torch.from_numpy(self.m))
-        inv = torch.linalg.solve_triangular(lower, torch.eye(self.k, dtype=lower.dtype).expand_as(lower), upper=False)
-        inv = inv.numpy()
+        with _one_torch_thread():
+            lower, info = torch.linalg.cholesky_ex(torch.from_numpy(self.m))
+            inv = torch.linalg.solve_triangular(lower, torch.eye(self.k, dtype=lower.dtype).expand_as(lower),
+                                                upper=False).numpy()
         with np.errstate(divide="ignore", invalid="ignore"):
             bound = 1.0 / np.sum(inv * inv, axis=(1, 2))
         fast = (info.numpy() == 0) & (bound > self.floor) & ~skip

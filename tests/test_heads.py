@@ -209,3 +209,29 @@ def test_compress_judges_an_nms_free_head_by_its_detections(tmp_path) -> None:
     assert 0 <= result.report.allocation["with_objects"] <= result.report.allocation["probe_samples"]
     assert result.report.macs_after <= 0.71 * result.report.macs_before
     result.save(tmp_path / "small.onnx")
+
+
+def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> None:
+    """Where the evenly spaced probe samples show no object, the probing side's samples with one replace them (as
+    many as the probes hold, the count unchanged)."""
+    import onnx
+    from onnx import numpy_helper
+
+    import onnxprune
+    from onnxprune.strategies import Output
+
+    _nms_free(tmp_path / "e2e.onnx")
+    model = onnx.load(tmp_path / "e2e.onnx")
+    bias = next(i for i in model.graph.initializer if i.name == "head.b")
+    scores = numpy_helper.to_array(bias).copy()
+    scores[4:] = -4.0  # dim images (values under 1) show no object; bright ones (up to 8) do
+    bias.CopyFrom(numpy_helper.from_array(scores, "head.b"))
+    onnx.save(model, tmp_path / "dim.onnx")
+    rng = np.random.default_rng(0)
+    calib = (rng.random((40, 3, 32, 32)) * 0.3).astype(np.float32)
+    bright = [3, 18, 31, 34]  # on the probing side (sample // 2 odd), none where 4 evenly spaced probes fall
+    calib[bright] *= 8 / 0.3
+    allocate = Output(probe_samples=4)
+    report = onnxprune.compress(str(tmp_path / "dim.onnx"), calib, budget=onnxprune.Ratio(0.7),
+                                allocate=allocate).report.allocation
+    assert report["task"] == "detect" and report["probe_samples"] == 4 and report["with_objects"] == 4

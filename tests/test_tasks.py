@@ -276,9 +276,9 @@ def test_a_detector_counts_the_images_on_which_the_reference_finds_objects() -> 
     y[:, 4:7] = np.minimum(y[:, 4:7], 0.2)  # nothing at the default conf 0.25
     y[1, 5, 17] = y[1, 6, 60] = 0.9  # two objects on one image
     task = infer_task([y], (64, 64), 3)
-    assert task.images_with_objects([{"out": y}]) == 1
-    assert task.images_with_objects([{"out": y[:2]}, {"out": y[1:]}]) == 2
-    assert task.images_with_objects([{"out": y[[0, 2]]}]) == 0
+    assert task.with_objects([{"out": y}]).tolist() == [False, True, False]
+    assert task.with_objects([{"out": y[:2]}, {"out": y[1:]}]).tolist() == [False, True, True, False]
+    assert task.with_objects([{"out": y[[0, 2]]}]).tolist() == [False, False]
 
 
 def test_compress_and_recover_advise_images_with_objects_where_most_samples_have_none() -> None:

@@ -3,10 +3,11 @@
 For each prunable group and a few candidate widths, the group is pruned ALONE on the original network (group
 OMP selection, then the least-squares refit of its consumers, fitted on one half of a calibration subset, its
 ridge cross-validated at the widest width and kept for the narrower ones) and the network's final output is
-compared with the original's on the other half: KL
-for a classifier's logits (2-D outputs), relative squared error otherwise, summed over the float outputs.
-Only the part of the graph after the group's cut runs per candidate (from the cached tensors at the cut), one
-onnxruntime session per group with its consumers' weights fed (``FedCut``).
+compared with the original's on the other half by the task's discrepancy (``onnxprune.tasks``: KL for a
+classifier's logits, class scores and boxes for a detector, relative squared error per output otherwise). A
+detector's probe samples are those on which the original finds an object, where the calibration set has them
+(``_objects_first``). Only the part of the graph after the group's cut runs per candidate (from the cached
+tensors at the cut), one onnxruntime session per group with its consumers' weights fed (``FedCut``).
 The probed points become a piecewise-linear curve per group that ``allocation.curve_widths`` spends the
 budget on, sensitivities summed as if independent.
 """
@@ -35,6 +36,7 @@ from onnxprune.tasks import Detect, Task, image_hw, task_named
 
 PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
 MIN_PROBE_SAMPLES = 4
+SCAN = 256  # samples the original runs on at once while a detector's probes look for images with objects
 
 
 @dataclass
@@ -108,7 +110,7 @@ def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str]
         least = max(3, 4 * ((need - 1) // 2) + (need - 1) % 2 + 1)  # side 0 holds samples 0, 1, 4, 5, 8, ...
         raise CalibrationError(f"{who[0]} needs at least {least} calibration samples (got {n}): give more, "
                                f"or {who[1]}", option=who[2])
-    return tuple(s[np.linspace(0, len(s) - 1, min(m, len(s))).round().astype(int)] for s, m in zip(sides, (fit, probe)))
+    return _evenly(sides[0], fit), _evenly(sides[1], probe)
 
 
 def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[float, ...], fit_samples: int,
@@ -121,19 +123,18 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
     plans = [candidate_widths(g.channels, ratios, ctx.options.round_to) + [0] * (g.id in removable) for _, g in order]
     probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(ctx, order))
     fit, probe = split(n, fit_samples, probe_samples)
-    values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in ctx.inputs.items()}
     floats = [t.name for t in ctx.original.outputs if t.dtype is None or np.issubdtype(np.dtype(t.dtype), np.floating)]
     if not floats:
         raise AnalysisError("the output allocation compares float outputs, and this graph has none: allocate with "
                             "epsilon", option="allocation")
-    probe_values = {k: v[len(fit):] for k, v in values.items()}
-    # in the graph's order of outputs, which the task's layout counts by (a cut graph's come sorted by name)
-    reference = [{k: chunk[k] for k in floats} for chunk in _run(ctx, cut_graph(ctx.original, probe_values, floats),
-                                                                   probe_values)]
-    first = next(iter(probe_values.values()))
+    reference = _outputs(ctx, probe, floats)
+    first = ctx.inputs[next(iter(ctx.inputs))][probe]
     task = task_named(ctx.options.task, list(reference[0].values()), image_hw(first), min(len(first), ctx.run_batch))
+    if isinstance(task, Detect):
+        probe, reference = _objects_first(ctx, task, probe, reference, floats)
+    values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in ctx.inputs.items()}
     report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name,
-                         with_objects=task.images_with_objects(reference) if isinstance(task, Detect) else None)
+                         with_objects=int(task.with_objects(reference).sum()) if isinstance(task, Detect) else None)
     curves = {}
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
@@ -147,6 +148,37 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
     return curves, report
+
+
+def _outputs(ctx: Context, samples: np.ndarray, floats: list[str]) -> list[dict[str, np.ndarray]]:
+    """The original's float outputs on the calibration ``samples``, chunk by chunk, in the graph's order of outputs
+    (which a task's layout counts by; a cut graph's come sorted by name)."""
+    values = {k: v[samples] for k, v in ctx.inputs.items()}
+    return [{k: chunk[k] for k in floats} for chunk in _run(ctx, cut_graph(ctx.original, values, floats), values)]
+
+
+def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: list[dict[str, np.ndarray]],
+                   floats: list[str]) -> tuple[np.ndarray, list[dict[str, np.ndarray]]]:
+    """A detector's probe samples and their reference outputs: where some of ``probe`` show no object, as many of
+    the probing side's samples (``split``'s side 1) with an object as the probes hold, the others evenly from those
+    without. On a few images without objects the allocation would be judged where there is nothing to find:
+    YOLOv8n at 0.70× calibrated on 58 photos with objects and 174 without kept mAP50-95 0.585 (4 of its 12 probe
+    samples with one) against 0.675 on the 58 alone."""
+    if task.with_objects(reference).all():
+        return probe, reference
+    n = len(next(iter(ctx.inputs.values())))
+    side = np.flatnonzero(np.arange(n) // 2 % 2 == 1)
+    found = np.concatenate([task.with_objects(_outputs(ctx, side[i:i + SCAN], floats))
+                            for i in range(0, len(side), SCAN)])
+    some = _evenly(side[found], len(probe))
+    chosen = np.sort(np.concatenate([some, _evenly(side[~found], len(probe) - len(some))]))
+    return chosen, _outputs(ctx, chosen, floats)
+
+
+def _evenly(samples: np.ndarray, most: int) -> np.ndarray:
+    """At most ``most`` of ``samples``, evenly spaced (the first and last among them)."""
+    return samples[np.linspace(0, len(samples) - 1, min(most, len(samples))).round().astype(int)] if most > 0 \
+        else samples[:0]
 
 
 def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],

@@ -32,11 +32,11 @@ class Detect(Task):
     def metric(self) -> Metric:
         return DetectionMetric(self)
 
-    def images_with_objects(self, reference: Sequence[Mapping[str, np.ndarray]]) -> int:
-        """How many images of the reference's chunks (outputs in the order the layout counts them by) show a
+    def with_objects(self, reference: Sequence[Mapping[str, np.ndarray]]) -> np.ndarray:
+        """Whether each image of the reference's chunks (outputs in the order the layout counts them by) shows a
         detection of score ≥ ``conf``."""
-        return sum(len(d) > 0 for chunk in reference for d in self.layout.decode(list(chunk.values()), self.conf,
-                                                                                   self.iou))
+        return np.array([len(d) > 0 for chunk in reference
+                         for d in self.layout.decode(list(chunk.values()), self.conf, self.iou)], dtype=bool)
 
     def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
                     outputs: Sequence[Mapping[str, np.ndarray]]) -> float:

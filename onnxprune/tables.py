@@ -135,7 +135,8 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
 def objects_note(found: int, n: int, samples: str) -> str:
     """How many of a detector's ``n`` ``samples`` show an object to the original, with advice where under three in
     four do: images without objects teach the pruning and the recovery little of what the detector finds (YOLOv8n
-    calibrated with objects in every image, one in two, one in four: mAP50-95 0.675, 0.548, 0.585)."""
+    at 0.70× calibrated on 58 photos with objects, on those and 192 without, on the 441-photo pool with the same 58:
+    mAP50-95 0.675, 0.602, 0.536)."""
     text = f"detector: the original finds objects in {found} of the {n} {samples}"
     if 4 * found >= 3 * n:
         return text

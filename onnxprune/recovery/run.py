@@ -89,8 +89,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     report = RecoverReport(len(train_idx), len(held_idx) + len(verdict_idx), len(verdict_idx), held is not None, "",
                            0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options))
     if task is not None:
-        report.with_objects = sum(int(task.with_objects([dict(enumerate(t))]).sum())
-                                  for t in (teacher_held, teacher_verdict))
+        held = [dict(enumerate(t)) for t in (teacher_held, teacher_verdict)]  # two chunks of the held-out samples
+        report.with_objects = int(task.with_objects(held).sum())
     report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student, verdict_idx),
                                                                         teacher_verdict, task)
 

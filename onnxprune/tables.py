@@ -26,7 +26,7 @@ from onnxprune.sweep import SweepResult
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
-PROBED = "probe samples (spread over the calibration set)"  # what a detector's objects are counted on in compress
+PROBED = "calibration samples the probes looked at"  # what a detector's objects are counted on in compress
 
 
 def mmacs(value: float) -> str:

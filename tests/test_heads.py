@@ -213,12 +213,13 @@ def test_compress_judges_an_nms_free_head_by_its_detections(tmp_path) -> None:
 
 def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> None:
     """Where the evenly spaced probe samples show no object, the probing side's samples with one replace them (as
-    many as the probes hold, the count unchanged)."""
+    many as the probes hold, the count unchanged), and the objects note counts the samples they looked at."""
     import onnx
     from onnx import numpy_helper
 
     import onnxprune
     from onnxprune.strategies import Output
+    from onnxprune.strategies.sensitivity import objects_seen
 
     _nms_free(tmp_path / "e2e.onnx")
     model = onnx.load(tmp_path / "e2e.onnx")
@@ -235,3 +236,5 @@ def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> Non
     report = onnxprune.compress(str(tmp_path / "dim.onnx"), calib, budget=onnxprune.Ratio(0.7),
                                 allocate=allocate).report.allocation
     assert report["task"] == "detect" and report["probe_samples"] == 4 and report["with_objects"] == 4
+    # the note counts where the probes looked (the probing half: 4 of its 20), not the probes they filled
+    assert objects_seen(report) == (4, 20)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxprune.imitation.omp import OmpPath, centred, group_omp
+from onnxprune.imitation.omp import OmpPath, centred, group_omp, narrow_cross, stats_omp, stats_omp_state
+from onnxprune.imitation.stats import ConsumerStats
 from onnxprune.imitation.refit import expand_channels
 
 # ---------------------------------------------------------------- helpers
@@ -148,6 +149,26 @@ def test_centred_matches_sample_covariances() -> None:
     np.testing.assert_allclose(b, cov[:d, d:], rtol=1e-10, atol=1e-12)
     assert e == pytest.approx(np.trace(cov[d:, d:]), rel=1e-10)
     np.testing.assert_array_equal(a, a.T)
+
+
+def test_few_positions_narrow_the_cross_to_their_count_and_keep_the_path() -> None:
+    """A Gemm head on a few samples (P < O): the OMP runs on a (D, P) factor of B, with B's BBᵀ, and its path is the
+    one of the full B (the curve to rounding, the order exactly while the reductions are far from ties)."""
+    rng = np.random.default_rng(5)
+    p, n, o = 12, 40, 60
+    x = rng.standard_normal((p, n)) * rng.uniform(0.5, 2, n) + 1.0
+    t = x @ rng.standard_normal((n, o)) + rng.standard_normal((p, o))
+    a, b, e = explicit_stats(x, t)
+    narrow = narrow_cross(x, t)
+    assert narrow.shape == (n, p)
+    np.testing.assert_allclose(narrow @ narrow.T, b @ b.T, rtol=1e-9, atol=1e-9 * np.abs(b @ b.T).max())
+    stats = ConsumerStats(n, o)
+    stats.update(x.astype(np.float32), t.astype(np.float32))
+    assert stats_omp_state([stats], [1], 8).consumers[0].q.shape == (n, p)
+    path = stats_omp([stats], [1], 8)
+    full = group_omp([a], [b], [e], [1], 8, ridge=1e-4)
+    np.testing.assert_array_equal(path.order, full.order)
+    np.testing.assert_allclose(path.curve, full.curve, rtol=1e-4)
 
 
 # ---------------------------------------------------------------- validation

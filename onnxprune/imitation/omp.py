@@ -259,4 +259,16 @@ def stats_omp(stats: list[ConsumerStats], ks: list[int], width: int, ridge: floa
 def stats_omp_state(stats: list[ConsumerStats], ks: list[int], width: int, ridge: float = RIDGE) -> GroupOmp:
     """The incremental ``GroupOmp`` of consumers given by their streamed statistics."""
     a, b, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
+    b = [bj if s.rows is None or s.count >= bj.shape[1] else narrow_cross(*s.rows) for s, bj in zip(stats, b)]
     return GroupOmp(list(a), list(b), list(e), ks, width, ridge=ridge)
+
+
+def narrow_cross(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """A (D, P) factor B' of the centred cross B = X_cᵀT_c/P of positions x (P, D), t (P, O): B'B'ᵀ = BBᵀ.
+
+    The OMP reads B only through BBᵀ (every reduction is a trace of Q_cᵀ M_c⁻¹ Q_c), and each step downdates Q over
+    all of B's columns: with fewer positions than outputs (a Gemm head calibrated on 32 samples, O = 4096) the
+    factor does the same work on P columns instead of O."""
+    xc, tc = x - x.mean(axis=0), t - t.mean(axis=0)
+    w, v = np.linalg.eigh(tc @ tc.T)
+    return xc.T @ (v * np.sqrt(np.clip(w, 0.0, None))) / len(x)

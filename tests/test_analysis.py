@@ -11,6 +11,7 @@ from onnxprune.analysis.groups import Group
 from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
+from onnxprune.ir.shapes import onnx_infer
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
 
@@ -451,3 +452,23 @@ def test_the_op_registry_refuses_a_second_entry_for_an_op() -> None:
     with pytest.raises(ValueError, match=r"Conv is already registered \(channels=_conv_rule, .*torch=\{1: _conv\}"):
         register(OpEntry("Conv", channels=lambda *args: None))
     assert lookup("Conv") is conv
+
+def test_shape_inference_reads_the_weights_shapes_only() -> None:
+    """``onnx_infer`` leaves the weights out of what it hands to onnx (as inputs of their shape) and gives what onnx's
+    inference gives on the whole model: shapes through a weight, a Reshape target propagated from a Shape, and the
+    weights themselves unchanged; one weight declared as a graph input too (old exporters list them)."""
+    b = GraphBuilder({"x": [1, 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "conv", 3, 64)], "relu")
+    shape = b.op("Shape", [y], "shape")
+    first = b.op("Gather", [shape, b.const("zero", np.array([0]), np.int64)], "first", axis=0)
+    target = b.op("Concat", [first, b.const("rest", np.array([-1]), np.int64)], "target", axis=0)
+    flat = b.op("Reshape", [y, target], "flat")
+    out = b.gemm(flat, "fc", 64 * 8 * 8, 10)
+    model = b.model({out: None})
+    weight = next(t for t in model.graph.initializer if t.name == "fc.w")
+    model.graph.input.append(onnx.helper.make_tensor_value_info(weight.name, weight.data_type, weight.dims))
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    got, want = onnx_infer(model, data_prop=True), onnx.shape_inference.infer_shapes(model, data_prop=True)
+    assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
+    shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*got.graph.value_info, *got.graph.output]}
+    assert shapes[flat] == [1, 4096] and shapes[out] == [1, 10]

@@ -18,6 +18,7 @@ from onnxprune.runtime.timing import random_inputs
 from onnxprune.fileio import atomic_write
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from onnxprune.ir.ort import model_input_specs
+from onnxprune.ir.shapes import onnx_infer
 
 # Standard-domain ops TensorRT 8.6+/10 parses (onnx-tensorrt operators.md), kept conservative: control
 # flow (If/Loop/Scan), recurrent layers, NMS and data-dependent shapes (NonZero, Unique) are left out.
@@ -57,7 +58,7 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
         graph.fold_constants(error_ok=True).cleanup().toposort()
         model = gs.export_onnx(graph)
     try:
-        model = onnx.shape_inference.infer_shapes(model, data_prop=True)
+        model = onnx_infer(model, data_prop=True)
     except Exception:  # onnx inference rejects a few valid graphs; onnxruntime fills the outputs below
         pass
     return model

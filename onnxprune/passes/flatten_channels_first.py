@@ -14,6 +14,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_value, restore_subgraphs, static_shape
+from onnxprune.ir.shapes import onnx_infer
 
 
 def flatten_channels_first(graph: gs.Graph) -> gs.Graph:
@@ -62,7 +63,7 @@ def channels_first_heads(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with ``flatten_channels_first`` applied when it has such a head, else ``model`` itself (no
     graph-surgeon round trip for the models that do not need one)."""
     try:
-        graph = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
+        graph = gs.import_onnx(onnx_infer(model))
     except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
         return model
     if not any(_flatten_after(node) for node in graph.nodes):

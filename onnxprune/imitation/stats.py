@@ -122,35 +122,39 @@ class ConsumerStats:
                 self._shift = (_shift(xf), _shift(tf))
                 self._shifted = (bool(self._shift[0].any()), bool(self._shift[1].any()))
             if length >= CHUNK_ROWS // 16:
-                # Long positions axis: one GEMM per image and slice, no transposing copy.
-                for i in range(b):
+                for i in range(b):  # long positions axis: one GEMM per image and slice
                     for s in range(0, length, CHUNK_ROWS):
-                        self._add(xf[i, :, s : s + CHUNK_ROWS], tf[i, :, s : s + CHUNK_ROWS])
+                        self._add(xf[i : i + 1, :, s : s + CHUNK_ROWS], tf[i : i + 1, :, s : s + CHUNK_ROWS])
             else:
                 per = max(1, CHUNK_ROWS // length)
                 for i in range(0, b, per):
-                    z = torch.cat([xf[i : i + per], tf[i : i + per]], dim=1).transpose(0, 1).reshape(self.d + self.o, -1)
-                    self._add(z[: self.d], z[self.d :])
+                    self._add(xf[i : i + per], tf[i : i + per])
         self.count += b * length
 
     def _add(self, x: torch.Tensor, t: torch.Tensor) -> None:
-        """Accumulate one chunk, x (D, positions) and t (O, positions), shifted, with a single float32 GEMM
-        [x; 1]·[x; t; 1]ᵀ (tall-skinny products are dominated by call overhead; the ones give the
-        sums, and tᵀt, which no caller needs, is never formed)."""
-        d = self.d
+        """Accumulate one chunk, x (B, D, L) and t (B, O, L) (positions b·L + l), shifted, with a single float32 GEMM
+        [x; 1]·[x; 1; t]ᵀ (tall-skinny products are dominated by call overhead; the ones give the sums, and tᵀt,
+        which no caller needs, is never formed). The chunk is copied once, into the GEMM's operand: each fresh
+        buffer of this size is pages the kernel zeroes (a U²-Net's statistics spent as long in the kernel as in user
+        code when four copies were made)."""
+        d, o = self.d, self.o
+        b, _, length = x.shape
+        z = torch.empty(d + 1 + o, b, length, dtype=x.dtype, device=x.device)
+        z[:d].copy_(x.transpose(0, 1))
+        z[d].fill_(1.0)
+        z[d + 1 :].copy_(t.transpose(0, 1))
         if self._shifted[0]:
-            x = x - self._shift[0][:, None]
+            z[:d] -= self._shift[0][:, None, None]
         if self._shifted[1]:
-            t = t - self._shift[1][:, None]
-        ones = torch.ones(1, x.shape[1], dtype=x.dtype, device=x.device)
-        left = torch.cat([x, ones])
-        zz = (left @ torch.cat([left, t]).T).double()
+            z[d + 1 :] -= self._shift[1][:, None, None]
+        z = z.view(d + 1 + o, b * length)
+        zz = (z[: d + 1] @ z.T).double()
         xx, xt, sx, st, tt = self._sums
         xx += zz[:d, :d]
         sx += zz[:d, d]
         xt += zz[:d, d + 1 :]
         st += zz[d, d + 1 :]
-        tt += torch.sum(t * t, dtype=torch.float64)
+        tt += torch.sum(z[d + 1 :] * z[d + 1 :], dtype=torch.float64)
 
     def merge(self, other: ConsumerStats) -> None:
         """Add another accumulator's sums into this one (same D and O)."""

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
+import onnxruntime as ort
 import pytest
 
 from onnxprune.analysis import analyze
@@ -11,6 +13,7 @@ from onnxprune.analysis.groups import Group
 from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
+from onnxprune.ir.ort import weights_aside, graph_session, make_session
 from onnxprune.ir.shapes import onnx_infer
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
@@ -472,3 +475,24 @@ def test_shape_inference_reads_the_weights_shapes_only() -> None:
     assert got.SerializeToString(deterministic=True) == want.SerializeToString(deterministic=True)
     shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in [*got.graph.value_info, *got.graph.output]}
     assert shapes[flat] == [1, 4096] and shapes[out] == [1, 10]
+
+
+def test_sessions_take_large_weights_beside_the_model_bytes() -> None:
+    """``make_session`` (a ModelProto) and ``graph_session`` (a graph) hand weights of ``WEIGHT_BYTES`` or more to
+    onnxruntime as arrays (the serialised model holds a stub) and compute what the model does from its bytes; the
+    graph comes back with its own constants."""
+    b = GraphBuilder({"x": [2, 600]})
+    h = b.op("Relu", [b.gemm("x", "fc1", 600, 512)], "relu")  # fc1.w: 1.2 MB
+    out = b.gemm(h, "fc2", 512, 10)
+    model = b.model({out: None})
+    light, weights = weights_aside(model)
+    assert list(weights) == ["fc1.w"] and weights["fc1.w"].shape == (512, 600)
+    stub = next(t for t in light.graph.initializer if t.name == "fc1.w")
+    assert stub.data_location == onnx.TensorProto.EXTERNAL and not stub.raw_data
+    x = np.random.default_rng(0).standard_normal((2, 600)).astype(np.float32)
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    np.testing.assert_array_equal(make_session(model, "cpu")[0].run(None, {"x": x})[0], want)
+    graph = gs.import_onnx(model)
+    before = [id(t) for n in graph.nodes for t in n.inputs]
+    np.testing.assert_array_equal(graph_session(graph, "cpu")[0].run(None, {"x": x})[0], want)
+    assert [id(t) for n in graph.nodes for t in n.inputs] == before

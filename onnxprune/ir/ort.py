@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
+from onnx import numpy_helper
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxprune.errors import ModelError, OnnxPruneError
 
@@ -47,6 +51,69 @@ def first_provider(provider: str) -> str:
     return _chain(provider)[0]
 
 
+WEIGHT_BYTES = 1 << 20
+"""From this size an initializer reaches onnxruntime as an array beside the model's bytes (``make_session``)."""
+
+
+def _in_memory(name: str, data_type: int, dims: Sequence[int], nbytes: int) -> onnx.TensorProto:
+    """An initializer whose data onnxruntime takes from the session options (``add_external_initializers``)."""
+    stub = onnx.TensorProto(name=name, dims=list(dims), data_type=data_type, data_location=onnx.TensorProto.EXTERNAL)
+    for key, value in (("location", "onnxprune-in-memory"), ("offset", "0"), ("length", str(nbytes))):
+        stub.external_data.add(key=key, value=value)
+    return stub
+
+
+def weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``model`` with its initializers of ``WEIGHT_BYTES`` or more as in-memory stubs, and their arrays."""
+    graph = model.graph
+    size = {t.name: int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+            for t in graph.initializer
+            if t.data_location != onnx.TensorProto.EXTERNAL and t.data_type != onnx.TensorProto.STRING}
+    heavy = [t for t in graph.initializer if size.get(t.name, 0) >= WEIGHT_BYTES]
+    if not heavy:
+        return model, {}
+    names = {t.name for t in heavy}
+    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
+                            graph=onnx.GraphProto(
+        name=graph.name, node=graph.node, input=graph.input, output=graph.output, value_info=graph.value_info,
+        sparse_initializer=graph.sparse_initializer,
+        initializer=[t if t.name not in names else _in_memory(t.name, t.data_type, t.dims, size[t.name])
+                     for t in graph.initializer]))
+    return light, {t.name: numpy_helper.to_array(t) for t in heavy}
+
+
+def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[ort.InferenceSession, str]:
+    """``make_session`` of a graph-surgeon graph, its large constants handed to onnxruntime as the arrays they are:
+    exporting each into a TensorProto, serialising the model and onnxruntime's parsing copy them four times (about a
+    second a session for VGG-11's 530 MB, dozens of sessions in a ``compress``). Constants read inside subgraphs
+    are exported as usual."""
+    inner = {t.name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, gs.Graph)
+             for t in sub.tensors().values()}
+    heavy = {name: t for name, t in graph.tensors().items() if isinstance(t, gs.Constant) and name not in inner
+             and isinstance(t.values, np.ndarray | LazyValues) and t.values.nbytes >= WEIGHT_BYTES}
+    swapped = []
+    for tensor in heavy.values():
+        stand_in = gs.Variable(tensor.name)
+        for node in list(tensor.outputs):
+            for i, x in enumerate(node.inputs):
+                if x is tensor:
+                    node.inputs[i] = stand_in
+                    swapped.append((node, i, tensor))
+    try:
+        model = gs.export_onnx(graph)
+    finally:
+        for node, i, tensor in swapped:
+            node.inputs[i] = tensor
+    keep = [v for v in model.graph.value_info if v.name not in heavy]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(keep)
+    arrays = {name: np.asarray(t.values if isinstance(t.values, np.ndarray) else t.values.load())
+              for name, t in heavy.items()}
+    model.graph.initializer.extend(_in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
+                                   for name, a in arrays.items())
+    return _session(model, arrays, provider, **options)
+
+
 def make_session(
     model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True,
     spin_between_runs: bool = True, quiet: bool = False,
@@ -62,6 +129,16 @@ def make_session(
     ``quiet``: onnxruntime logs nothing short of fatal (a probe whose run may fail, and says so by
     its result, not by an error line on the user's terminal).
     """
+    if isinstance(model, onnx.ModelProto):
+        light, weights = weights_aside(model)
+        return _session(light, weights, provider, threads, spinning, arena, spin_between_runs, quiet)
+    return _session(model, {}, provider, threads, spinning, arena, spin_between_runs, quiet)
+
+
+def _session(model: ModelLike, weights: dict[str, np.ndarray], provider: str = "auto", threads: int | None = None,
+             spinning: bool = True, arena: bool = True, spin_between_runs: bool = True, quiet: bool = False,
+             ) -> tuple[ort.InferenceSession, str]:
+    """``make_session``, the initializers ``weights`` (in-memory stubs in ``model``) given as arrays."""
     chain = _chain(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 4 if quiet else 3
@@ -73,6 +150,9 @@ def make_session(
         options.add_session_config_entry("session.force_spinning_stop", "1")
     if not arena:
         options.enable_cpu_mem_arena = False
+    if weights:  # the OrtValues only need to live until the session has copied them
+        options.add_external_initializers(list(weights), [ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(a))
+                                                          for a in weights.values()])
     if isinstance(model, onnx.ModelProto):
         source, name = model.SerializeToString(), "the in-memory model"
     elif isinstance(model, bytes):

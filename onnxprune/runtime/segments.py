@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 
 from onnxprune.errors import AnalysisError
-from onnxprune.ir.ort import make_session
+from onnxprune.ir.ort import graph_session
 from onnxprune.runtime.store import Array, Store
 from onnxprune.ir.subgraphs import outer_reads
 
@@ -200,7 +200,7 @@ def run_cut(
     them) for each chunk of ``batch_size`` samples, and the execution provider. With ``exact`` a short last
     chunk is padded; an output whose leading axis is the padded batch has the extra samples dropped, any other
     output is as computed."""
-    session, ran = make_session(gs.export_onnx(g), provider, arena=False)
+    session, ran = graph_session(g, provider, arena=False)
     return run_chunks(session, [t.name for t in g.outputs], {t.name: values[t.name] for t in g.inputs}, batch_size,
                       exact), ran
 

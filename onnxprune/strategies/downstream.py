@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
 from onnxprune.errors import ModelError
-from onnxprune.ir.ort import make_session
+from onnxprune.ir.ort import graph_session
 from onnxprune.runtime.segments import cut_graph, run_chunks
 from onnxprune.runtime.store import Array
 from onnxprune.tasks import raw_discrepancy
@@ -51,7 +51,7 @@ class FedCut:
                     user.inputs[user.inputs.index(tensor)] = var
                 feeds.append(var)
         cut.inputs = [*cut.inputs, *feeds]
-        self.session, self.provider = make_session(gs.export_onnx(cut), provider, arena=False)
+        self.session, self.provider = graph_session(cut, provider, arena=False)
         self._outputs = [t.name for t in cut.outputs]
         self.at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
         self.exact_batch = exact_batch

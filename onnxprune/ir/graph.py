@@ -24,6 +24,18 @@ def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx
     return model
 
 
+def rebuilt(model: onnx.ModelProto, initializer: list[onnx.TensorProto],
+            inputs: list[onnx.ValueInfoProto] | None = None) -> onnx.ModelProto:
+    """What onnx and onnxruntime read of ``model`` (opsets, functions, the graph's nodes, inputs, outputs and
+    values), with ``initializer`` for its initializers and ``inputs`` appended to its inputs: built field by field,
+    so that the weights left out are never copied."""
+    graph = model.graph
+    return onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
+                           graph=onnx.GraphProto(
+        name=graph.name, node=graph.node, input=[*graph.input, *(inputs or [])], output=graph.output,
+        value_info=graph.value_info, initializer=initializer, sparse_initializer=graph.sparse_initializer))
+
+
 def name_nodes(graph: gs.Graph) -> gs.Graph:
     """Give every node a unique name (passes and reports address nodes by name)."""
     seen: set[str] = set()

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxprune.errors import ModelError, OnnxPruneError
+from onnxprune.ir.graph import rebuilt
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -73,12 +74,8 @@ def weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
     if not heavy:
         return model, {}
     names = {t.name for t in heavy}
-    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
-                            graph=onnx.GraphProto(
-        name=graph.name, node=graph.node, input=graph.input, output=graph.output, value_info=graph.value_info,
-        sparse_initializer=graph.sparse_initializer,
-        initializer=[t if t.name not in names else _in_memory(t.name, t.data_type, t.dims, size[t.name])
-                     for t in graph.initializer]))
+    light = rebuilt(model, [t if t.name not in names else _in_memory(t.name, t.data_type, t.dims, size[t.name])
+                            for t in graph.initializer])
     return light, {t.name: numpy_helper.to_array(t) for t in heavy}
 
 

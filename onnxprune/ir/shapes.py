@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value, static_shape
+from onnxprune.ir.graph import const_value, rebuilt, static_shape
 from onnxprune.ir.inputs import fix_input_shapes
 from onnxprune.ir.probe import random_feed, real_inputs, run_all_tensors
 
@@ -20,23 +20,27 @@ _INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx
                             onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
 
 
-def onnx_infer(model: onnx.ModelProto, data_prop: bool = False) -> onnx.ModelProto:
-    """``onnx.shape_inference.infer_shapes`` of ``model``, run on a copy whose weights are graph inputs of their
-    type and shape: onnx hands the serialised model to its C++ side and parses the result back, four passes over
-    the weights' bytes (VGG-11's 530 MB: 2.5 s a call) where the shapes need none of them. Shape-like values
-    (integer and small initializers) stay, for data propagation."""
+def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` for shape inference: its weights as graph inputs of their type and shape (inference reads nothing
+    else of them), integer and small initializers kept for data propagation; ``model`` itself when it has none.
+    onnx hands the serialised model to its C++ side and parses the result back, four passes over the weights' bytes
+    (VGG-11's 530 MB: 2.5 s a call)."""
     graph = model.graph
     heavy = {t.name for t in graph.initializer
              if t.data_type not in _INTEGER_TYPES and int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT}
     if not heavy:
-        return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
+        return model
     declared = {v.name for v in graph.input}
-    light = onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
-                            graph=onnx.GraphProto(
-        name=graph.name, node=graph.node, output=graph.output, value_info=graph.value_info,
-        initializer=[t for t in graph.initializer if t.name not in heavy], sparse_initializer=graph.sparse_initializer,
-        input=[*graph.input, *(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                               for t in graph.initializer if t.name in heavy and t.name not in declared)]))
+    return rebuilt(model, [t for t in graph.initializer if t.name not in heavy],
+                   [onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                    for t in graph.initializer if t.name in heavy and t.name not in declared])
+
+
+def onnx_infer(model: onnx.ModelProto, data_prop: bool = False) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` of ``model``, run on ``without_weights(model)``: the same model out."""
+    light = without_weights(model)
+    if light is model:
+        return onnx.shape_inference.infer_shapes(model, data_prop=data_prop)
     inferred = onnx.shape_inference.infer_shapes(light, data_prop=data_prop).graph
     out = onnx.ModelProto()
     out.CopyFrom(model)  # a memory copy (repeated-field extends of the weights take 3× longer)
@@ -74,11 +78,11 @@ def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
         return model  # nothing to fill, or inputs with dynamic dims beyond the batch
     symbols = {v.type.tensor_type.shape.dim[0].dim_param for v in inputs if not _known(v)}
     batch_symbol = symbols.pop() if len(symbols) == 1 else ""
-    runs = []
+    runs, light = [], without_weights(model)  # only the inferred shapes are read: no copy of the weights
     for batch in (1, 2):
         shapes = {v.name: [batch, *(d.dim_value for d in v.type.tensor_type.shape.dim[1:])] for v in inputs}
         try:
-            done = onnx_infer(fix_input_shapes(model, shapes), data_prop=True)
+            done = onnx.shape_inference.infer_shapes(fix_input_shapes(light, shapes), data_prop=True)
         except Exception:  # best effort, as above
             return model
         runs.append({v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]

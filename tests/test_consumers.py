@@ -158,3 +158,14 @@ def test_patches_are_torch_unfold_exactly(kernel, strides, dilations) -> None:
     x = torch.randn(2, 3, 11, 13, generator=torch.Generator().manual_seed(0))
     expected = torch.nn.functional.unfold(x, kernel_size=kernel, dilation=dilations, stride=strides)
     assert torch.equal(patches(x, kernel, strides, dilations), expected)
+
+
+def test_rows_of_a_block_are_a_view_and_others_a_gather() -> None:
+    """A Concat consumer's group reads a run of consecutive unfolded rows: ``rows_of`` gives them without copying the
+    input (gigabytes for a 3×3 conv at 320²); scattered rows are gathered. Both equal ``x[:, index]``."""
+    x = torch.arange(2 * 10 * 3, dtype=torch.float32).reshape(2, 10, 3)
+    block, scattered = np.arange(4, 9), np.array([0, 2, 3, 9])
+    for index in (block, scattered):
+        torch.testing.assert_close(consumers.rows_of(x, index), x[:, torch.from_numpy(index)], rtol=0, atol=0)
+    assert consumers.rows_of(x, block).data_ptr() == x[:, 4].data_ptr()
+    assert consumers.rows_of(x, scattered).data_ptr() != x.data_ptr()

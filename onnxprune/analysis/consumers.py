@@ -98,7 +98,19 @@ class ColumnView:
 
     def take(self, x: torch.Tensor) -> torch.Tensor:
         """The group's rows of an unfolded input (B, D, positions)."""
-        return x if self.whole else x[:, torch.from_numpy(self.cols)]
+        return x if self.whole else rows_of(x, self.cols)
+
+    def take_rest(self, x: torch.Tensor) -> torch.Tensor:
+        """The other groups' rows of an unfolded input (B, D, positions)."""
+        return rows_of(x, self.rest)
+
+
+def rows_of(x: torch.Tensor, index: np.ndarray) -> torch.Tensor:
+    """``x[:, index]``: a view where ``index`` is a run of consecutive rows (a Concat's block, the usual case; the
+    copy of an unfolded 3×3 input is gigabytes at 320²), else a gathered copy."""
+    if index.size and index[-1] - index[0] == index.size - 1 and np.all(np.diff(index) == 1):
+        return x[:, int(index[0]) : int(index[-1]) + 1]
+    return x[:, torch.from_numpy(index)]
 
 
 def group_view(graph: gs.Graph, node: gs.Node, group: Group, use: ConsumerUse) -> ColumnView:

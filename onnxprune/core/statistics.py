@@ -76,7 +76,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
                                                                           first))
             t += b_o[:, None]
             if view.rest.size:
-                t -= torch.matmul(w_rest, x[:, torch.from_numpy(view.rest)])
+                t -= torch.matmul(w_rest, view.take_rest(x))
             x = view.take(x)
             if partner is not None:
                 ref = reference[partner][s:e]

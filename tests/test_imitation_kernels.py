@@ -404,3 +404,20 @@ def test_merged_statistics_of_different_shifts_equal_one_stream() -> None:
     for name in ("xx", "xt", "sx", "st", "tt"):
         np.testing.assert_allclose(getattr(first, name), getattr(whole, name), rtol=1e-6)
     assert first.count == whole.count
+
+
+def test_chunks_built_in_one_scratch_give_the_same_sums() -> None:
+    """``update`` with a ``Scratch`` builds every chunk's GEMM operand in one buffer (reused while it fits, replaced
+    when a larger chunk comes) and accumulates exactly the sums of fresh buffers."""
+    rng = np.random.default_rng(3)
+    chunks = [(rng.standard_normal((b, 6, 50)).astype(np.float32), rng.standard_normal((b, 4, 50)).astype(np.float32))
+              for b in (2, 1, 3)]
+    fresh, reused, scratch = ConsumerStats(6, 4), ConsumerStats(6, 4), stats_mod.Scratch()
+    buffers = []
+    for x, t in chunks:
+        fresh.update(x, t)
+        reused.update(x, t, scratch)
+        buffers.append(scratch._buffer)
+    assert buffers[0] is buffers[1] and buffers[2] is not buffers[1]  # the second chunk fits the first's, the third not
+    for name in ("xx", "xt", "sx", "st", "tt"):
+        np.testing.assert_array_equal(getattr(reused, name), getattr(fresh, name))

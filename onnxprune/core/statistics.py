@@ -19,7 +19,7 @@ from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.stats import ConsumerStats, neuron_gram
+from onnxprune.imitation.stats import ConsumerStats, Scratch, neuron_gram
 from onnxprune.ir.graph import static_shape
 
 CURVE_GRAM_MACS = 10**10
@@ -68,12 +68,14 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
         sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
                                 chunk_bytes)
+        targets, operands = Scratch(), Scratch()  # reused by every chunk (see Scratch)
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
             x = consumers.unfold_every(node_p, torch.from_numpy(x_p[s:e]), stride, first)
             t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, torch.from_numpy(x_o[s:e]), stride,
-                                                                          first))
+                                                                          first),
+                             out=targets.take((x.shape[0], len(w_o), x.shape[2])))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, view.take_rest(x))
@@ -82,7 +84,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
                 ref = reference[partner][s:e]
                 shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
                 t += consumers.thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
-            folds[(s // bs) % 2].update(x, t)
+            folds[(s // bs) % 2].update(x, t, operands)
         stats = ConsumerStats(*current.weight.shape[::-1])
         for fold in folds:
             stats.merge(fold)

@@ -7,6 +7,8 @@ Channel i contributes h_i(p) = W[:, iK:(i+1)K] @ x_p[iK:(i+1)K] to t_p - b.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
 
@@ -45,6 +47,23 @@ def _shift(a: torch.Tensor) -> torch.Tensor:
     mean = sample.mean(dim=1)
     spread = (sample - mean[:, None]).square().mean(dim=1).sqrt()
     return torch.where(mean.abs() > SHIFT_RATIO * spread, mean, torch.zeros_like(mean)).float()
+
+
+class Scratch:
+    """One float32 buffer that the chunks of a loop reuse: glibc returns every freed block over 32 MB to the kernel,
+    which zeroes its pages again at the next allocation (a U²-Net-like compress spent as long in the kernel as in
+    user code)."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    def take(self, shape: tuple[int, ...], device: torch.device | None = None) -> torch.Tensor:
+        """A float32 tensor of ``shape`` (uninitialised, contiguous) on ``device``, in the buffer when it fits."""
+        n = math.prod(shape)
+        if self._buffer is None or self._buffer.numel() < n or self._buffer.device != torch.device(device or "cpu"):
+            self._buffer = None  # the old one goes before the new one is allocated
+            self._buffer = torch.empty(n, dtype=torch.float32, device=device)
+        return self._buffer[:n].view(shape)
 
 
 Sums = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]  # xx, xt, sx, st, tt
@@ -96,9 +115,11 @@ class ConsumerStats:
             if self._shift is not None:
                 self._shift = (self._shift[0].to(device), self._shift[1].to(device))
 
-    def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor) -> None:
+    def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor, scratch: Scratch | None = None
+               ) -> None:
         """Add positions given as rows, x (P, D) and t (P, O), or channel-major, x (B, D, L) and
-        t (B, O, L) with positions b·L + l (what im2col and NCHW tensors give without a copy)."""
+        t (B, O, L) with positions b·L + l (what im2col and NCHW tensors give without a copy). ``scratch``: where the
+        chunks' GEMM operand is built (a loop's chunks reuse one)."""
         xf, tf = _as_float32_tensor(x), _as_float32_tensor(t)
         if xf.ndim == 2 and tf.ndim == 2:
             xf, tf = xf.T.unsqueeze(0), tf.T.unsqueeze(0)
@@ -124,14 +145,14 @@ class ConsumerStats:
             if length >= CHUNK_ROWS // 16:
                 for i in range(b):  # long positions axis: one GEMM per image and slice
                     for s in range(0, length, CHUNK_ROWS):
-                        self._add(xf[i : i + 1, :, s : s + CHUNK_ROWS], tf[i : i + 1, :, s : s + CHUNK_ROWS])
+                        self._add(xf[i : i + 1, :, s : s + CHUNK_ROWS], tf[i : i + 1, :, s : s + CHUNK_ROWS], scratch)
             else:
                 per = max(1, CHUNK_ROWS // length)
                 for i in range(0, b, per):
-                    self._add(xf[i : i + per], tf[i : i + per])
+                    self._add(xf[i : i + per], tf[i : i + per], scratch)
         self.count += b * length
 
-    def _add(self, x: torch.Tensor, t: torch.Tensor) -> None:
+    def _add(self, x: torch.Tensor, t: torch.Tensor, scratch: Scratch | None) -> None:
         """Accumulate one chunk, x (B, D, L) and t (B, O, L) (positions b·L + l), shifted, with a single float32 GEMM
         [x; 1]·[x; 1; t]ᵀ (tall-skinny products are dominated by call overhead; the ones give the sums, and tᵀt,
         which no caller needs, is never formed). The chunk is copied once, into the GEMM's operand: each fresh
@@ -139,7 +160,7 @@ class ConsumerStats:
         code when four copies were made)."""
         d, o = self.d, self.o
         b, _, length = x.shape
-        z = torch.empty(d + 1 + o, b, length, dtype=x.dtype, device=x.device)
+        z = (scratch or Scratch()).take((d + 1 + o, b, length), x.device)
         z[:d].copy_(x.transpose(0, 1))
         z[d].fill_(1.0)
         z[d + 1 :].copy_(t.transpose(0, 1))

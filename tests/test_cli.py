@@ -454,3 +454,22 @@ def test_recover_threads_follow_omp_num_threads_else_every_usable_core(monkeypat
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_long_commands_restart_with_huge_pages_where_glibc_takes_them() -> None:
+    """``compress``/``recover``/``sweep`` restart once with glibc's huge-page tunable (glibc 2.35+, transparent huge
+    pages on); never a short command, never over a GLIBC_TUNABLES already set (the restart's own, or the user's)."""
+    from onnxprune.runtime.allocator import TUNABLE, restart_environment
+
+    on, glibc = "always [madvise] never", "glibc 2.36"
+    env = restart_environment(["onnxprune", "compress", "m.onnx"], {"PATH": "/bin"}, glibc, on)
+    assert env == {"PATH": "/bin", "GLIBC_TUNABLES": TUNABLE}
+    assert restart_environment(["onnxprune", "--quiet", "sweep"], {}, glibc, "[always] madvise never") is not None
+    for argv, environ, libc, thp in [
+        (["onnxprune", "analyze", "m.onnx"], {}, glibc, on),  # short
+        (["onnxprune", "compress"], {"GLIBC_TUNABLES": ""}, glibc, on),  # the user's choice, or restarted already
+        (["onnxprune", "compress"], {}, "glibc 2.31", on),  # no such tunable
+        (["onnxprune", "compress"], {}, None, on),  # another C library
+        (["onnxprune", "compress"], {}, glibc, "always madvise [never]"),  # huge pages off
+    ]:
+        assert restart_environment(argv, environ, libc, thp) is None

@@ -56,13 +56,14 @@ class Scratch:
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self._device: torch.device | str | None = None  # as asked for ("cuda" is the buffer's "cuda:0")
 
-    def take(self, shape: tuple[int, ...], device: torch.device | None = None) -> torch.Tensor:
+    def take(self, shape: tuple[int, ...], device: torch.device | str | None = None) -> torch.Tensor:
         """A float32 tensor of ``shape`` (uninitialised, contiguous) on ``device``, in the buffer when it fits."""
         n = math.prod(shape)
-        if self._buffer is None or self._buffer.numel() < n or self._buffer.device != torch.device(device or "cpu"):
+        if self._buffer is None or self._buffer.numel() < n or self._device != device:
             self._buffer = None  # the old one goes before the new one is allocated
-            self._buffer = torch.empty(n, dtype=torch.float32, device=device)
+            self._buffer, self._device = torch.empty(n, dtype=torch.float32, device=device), device
         return self._buffer[:n].view(shape)
 
 
@@ -155,9 +156,8 @@ class ConsumerStats:
     def _add(self, x: torch.Tensor, t: torch.Tensor, scratch: Scratch | None) -> None:
         """Accumulate one chunk, x (B, D, L) and t (B, O, L) (positions b·L + l), shifted, with a single float32 GEMM
         [x; 1]·[x; 1; t]ᵀ (tall-skinny products are dominated by call overhead; the ones give the sums, and tᵀt,
-        which no caller needs, is never formed). The chunk is copied once, into the GEMM's operand: each fresh
-        buffer of this size is pages the kernel zeroes (a U²-Net's statistics spent as long in the kernel as in user
-        code when four copies were made)."""
+        which no caller needs, is never formed). The chunk is copied once, into the GEMM's operand (``scratch``'s
+        buffer where given)."""
         d, o = self.d, self.o
         b, _, length = x.shape
         z = (scratch or Scratch()).take((d + 1 + o, b, length), x.device)

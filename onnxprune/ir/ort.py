@@ -12,7 +12,6 @@ import onnx_graphsurgeon as gs
 import onnxruntime as ort
 from google.protobuf.message import DecodeError
 from onnx import numpy_helper
-from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxprune.errors import ModelError, OnnxPruneError
 from onnxprune.ir.graph import rebuilt
@@ -87,7 +86,7 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
     inner = {t.name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, gs.Graph)
              for t in sub.tensors().values()}
     heavy = {name: t for name, t in graph.tensors().items() if isinstance(t, gs.Constant) and name not in inner
-             and isinstance(t.values, np.ndarray | LazyValues) and t.values.nbytes >= WEIGHT_BYTES}
+             and isinstance(t.values, np.ndarray) and t.values.nbytes >= WEIGHT_BYTES}  # .values loads lazy ones
     swapped = []
     for tensor in heavy.values():
         stand_in = gs.Variable(tensor.name)
@@ -104,8 +103,7 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
     keep = [v for v in model.graph.value_info if v.name not in heavy]
     del model.graph.value_info[:]
     model.graph.value_info.extend(keep)
-    arrays = {name: np.asarray(t.values if isinstance(t.values, np.ndarray) else t.values.load())
-              for name, t in heavy.items()}
+    arrays = {name: t.values for name, t in heavy.items()}
     model.graph.initializer.extend(_in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
                                    for name, a in arrays.items())
     return _session(model, arrays, provider, **options)

@@ -473,3 +473,23 @@ def test_long_commands_restart_with_huge_pages_where_glibc_takes_them() -> None:
         (["onnxprune", "compress"], {}, glibc, "always madvise [never]"),  # huge pages off
     ]:
         assert restart_environment(argv, environ, libc, thp) is None
+
+
+def test_a_restart_that_cannot_start_runs_on_with_glibcs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the interpreter cannot be started again, the command goes on in its own process instead of failing."""
+    from onnxprune.runtime import allocator
+
+    tried = []
+
+    def execve(*args) -> None:
+        tried.append(args)
+        raise OSError("no such interpreter")
+
+    monkeypatch.setattr(allocator.sys, "argv", ["onnxprune", "compress", "m.onnx"])
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+    monkeypatch.setattr(allocator.os, "execve", execve)
+    monkeypatch.setattr(allocator.os, "confstr", lambda name: "glibc 2.36")
+    monkeypatch.setattr(allocator, "_THP", type("T", (), {"read_text": staticmethod(lambda: "always [madvise] never")})())
+    monkeypatch.setattr(allocator.sys, "platform", "linux")
+    allocator.restart_with_huge_pages()
+    assert tried and tried[0][2]["GLIBC_TUNABLES"] == allocator.TUNABLE

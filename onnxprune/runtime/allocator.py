@@ -51,7 +51,10 @@ def restart_with_huge_pages() -> None:
     except (OSError, ValueError):
         return
     env = restart_environment(sys.argv, os.environ, libc, thp)
-    if env is not None:
+    if env is not None and sys.executable:
         sys.stdout.flush()
         sys.stderr.flush()
-        os.execve(sys.executable, [sys.executable, "-m", "onnxprune", *sys.argv[1:]], env)
+        try:
+            os.execve(sys.executable, [sys.executable, "-m", "onnxprune", *sys.argv[1:]], env)
+        except OSError:  # an interpreter that cannot be started again: run as we are, with glibc's defaults
+            return

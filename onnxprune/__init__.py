@@ -20,25 +20,39 @@ strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.
 pruning loop itself is ``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
 """
 
-from onnxprune.api import (
-    Exported, Result, analyze, bench, calibration, compress, evaluate, export, load, preprocess_for, recover,
-)
-from onnxprune.calib.images import Preprocess
-from onnxprune.deploy.bench import BenchResult
-from onnxprune.errors import OnnxPruneError, OptionError
-from onnxprune.evaluation import EvalResult
-from onnxprune.recovery import Layout, Method, Mix, RecoverOptions, Train
-from onnxprune.strategies import (
-    L1, MACs, OMP, Allocator, Auto, Budget, Curve, Epsilon, Global, Latency, Local, NoRefit, Output, Random, Ratio,
-    Reconstruction, Refit, Scale, Selector, Shared, Uniform,
-)
-from onnxprune.sweep import SweepResult, SweepRow, sweep
+import importlib
+
+_HOMES = {
+    "onnxprune.api": ["Exported", "Result", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
+                      "preprocess_for", "recover"],
+    "onnxprune.calib.images": ["Preprocess"],
+    "onnxprune.deploy.bench": ["BenchResult"],
+    "onnxprune.errors": ["OnnxPruneError", "OptionError"],
+    "onnxprune.evaluation": ["EvalResult"],
+    "onnxprune.recovery": ["Layout", "Method", "Mix", "RecoverOptions", "Train"],
+    "onnxprune.strategies": ["L1", "MACs", "OMP", "Allocator", "Auto", "Budget", "Curve", "Epsilon", "Global", "Latency",
+                             "Local", "NoRefit", "Output", "Random", "Ratio", "Reconstruction", "Refit", "Scale",
+                             "Selector", "Shared", "Uniform"],
+    "onnxprune.sweep": ["SweepResult", "SweepRow", "sweep"],
+}
+_HOME = {name: module for module, names in _HOMES.items() for name in names}
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "L1", "MACs", "OMP", "Allocator", "Auto", "BenchResult", "Budget", "Curve", "EvalResult", "Epsilon", "Exported", "Global", "Latency", "Local",
-    "Layout", "Method", "Mix", "NoRefit", "OnnxPruneError", "OptionError", "Output", "Preprocess", "Random", "Ratio", "Reconstruction", "RecoverOptions",
-    "Refit", "Result", "Scale", "Selector", "Shared", "SweepResult", "SweepRow", "Train", "Uniform", "analyze", "bench",
-    "calibration", "compress", "evaluate", "export", "load", "preprocess_for", "recover", "sweep",
-]
+__all__ = sorted(_HOME)
+
+
+def __getattr__(name: str) -> object:
+    """The API's names, imported on first use (torch and onnxruntime take a second and a half to import, and the
+    command line restarts once before it needs them: ``runtime.allocator``); a subpackage by its name."""
+    if name in _HOME:
+        value = getattr(importlib.import_module(_HOME[name]), name)
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":  # a module it imports is missing: that is the error to see
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from e
+    globals()[name] = value
+    return value

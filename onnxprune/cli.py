@@ -33,7 +33,6 @@ from onnxprune.flags import (
     TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt,
 )
 from onnxprune.recovery import Progress as RecoveryProgress
-from onnxprune.runtime.allocator import restart_with_huge_pages
 from onnxprune.strategies import CompressOptions, Local, Random
 from onnxprune.tables import (console, err_console, format_bench_table, format_table, print_analysis, print_compress,
                               print_recovery, print_sweep, progress)
@@ -436,8 +435,7 @@ def export_cmd(
 
 
 
-def main() -> None:  # pragma: no cover - console entry (`onnxprune`, `python -m onnxprune`)
-    restart_with_huge_pages()
+def main() -> None:  # pragma: no cover - called by onnxprune.__main__ (the console entry)
     app(prog_name="onnxprune")
 
 

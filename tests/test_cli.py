@@ -493,3 +493,15 @@ def test_a_restart_that_cannot_start_runs_on_with_glibcs_defaults(monkeypatch: p
     monkeypatch.setattr(allocator.sys, "platform", "linux")
     allocator.restart_with_huge_pages()
     assert tried and tried[0][2]["GLIBC_TUNABLES"] == allocator.TUNABLE
+
+
+def test_the_restart_comes_before_the_heavy_imports() -> None:
+    """The console entry decides on the huge-page restart having imported neither torch nor onnxruntime (a restart
+    after them would pay their import twice), and the API's names still come from ``import onnxprune``."""
+    import subprocess
+    import sys
+
+    code = ("import sys, onnxprune.__main__; print(sorted({'torch', 'onnxruntime'} & set(sys.modules)));"
+            "import onnxprune; print(onnxprune.compress.__module__, onnxprune.strategies.Ratio.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert out[0] == "[]" and out[1] == "onnxprune.api Ratio"

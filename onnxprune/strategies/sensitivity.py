@@ -110,13 +110,18 @@ def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str]
     with --flip, stay on one side), each side thinned evenly to at most ``fit`` / ``probe`` samples. Fewer than
     ``need`` on the fitting side is a CalibrationError naming ``who`` (what needs them, the way out, the
     option)."""
-    pair = np.arange(n) // 2 % 2
-    sides = [np.flatnonzero(pair == 0), np.flatnonzero(pair == 1)]
+    sides = _sides(n)
     if len(sides[0]) < need or not len(sides[1]):  # the output allocation's refit cross-validates on two folds
         least = max(3, 4 * ((need - 1) // 2) + (need - 1) % 2 + 1)  # side 0 holds samples 0, 1, 4, 5, 8, ...
         raise CalibrationError(f"{who[0]} needs at least {least} calibration samples (got {n}): give more, "
                                f"or {who[1]}", option=who[2])
     return _evenly(sides[0], fit), _evenly(sides[1], probe)
+
+
+def _sides(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """``split``'s two sides of ``n`` samples before thinning: alternate pairs, 0, 1, 4, 5, ... and 2, 3, 6, 7, ..."""
+    pair = np.arange(n) // 2 % 2
+    return np.flatnonzero(pair == 0), np.flatnonzero(pair == 1)
 
 
 def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[float, ...], fit_samples: int,
@@ -168,13 +173,13 @@ def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: lis
                    floats: list[str]) -> tuple[np.ndarray, list[dict[str, np.ndarray]], tuple[int, int] | None]:
     """A detector's probe samples, their reference outputs, and where the probes looked for objects (samples with
     one, samples run; None where they did not look): where some of ``probe`` show no object, as many of the probing
-    side's samples (``split``'s side 1) with an object as the probes hold, the others evenly from those without. On a few images without objects the allocation would be judged where there is nothing to find:
+    side's samples (``split``'s side 1) with an object as the probes hold, the others evenly from those without.
+    On a few images without objects the allocation would be judged where there is nothing to find:
     YOLOv8n at 0.70× calibrated on 58 photos with objects and 192 without keeps mAP50-95 0.602 with 13 of its 13
     probe samples on objects, 0.543 with the 3 of 13 evenly spaced ones (0.675 on the 58 alone)."""
     if task.with_objects(reference).all():
         return probe, reference, None
-    n = len(next(iter(ctx.inputs.values())))
-    side = np.flatnonzero(np.arange(n) // 2 % 2 == 1)
+    side = _sides(len(next(iter(ctx.inputs.values()))))[1]
     found = np.concatenate([task.with_objects(_outputs(ctx, side[i:i + SCAN], floats))
                             for i in range(0, len(side), SCAN)])
     some = _evenly(side[found], len(probe))

@@ -8,6 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from onnxprune.imitation import refit
 from onnxprune.imitation import stats as stats_mod
 from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.refit import (
@@ -340,6 +341,19 @@ def test_refit_cv_is_the_same_from_positions_and_from_the_gram() -> None:
     assert ridge == ridge_gram
     np.testing.assert_allclose(w, w_gram, rtol=1e-7, atol=1e-7 * np.abs(w_gram).max())
     np.testing.assert_allclose(b, b_gram, rtol=1e-7, atol=1e-7 * np.abs(b_gram).max())
+
+
+def test_held_out_losses_from_the_kernel_equal_fitting_and_scoring_each_ridge() -> None:
+    rng = np.random.default_rng(11)
+    x, t = rng.standard_normal((24, 60)), rng.standard_normal((24, 5))
+    fit, held = stats_of(x[:12], t[:12]), stats_of(x[12:], t[12:])
+    keep, prior = np.arange(3, 57), rng.standard_normal((5, 54))
+    dual = refit._fitter(fit, keep, prior)
+    assert isinstance(dual, refit._Dual) and dual.kernel_cheaper(12, len(refit.RIDGE_GRID))
+    xh, th = x[12:, keep].astype(np.float32).astype(np.float64), t[12:].astype(np.float32).astype(np.float64)
+    want = [np.sum(np.square(xh @ w.T + b - th)) for w, b in map(dual, refit.RIDGE_GRID)]
+    np.testing.assert_allclose(dual.held_losses(xh, th, refit.RIDGE_GRID), want, rtol=1e-9)
+    assert len(set(np.round(want, 6))) == len(want)  # the ridges differ: a loss taken at the wrong ridge shows
 
 
 def test_refit_ordering_full_scale_unscaled() -> None:

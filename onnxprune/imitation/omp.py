@@ -129,7 +129,7 @@ class _Consumer:
             bound = 1.0 / np.sum(inv * inv, axis=(1, 2))
         fast = (info.numpy() == 0) & (bound > self.floor) & ~skip
         out = np.zeros(len(self.live))
-        out[fast] = np.einsum("nij,njl,nil->n", inv[fast], s[fast], inv[fast])
+        out[fast] = np.sum((inv[fast] @ s[fast]) * inv[fast], axis=(1, 2))
         slow = ~fast & ~skip
         if slow.any():
             w, v = np.linalg.eigh(self.m[slow])

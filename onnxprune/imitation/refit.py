@@ -47,7 +47,7 @@ def _fitter(stats: ConsumerStats, s: np.ndarray, prior: np.ndarray | None) -> Fi
     n = stats.count
     rows = _rows_for(stats, s)
     if rows is not None:
-        return _dual_fitter(rows[0][:, s], rows[1], stats.xx.diagonal()[s].sum() / (len(s) * n), prior)
+        return _Dual(rows[0][:, s], rows[1], stats.xx.diagonal()[s].sum() / (len(s) * n), prior)
     xx_s = stats.xx[np.ix_(s, s)]
     mx, mt = stats.sx[s] / n, stats.st / n
     cov = xx_s / n - np.outer(mx, mx)
@@ -67,29 +67,46 @@ def _rows_for(stats: ConsumerStats, s: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return stats.rows if stats.count < len(s) else None
 
 
-def _dual_fitter(x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray | None) -> Fit:
+class _Dual:
     """The ridge fit of t (P, O) on x (P, S) with λ = ridge·``scale``, from the positions: with X, T centred and
-    Δ = W'ᵀ - priorᵀ, (XᵀX + Pλ I) Δ = Xᵀ(T - X priorᵀ) gives Δ = Xᵀ (XXᵀ + Pλ I)⁻¹ (T - X priorᵀ)."""
-    mx, mt = x.mean(axis=0), t.mean(axis=0)
-    xc = x - mx
-    base = np.zeros((x.shape[1], t.shape[1])) if prior is None else np.asarray(prior, dtype=np.float64).T
-    evals, u = np.linalg.eigh(xc @ xc.T)
-    ur = u.T @ (t - mt - xc @ base)
+    Δ = W'ᵀ - priorᵀ, (XᵀX + Pλ I) Δ = Xᵀ(T - X priorᵀ) gives Δ = Xᵀ (XXᵀ + Pλ I)⁻¹ (T - X priorᵀ). Called with a
+    ridge it is a ``Fit``."""
 
-    def fit(ridge: float) -> tuple[np.ndarray, np.ndarray]:
-        denom = np.maximum(evals, 0.0) + len(x) * ridge * scale
-        inv = np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)  # 0: the directions X never spans
-        w = (base + xc.T @ (u @ (ur * inv[:, None]))).T
-        return w, mt - w @ mx
+    def __init__(self, x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray | None) -> None:
+        self.mx, self.mt, self.scale, self.count = x.mean(axis=0), t.mean(axis=0), scale, len(x)
+        self.xc = x - self.mx
+        self.base = np.zeros((x.shape[1], t.shape[1])) if prior is None else np.asarray(prior, dtype=np.float64).T
+        self.evals, self.u = np.linalg.eigh(self.xc @ self.xc.T)
+        self.ur = self.u.T @ (t - self.mt - self.xc @ self.base)
 
-    return fit
+    def _inverse(self, ridge: float) -> np.ndarray:
+        denom = np.maximum(self.evals, 0.0) + self.count * ridge * self.scale
+        return np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)  # 0: the directions X never spans
+
+    def __call__(self, ridge: float) -> tuple[np.ndarray, np.ndarray]:
+        w = (self.base + self.xc.T @ (self.u @ (self.ur * self._inverse(ridge)[:, None]))).T
+        return w, self.mt - w @ self.mx
+
+    def held_losses(self, x: np.ndarray, t: np.ndarray, grid: tuple[float, ...]) -> np.ndarray:
+        """Σ_p ||W' x_p + b' - t_p||² over held-out positions x (H, S), t (H, O) for each ridge of ``grid``, without
+        forming W': the prediction is (x - m_x) priorᵀ + m_t + K U diag(1/(e + Pλ)) Uᵀ(...) with K the (H, P) kernel
+        of the held-out positions against the fit's, so a ridge costs H·P·O instead of 2·S·P·O + H·S·O."""
+        xh = x - self.mx
+        ku = (xh @ self.xc.T) @ self.u
+        start = xh @ self.base + self.mt - t
+        return np.array([float(np.sum(np.square(start + ku @ (self.ur * self._inverse(r)[:, None])))) for r in grid])
+
+    def kernel_cheaper(self, held: int, grid: int) -> bool:
+        """Whether ``held_losses`` on ``held`` positions costs fewer multiplications than ``grid`` fits and scores."""
+        (p, s), o = self.xc.shape, self.ur.shape[1]
+        return held * (s * o + s * p + p * p + grid * p * o) < grid * (p * p * o + s * p * o + held * s * o)
 
 
 def _scorer(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.ndarray], float]:
     """``quadratic_loss_full`` on columns ``s``, from the positions where fewer than |S| are kept."""
     rows = _rows_for(stats, s)
     if rows is None:
-        return lambda w, b: quadratic_loss_full(stats, s, w, b)
+        return _restricted_loss(stats, s)
     x, t = rows[0][:, s], rows[1]
     return lambda w, b: float(np.sum(np.square(x @ w.T + b - t)))
 
@@ -116,8 +133,12 @@ def refit_cv(
     s = np.asarray(keep_cols, dtype=np.int64)
     scores = np.zeros(len(grid))
     for fit, held in ((a, b), (b, a)):
-        solve, loss = _fitter(fit, s, prior), _scorer(held, s)
-        scores += [loss(*solve(ridge)) for ridge in grid]
+        solve, rows = _fitter(fit, s, prior), _rows_for(held, s)
+        if isinstance(solve, _Dual) and rows is not None and solve.kernel_cheaper(len(rows[0]), len(grid)):
+            scores += solve.held_losses(rows[0][:, s], rows[1], grid)
+        else:
+            loss = _scorer(held, s)
+            scores += [loss(*solve(ridge)) for ridge in grid]
     best = grid[int(np.argmin(scores))]
     if merged is None:
         merged = ConsumerStats(a.d, a.o)
@@ -137,18 +158,27 @@ def refit_scale(G_S: np.ndarray, c_S: np.ndarray, ridge: float = 1e-4) -> np.nda
 
 def quadratic_loss_full(stats: ConsumerStats, keep_cols: np.ndarray, W: np.ndarray, b: np.ndarray) -> float:
     """Σ_p ||W x_p[S] + b - t_p||² = tr(W xx_SS Wᵀ) + 2bᵀW sx_S - 2tr(W xt_S) + n||b||² - 2bᵀst + tt."""
-    s = np.asarray(keep_cols, dtype=np.int64)
-    W = np.asarray(W, dtype=np.float64)
-    b = np.asarray(b, dtype=np.float64)
-    sx_s = stats.sx[s]
-    return float(
-        np.sum((W @ stats.xx[np.ix_(s, s)]) * W)
-        + 2.0 * b @ (W @ sx_s)
-        - 2.0 * np.sum(W * stats.xt[s].T)
-        + stats.count * (b @ b)
-        - 2.0 * b @ stats.st
-        + stats.tt
-    )
+    return _restricted_loss(stats, np.asarray(keep_cols, dtype=np.int64))(W, b)
+
+
+def _restricted_loss(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.ndarray], float]:
+    """``quadratic_loss_full`` on columns ``s`` for any (W, b), the statistics restricted to them once (a
+    cross-validation scores every ridge on the same columns)."""
+    xx_s, sx_s, xt_s = stats.xx[np.ix_(s, s)], stats.sx[s], stats.xt[s].T
+
+    def loss(W: np.ndarray, b: np.ndarray) -> float:
+        W = np.asarray(W, dtype=np.float64)
+        b = np.asarray(b, dtype=np.float64)
+        return float(
+            np.sum((W @ xx_s) * W)
+            + 2.0 * b @ (W @ sx_s)
+            - 2.0 * np.sum(W * xt_s)
+            + stats.count * (b @ b)
+            - 2.0 * b @ stats.st
+            + stats.tt
+        )
+
+    return loss
 
 
 def centred_energy(stats: ConsumerStats) -> float:

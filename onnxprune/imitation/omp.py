@@ -70,8 +70,11 @@ def centred(
             f"sx/st must have shapes ({d},)/({xt.shape[1]},), got {sx.shape}/{st.shape}"
         )
     mx, mt = sx / count, st / count
-    a = xx / count - np.outer(mx, mx)
-    return (a + a.T) / 2, xt / count - np.outer(mx, mt), max(float(tt / count - mt @ mt), 0.0)
+    a = xx / count
+    a -= np.outer(mx, mx)
+    sym = a + a.T
+    sym /= 2  # in place: D×D temporaries cost as much as the arithmetic at D = 4608
+    return sym, xt / count - np.outer(mx, mt), max(float(tt / count - mt @ mt), 0.0)
 
 
 @contextmanager
@@ -95,7 +98,8 @@ class _Consumer:
     def __init__(self, a: np.ndarray, b: np.ndarray, k: int, ridge: float, width: int) -> None:
         d = len(a)
         self.k, self.n, self.width = k, d // k, width
-        self.g = a + (ridge * np.trace(a) / d) * np.eye(d)
+        self.g = a.copy()
+        self.g[np.diag_indices(d)] += ridge * np.trace(a) / d
         blocks = np.diagonal(self.g.reshape(self.n, k, self.n, k), axis1=0, axis2=2)
         self.m = np.ascontiguousarray(blocks.transpose(2, 0, 1))
         diag = np.diagonal(self.m, axis1=1, axis2=2)

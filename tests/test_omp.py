@@ -5,7 +5,17 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from onnxprune.imitation.omp import OmpPath, centred, group_omp, narrow_cross, stats_omp, stats_omp_state
+from onnxprune.imitation.omp import (
+    GroupOmp,
+    OmpPath,
+    _path,
+    centred,
+    group_omp,
+    narrow_cross,
+    path_work,
+    stats_omp,
+    stats_omp_state,
+)
 from onnxprune.imitation.stats import ConsumerStats
 from onnxprune.imitation.refit import expand_channels
 
@@ -118,6 +128,43 @@ def test_full_width_is_full_least_squares(ks: list[int], n: int) -> None:
         res = t - design @ np.linalg.lstsq(design, t, rcond=None)[0]
         lstsq += float(np.sum(res * res) / p)
     assert path.curve[n] == pytest.approx(lstsq, rel=1e-8)
+
+
+@pytest.mark.parametrize(("ks", "n"), CASES)
+def test_several_channels_a_step_keep_every_loss_exact(ks: list[int], n: int) -> None:
+    """A step that adds channels together leaves the state of the set, whatever the grouping: its curve is the direct
+    least-squares loss of each prefix at the steps' ends, and the gains after it are those of adding one at a time."""
+    rng = np.random.default_rng(sum(ks) * 7 + n)
+    stats = [sample_stats(rng, n, k, 5) for k in ks]
+    a, b, e = (list(v) for v in zip(*stats))
+    together, alone = GroupOmp(a, b, e, ks, n - 1, 1e-4), GroupOmp(a, b, e, ks, n - 1, 1e-4)
+    chosen = rng.permutation(n)[:4]
+    loss = together.add(chosen)
+    for c in chosen:
+        alone.add(int(c))
+    assert loss == pytest.approx(total_direct(stats, ks, chosen, 1e-4), rel=1e-9)
+    np.testing.assert_allclose(together.gains(), alone.gains(), rtol=1e-8, atol=1e-10 * e[0])
+    path = _path(GroupOmp(a, b, e, ks, n - 1, 1e-4), n - 1, per_step=3)
+    assert len(set(path.order)) == n - 1
+    for width in range(3, n - 1, 3):
+        assert path.curve[width] == pytest.approx(total_direct(stats, ks, path.order[:width], 1e-4), rel=1e-9)
+    for width in (1, 2):  # inside a step: the loss after it
+        assert path.curve[width] == path.curve[3]
+
+
+def test_a_probe_path_takes_as_many_channels_a_step_as_keep_it_within_its_work() -> None:
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((300, 8 * 9))
+    t = x @ rng.standard_normal((72, 6)) + rng.standard_normal((300, 6))
+    stats = ConsumerStats(72, 6)
+    stats.update(x.astype(np.float32), t.astype(np.float32))
+    assert path_work([9], [72], 6) == 81 * 72 * 36 / 2
+    exact = stats_omp([stats], [9], 6)
+    np.testing.assert_array_equal(stats_omp([stats], [9], 6, work=path_work([9], [72], 6)).order, exact.order)
+    coarse = stats_omp([stats], [9], 6, work=path_work([9], [72], 6) / 3)  # 3 channels a step
+    assert set(coarse.order[:3]) == set(np.argsort(-stats_omp_state([stats], [9], 6).gains())[:3])
+    assert coarse.curve[1] == coarse.curve[3] and coarse.curve[4] == coarse.curve[6]
+    assert exact.curve[1] > exact.curve[2] > exact.curve[3]
 
 
 @pytest.mark.parametrize("k", [1, 3])

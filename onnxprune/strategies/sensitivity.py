@@ -26,7 +26,7 @@ from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Context, Progress
 from onnxprune.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
-from onnxprune.imitation.omp import stats_omp
+from onnxprune.imitation.omp import PROBE_WORK, stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.runtime.segments import cut_graph, run_cut
@@ -201,7 +201,7 @@ def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: di
         return {}
     data = ctx.collect(group, fitted, fitted)
     top = max(widths)
-    path = stats_omp([d.stats for d in data], [d.current.k for d in data], top) if top else None
+    path = stats_omp([d.stats for d in data], [d.current.k for d in data], top, work=PROBE_WORK) if top else None
     # one session for every width: the consumers' weights are its inputs
     downstream = FedCut(ctx.original, at_cut, [d.use.node for d in data], list(reference[0]),
                         provider=ctx.options.provider,

@@ -98,7 +98,9 @@ ImitationTargetOpt = Annotated[str, typer.Option(
 ReconstructOpt = Annotated[str, typer.Option(
     help="Consumer weights after selection: 'full' least-squares refit, per-channel 'scale', or 'none' "
          "(the paper's N·a_i fold).")]
-CompressBatchOpt = Annotated[int, typer.Option(help="Samples per onnxruntime/statistics batch.")]
+CompressBatchOpt = Annotated[int, typer.Option(
+    help="Samples per statistics batch, and at most per onnxruntime run (on the CPU fewer, down to 2, where a run's "
+         "activations would pass 32 MB).")]
 CompressProviderOpt = Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")]
 RandomSeedOpt = Annotated[int, typer.Option(help="Seed for the random baseline.")]
 RoundToOpt = Annotated[int, typer.Option(

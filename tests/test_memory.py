@@ -15,7 +15,7 @@ import torch
 
 import onnxprune
 from onnxprune.analysis import analyze, consumers
-from onnxprune.pipeline.memory import MIN_STATS_BYTES, peak_rss, plan
+from onnxprune.pipeline.memory import MIN_STATS_BYTES, RUN_BYTES, peak_rss, plan
 from onnxprune.runtime.segments import Liveness
 from tests.onnx_builders import export_torch
 
@@ -69,6 +69,22 @@ def test_the_plan_lowers_what_it_must_to_fit_and_says_so(unet: Path) -> None:
     assert "memory: about" in tight.line() and "spill to disk" in tight.line()
     fixed = plan(analysis, live, 500, 1, True, None, available=lambda: 256 << 20)
     assert fixed.run_batch == 1 and not any("onnxruntime" in a for a in fixed.actions)
+
+
+def test_on_the_cpu_a_run_holds_the_largest_power_of_two_batch_within_its_bytes(unet: Path) -> None:
+    model = onnxprune.load(str(unet))
+    analysis = analyze(model)
+    live = Liveness(analysis.graph)
+    roomy = plan(analysis, live, 500, 32, False, None, available=lambda: 64 << 30)
+    peak = roomy.parts["onnxruntime batch"] // (2 * 32)  # a sample's activations at the widest node
+    for per_run, batch in ((5 * peak, 4), (8 * peak, 8), (peak // 2, 2), (1000 * peak, 32)):
+        bounded = plan(analysis, live, 500, 32, False, None, available=lambda: 64 << 30, per_run=per_run)
+        assert bounded.run_batch == batch and bounded.actions == []
+        assert bounded.parts["statistics"] == roomy.parts["statistics"]  # its chunk is not the run's batch
+    assert plan(analysis, live, 500, 4, True, None, available=lambda: 64 << 30, per_run=peak).run_batch == 4
+    calib = np.random.default_rng(1).standard_normal((8, 3, 128, 128)).astype(np.float32)
+    done = onnxprune.compress(str(unet), calib, budget=onnxprune.Ratio(0.8), provider="cpu")
+    assert done.report.memory["run_batch"] == plan(analysis, live, 8, 32, False, None, per_run=RUN_BYTES).run_batch < 32
 
 
 def test_a_group_whose_statistics_cannot_fit_is_left_unpruned_before_any_work(tmp_path: Path, monkeypatch) -> None:

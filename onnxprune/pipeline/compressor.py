@@ -25,11 +25,12 @@ from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.ir.graph import restore_subgraphs
+from onnxprune.ir.ort import CPU, first_provider
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes import remove_block, slice_channels
-from onnxprune.pipeline.memory import plan
+from onnxprune.pipeline.memory import RUN_BYTES, plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
@@ -64,7 +65,8 @@ class Compressor:
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
-        self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory)
+        self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory,
+                           per_run=RUN_BYTES if first_provider(options.provider) == CPU else None)
         for group in self.analysis.groups:
             if group.name in self.memory.excluded:
                 group.blockers.append(f"memory: {self.memory.excluded[group.name]}")

@@ -70,36 +70,50 @@ def _rows_for(stats: ConsumerStats, s: np.ndarray) -> tuple[np.ndarray, np.ndarr
 class _Dual:
     """The ridge fit of t (P, O) on x (P, S) with λ = ridge·``scale``, from the positions: with X, T centred and
     Δ = W'ᵀ - priorᵀ, (XᵀX + Pλ I) Δ = Xᵀ(T - X priorᵀ) gives Δ = Xᵀ (XXᵀ + Pλ I)⁻¹ (T - X priorᵀ). Called with a
-    ridge it is a ``Fit``."""
+    ridge it is a ``Fit`` (one P×P solve); ``held_losses`` scores a grid of ridges through one eigendecomposition of
+    the kernel XXᵀ."""
 
     def __init__(self, x: np.ndarray, t: np.ndarray, scale: float, prior: np.ndarray | None) -> None:
         self.mx, self.mt, self.scale, self.count = x.mean(axis=0), t.mean(axis=0), scale, len(x)
         self.xc = x - self.mx
         self.base = np.zeros((x.shape[1], t.shape[1])) if prior is None else np.asarray(prior, dtype=np.float64).T
-        self.evals, self.u = np.linalg.eigh(self.xc @ self.xc.T)
-        self.ur = self.u.T @ (t - self.mt - self.xc @ self.base)
+        self.kernel = self.xc @ self.xc.T
+        self.residual = t - self.mt - self.xc @ self.base
+        self._eig: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
 
-    def _inverse(self, ridge: float) -> np.ndarray:
-        denom = np.maximum(self.evals, 0.0) + self.count * ridge * self.scale
+    def _decomposed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(eigenvalues, eigenvectors U, Uᵀ·residual) of the kernel, computed once."""
+        if self._eig is None:
+            evals, u = np.linalg.eigh(self.kernel)
+            self._eig = evals, u, u.T @ self.residual
+        return self._eig
+
+    def _inverse(self, evals: np.ndarray, ridge: float) -> np.ndarray:
+        denom = np.maximum(evals, 0.0) + self.count * ridge * self.scale
         return np.divide(1.0, denom, out=np.zeros_like(denom), where=denom > 0)  # 0: the directions X never spans
 
     def __call__(self, ridge: float) -> tuple[np.ndarray, np.ndarray]:
-        w = (self.base + self.xc.T @ (self.u @ (self.ur * self._inverse(ridge)[:, None]))).T
+        alpha = _ridge_solve(self.kernel, self.residual, self.count * ridge * self.scale)
+        w = (self.base + self.xc.T @ alpha).T
         return w, self.mt - w @ self.mx
 
     def held_losses(self, x: np.ndarray, t: np.ndarray, grid: tuple[float, ...]) -> np.ndarray:
         """Σ_p ||W' x_p + b' - t_p||² over held-out positions x (H, S), t (H, O) for each ridge of ``grid``, without
         forming W': the prediction is (x - m_x) priorᵀ + m_t + K U diag(1/(e + Pλ)) Uᵀ(...) with K the (H, P) kernel
         of the held-out positions against the fit's, so a ridge costs H·P·O instead of 2·S·P·O + H·S·O."""
+        evals, u, ur = self._decomposed()
         xh = x - self.mx
-        ku = (xh @ self.xc.T) @ self.u
+        ku = (xh @ self.xc.T) @ u
         start = xh @ self.base + self.mt - t
-        return np.array([float(np.sum(np.square(start + ku @ (self.ur * self._inverse(r)[:, None])))) for r in grid])
+        return np.array([float(np.sum(np.square(start + ku @ (ur * self._inverse(evals, r)[:, None]))))
+                         for r in grid])
 
     def kernel_cheaper(self, held: int, grid: int) -> bool:
-        """Whether ``held_losses`` on ``held`` positions costs fewer multiplications than ``grid`` fits and scores."""
-        (p, s), o = self.xc.shape, self.ur.shape[1]
-        return held * (s * o + s * p + p * p + grid * p * o) < grid * (p * p * o + s * p * o + held * s * o)
+        """Whether ``held_losses`` on ``held`` positions costs fewer multiplications than ``grid`` fits and scores
+        (an eigendecomposition of the kernel counted as 2·P³, measured about three P×P solves)."""
+        (p, s), o = self.xc.shape, self.residual.shape[1]
+        return 2 * p**3 + held * (s * o + s * p + p * p + grid * p * o) < grid * (
+            p**3 / 3 + p * p * o + s * p * o + held * s * o)
 
 
 def _scorer(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.ndarray], float]:

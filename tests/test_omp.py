@@ -167,6 +167,25 @@ def test_a_probe_path_takes_as_many_channels_a_step_as_keep_it_within_its_work()
     assert exact.curve[1] > exact.curve[2] > exact.curve[3]
 
 
+def test_the_omp_selector_takes_several_channels_a_step_only_past_its_work() -> None:
+    from types import SimpleNamespace
+
+    from onnxprune.strategies.selectors import OMP
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((300, 8 * 9))
+    x[:, 54:63] = 2.0 * x[:, 9:18]  # channel 6 repeats channel 1: the exact greedy never keeps both
+    t = x[:, 9:18] @ rng.standard_normal((9, 6)) * 3 + x @ rng.standard_normal((72, 6)) * 0.3
+    stats = ConsumerStats(72, 6)
+    stats.update(x.astype(np.float32), t.astype(np.float32))
+    data = [SimpleNamespace(stats=stats, current=SimpleNamespace(k=9))]
+    exact, _, _ = OMP().select(None, None, data, 4)
+    np.testing.assert_array_equal(exact, stats_omp([stats], [9], 4).support(4))
+    assert not {1, 6} <= set(exact)
+    coarse, _, _ = OMP(work=path_work([9], [72], 4) / 2).select(None, None, data, 4)  # 2 a step: both at once
+    assert {1, 6} <= set(coarse)
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_collinear_channel_gives_no_reduction(k: int) -> None:
     rng = np.random.default_rng(5)

@@ -11,7 +11,7 @@ from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Choice, ConsumerData, Context
 from onnxprune.errors import OptionError
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.omp import stats_omp
+from onnxprune.imitation.omp import SELECT_WORK, stats_omp
 from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
 from onnxprune.strategies.base import Selector
 
@@ -21,10 +21,13 @@ TARGETS = ("original", "paper")  # what Local imitates (--target)
 
 @dataclass(frozen=True)
 class OMP(Selector):
-    """Group orthogonal matching pursuit: greedy forward selection on the refitted consumers' output error."""
+    """Group orthogonal matching pursuit: greedy forward selection on the refitted consumers' output error, several
+    channels a step where the exact path would pass ``work`` multiply-adds (``omp.path_work``; inf: always exact)."""
+
+    work: float = SELECT_WORK
 
     def select(self, ctx: Context, group: Group, data: list[ConsumerData], width: int) -> Choice:
-        path = stats_omp([d.stats for d in data], [d.current.k for d in data], width)
+        path = stats_omp([d.stats for d in data], [d.current.k for d in data], width, work=self.work)
         keep = path.support(width)
         return keep, np.ones(width), float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
 

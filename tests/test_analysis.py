@@ -446,6 +446,10 @@ def test_mac_model_matches_pruned_hand_graph() -> None:
         widths, pruned = _prune_randomly(analysis, np.random.default_rng(seed))
         assert analyze(pruned).macs.total == pytest.approx(analysis.macs.macs(widths), rel=1e-12)
         assert run(pruned, x=np.ones((3, 3, 16, 16), np.float32))[0].shape == (3, 5)
+        fresh = analyze(b.model([out])).macs  # its own memo holds none of the widths asked above
+        for g in analysis.prunable:  # one width changed at a time, as an allocation asks
+            narrowed = {**widths, g.id: 1}
+            assert analysis.macs.macs(narrowed) == fresh.macs(narrowed)
 
 
 def test_the_op_registry_refuses_a_second_entry_for_an_op() -> None:

@@ -158,6 +158,8 @@ class MacModel:
                                          _shares(node.outputs[0], groups, member)))
         if failures and len(failures) == len(self.entries):
             raise failures[0]
+        self._gids = [tuple(sorted(e.groups)) for e in self.entries]
+        self._memo: dict[tuple, float] = {}
 
     @property
     def total(self) -> int:
@@ -166,11 +168,18 @@ class MacModel:
     def macs(self, widths: dict[int, int]) -> float:
         """Exact MACs when group ``g`` keeps ``widths[g]`` channels (others unchanged)."""
         total = 0.0
-        for e in self.entries:
-            scale = 1.0
-            seen = {gid for gid, _ in e.inputs}  # a depthwise conv's input and output: one group, counted once
-            for side in (e.inputs, tuple(o for o in e.outputs if o[0] not in seen)):
-                scale *= 1.0 - sum(share * (1.0 - widths[gid] / self.channels[gid]) for gid, share in side
-                                   if gid in widths)
-            total += e.macs * scale
+        for i, gids in enumerate(self._gids):
+            key = (i, *map(widths.get, gids))
+            value = self._memo.get(key)
+            if value is None:  # an allocation asks for the same entry at the same widths thousands of times
+                value = self._memo[key] = self._entry_macs(self.entries[i], widths)
+            total += value
         return total
+
+    def _entry_macs(self, e: MacEntry, widths: dict[int, int]) -> float:
+        scale = 1.0
+        seen = {gid for gid, _ in e.inputs}  # a depthwise conv's input and output: one group, counted once
+        for side in (e.inputs, tuple(o for o in e.outputs if o[0] not in seen)):
+            scale *= 1.0 - sum(share * (1.0 - widths[gid] / self.channels[gid]) for gid, share in side
+                               if gid in widths)
+        return e.macs * scale

@@ -343,6 +343,38 @@ def test_refit_cv_is_the_same_from_positions_and_from_the_gram() -> None:
     np.testing.assert_allclose(b, b_gram, rtol=1e-7, atol=1e-7 * np.abs(b_gram).max())
 
 
+@pytest.mark.parametrize("n", [1, 2, 3, 6, 7])
+def test_the_descent_finds_the_first_least_score_of_one_minimum_asking_few(n: int) -> None:
+    for low in range(n):
+        for plateau in range(1, n - low + 1):  # scores equal at low … low + plateau - 1, rising on both sides
+            scores = [abs(i - low) if i < low else max(0, i - (low + plateau - 1)) for i in range(n)]
+            asked = set()
+
+            def score(i: int, scores: list[int] = scores, asked: set[int] = asked) -> float:
+                asked.add(i)
+                return float(scores[i])
+
+            assert refit._descend(score, n) == int(np.argmin(scores)), (scores, refit._descend(score, n))
+            assert len(asked) <= max(n // 2 + 1, n - n // 2 + 1)
+    assert refit.DESCENT_SCORES == 4 and refit.CV_SOLVES == 9
+
+
+def test_refit_cv_picks_the_ridge_of_the_least_held_out_loss_over_the_grid() -> None:
+    chosen = set()
+    for seed, noise in enumerate((0.01, 0.5, 3.0, 20.0)):
+        rng = np.random.default_rng(seed)
+        x = rng.standard_normal((40, 30)).astype(np.float32)
+        t = (x @ rng.standard_normal((30, 4)) + noise * rng.standard_normal((40, 4))).astype(np.float32)
+        folds = (stats_of(x[:20], t[:20]), stats_of(x[20:], t[20:]))
+        keep, prior = np.arange(30), rng.standard_normal((4, 30))
+        scores = [sum(quadratic_loss_full(held, keep, *refit_full(fit, keep, r, prior=prior))
+                      for fit, held in (folds, folds[::-1])) for r in refit.RIDGE_GRID]
+        ridge = refit_cv(folds, keep, prior)[2]
+        assert ridge == refit.RIDGE_GRID[int(np.argmin(scores))]
+        chosen.add(ridge)
+    assert len(chosen) >= 3  # the least loss sits at different places along the grid
+
+
 def test_held_out_losses_from_the_kernel_equal_fitting_and_scoring_each_ridge() -> None:
     rng = np.random.default_rng(11)
     x, t = rng.standard_normal((24, 60)), rng.standard_normal((24, 5))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -126,7 +127,33 @@ def _scorer(stats: ConsumerStats, s: np.ndarray) -> Callable[[np.ndarray, np.nda
 
 
 RIDGE_GRID = (1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0)
-CV_SOLVES = 2 * len(RIDGE_GRID) + 1  # least-squares solves of one ``refit_cv``: each ridge on each fold, then the best
+
+
+def _descend(score: Callable[[int], float], n: int) -> int:
+    """The first index of the least ``score`` over 0 … n-1 where the scores fall to one minimum and rise after it:
+    from the middle pair, walking downhill (3–4 of 6 scores asked; a score with several minima gives one of them)."""
+    i = max(0, n // 2 - 1)
+    step = -1 if i + 1 >= n or score(i) <= score(i + 1) else 1
+    while 0 <= i + step < n and (score(i + step) <= score(i) if step < 0 else score(i + step) < score(i)):
+        i += step
+    return i
+
+
+DESCENT_SCORES = max(len(RIDGE_GRID) // 2 + 1, len(RIDGE_GRID) - len(RIDGE_GRID) // 2 + 1)  # the most _descend asks
+CV_SOLVES = 2 * DESCENT_SCORES + 1  # least-squares solves of one ``refit_cv`` at most: the ridges scored on each fold,
+# then the best
+
+
+def _held_out(fit: ConsumerStats, held: ConsumerStats, s: np.ndarray, prior: np.ndarray,
+              grid: tuple[float, ...]) -> Callable[[int], float]:
+    """The loss on ``held`` of the refit on ``fit`` at ridge ``grid[i]``, fitted when first asked (every ridge at once
+    through the positions' kernel, where that costs less)."""
+    solve, rows = _fitter(fit, s, prior), _rows_for(held, s)
+    if isinstance(solve, _Dual) and rows is not None and solve.kernel_cheaper(len(rows[0]), len(grid)):
+        losses = solve.held_losses(rows[0][:, s], rows[1], grid)
+        return lambda i: float(losses[i])
+    loss = _scorer(held, s)
+    return functools.cache(lambda i: loss(*solve(grid[i])))
 
 
 def refit_cv(
@@ -138,22 +165,17 @@ def refit_cv(
 ) -> tuple[np.ndarray, np.ndarray, float]:
     """Refit with the ridge (towards ``prior``) chosen by two-fold cross-validation.
 
-    Each fold's statistics fit, the other's score; the ridge with the lowest summed held-out
-    loss is then used on both folds together (``merged``, where the caller holds their merge). Returns (W', b',
-    ridge). With few calibration samples per weight a plain least-squares refit over-fits; shrinking towards the
-    original weights keeps it safe without a hand-tuned constant.
+    Each fold's statistics fit, the other's score; the ridge with the lowest summed held-out loss, found by
+    descending the grid from its middle (``_descend``: on 151 refits of MobileNetV2, YOLOv8n and ResNet-34 the loss
+    over the grid had one minimum every time), is then used on both folds together (``merged``, where the caller
+    holds their merge). Returns (W', b', ridge). With few calibration samples per weight a plain least-squares
+    refit over-fits; shrinking towards the original weights keeps it safe without a hand-tuned constant.
     """
     a, b = folds
     s = np.asarray(keep_cols, dtype=np.int64)
-    scores = np.zeros(len(grid))
-    for fit, held in ((a, b), (b, a)):
-        solve, rows = _fitter(fit, s, prior), _rows_for(held, s)
-        if isinstance(solve, _Dual) and rows is not None and solve.kernel_cheaper(len(rows[0]), len(grid)):
-            scores += solve.held_losses(rows[0][:, s], rows[1], grid)
-        else:
-            loss = _scorer(held, s)
-            scores += [loss(*solve(ridge)) for ridge in grid]
-    best = grid[int(np.argmin(scores))]
+    judges = [_held_out(fit, held, s, prior, grid) for fit, held in ((a, b), (b, a))]
+    best = grid[_descend(lambda i: sum(judge(i) for judge in judges), len(grid))]
+    del judges  # their fits' S×S arrays, before the merged fit's
     if merged is None:
         merged = ConsumerStats(a.d, a.o)
         merged.merge(a)

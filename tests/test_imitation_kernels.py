@@ -375,6 +375,15 @@ def test_refit_cv_picks_the_ridge_of_the_least_held_out_loss_over_the_grid() -> 
     assert len(chosen) >= 3  # the least loss sits at different places along the grid
 
 
+@pytest.mark.parametrize("shape", [(1, 1), (70, 5000), (5000, 3), (300, 300)])
+def test_subtract_outer_in_blocks_equals_the_outer_product(shape: tuple[int, int]) -> None:
+    rng = np.random.default_rng(2)
+    a, u, v = rng.standard_normal(shape), rng.standard_normal(shape[0]), rng.standard_normal(shape[1])
+    want = a - np.outer(u, v)
+    np.testing.assert_array_equal(stats_mod.subtract_outer(a, u, v), want)
+    np.testing.assert_array_equal(a, want)  # in place
+
+
 def test_held_out_losses_from_the_kernel_equal_fitting_and_scoring_each_ridge() -> None:
     rng = np.random.default_rng(11)
     x, t = rng.standard_normal((24, 60)), rng.standard_normal((24, 5))

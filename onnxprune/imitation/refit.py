@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.stats import ConsumerStats, subtract_outer
 
 
 def expand_channels(keep: np.ndarray, k: int) -> np.ndarray:
@@ -49,11 +49,11 @@ def _fitter(stats: ConsumerStats, s: np.ndarray, prior: np.ndarray | None) -> Fi
     rows = _rows_for(stats, s)
     if rows is not None:
         return _Dual(rows[0][:, s], rows[1], stats.xx.diagonal()[s].sum() / (len(s) * n), prior)
-    xx_s = stats.xx[np.ix_(s, s)]
-    mx, mt = stats.sx[s] / n, stats.st / n
-    cov = xx_s / n - np.outer(mx, mx)
-    cross = stats.xt[s] / n - np.outer(mx, mt)
+    xx_s = stats.xx[np.ix_(s, s)]  # a copy: divided in place below
     trace = np.trace(xx_s)
+    mx, mt = stats.sx[s] / n, stats.st / n
+    cov = subtract_outer(np.divide(xx_s, n, out=xx_s), mx, mx)
+    cross = subtract_outer(stats.xt[s] / n, mx, mt)
 
     def fit(ridge: float) -> tuple[np.ndarray, np.ndarray]:
         lam = ridge * trace / (len(s) * n)  # per-position units, like cov

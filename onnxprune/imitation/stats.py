@@ -19,6 +19,15 @@ _BLOCK_ELEMENTS = 1 << 22
 """Elements of one row block of W^T W in `neuron_gram` (keeps temporaries at ~32 MiB)."""
 
 
+def subtract_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """``a -= u vᵀ`` in place, a block of rows at a time: the same values as ``a - np.outer(u, v)`` without the
+    D×D temporary, whose fresh pages cost more than the arithmetic (D = 4608: 0.4–0.8 s against 0.03 s)."""
+    rows = max(1, _BLOCK_ELEMENTS // 16 // max(len(v), 1))
+    for r in range(0, len(u), rows):
+        a[r : r + rows] -= np.outer(u[r : r + rows], v)
+    return a
+
+
 def _as_float32_tensor(a: np.ndarray | torch.Tensor) -> torch.Tensor:
     """A float32 torch view/copy of a numpy array or tensor (device kept)."""
     if isinstance(a, np.ndarray):

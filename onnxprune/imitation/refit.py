@@ -80,14 +80,6 @@ class _Dual:
         self.base = np.zeros((x.shape[1], t.shape[1])) if prior is None else np.asarray(prior, dtype=np.float64).T
         self.kernel = self.xc @ self.xc.T
         self.residual = t - self.mt - self.xc @ self.base
-        self._eig: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
-
-    def _decomposed(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(eigenvalues, eigenvectors U, Uᵀ·residual) of the kernel, computed once."""
-        if self._eig is None:
-            evals, u = np.linalg.eigh(self.kernel)
-            self._eig = evals, u, u.T @ self.residual
-        return self._eig
 
     def _inverse(self, evals: np.ndarray, ridge: float) -> np.ndarray:
         denom = np.maximum(evals, 0.0) + self.count * ridge * self.scale
@@ -102,7 +94,8 @@ class _Dual:
         """Σ_p ||W' x_p + b' - t_p||² over held-out positions x (H, S), t (H, O) for each ridge of ``grid``, without
         forming W': the prediction is (x - m_x) priorᵀ + m_t + K U diag(1/(e + Pλ)) Uᵀ(...) with K the (H, P) kernel
         of the held-out positions against the fit's, so a ridge costs H·P·O instead of 2·S·P·O + H·S·O."""
-        evals, u, ur = self._decomposed()
+        evals, u = np.linalg.eigh(self.kernel)
+        ur = u.T @ self.residual
         xh = x - self.mx
         ku = (xh @ self.xc.T) @ u
         start = xh @ self.base + self.mt - t

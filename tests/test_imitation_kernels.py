@@ -384,6 +384,14 @@ def test_subtract_outer_in_blocks_equals_the_outer_product(shape: tuple[int, int
     np.testing.assert_array_equal(a, want)  # in place
 
 
+@pytest.mark.parametrize("d", [1, 7, 256, 600])
+def test_symmetrize_in_blocks_equals_the_mean_with_the_transpose(d: int) -> None:
+    a = np.random.default_rng(3).standard_normal((d, d))
+    want = (a + a.T) / 2
+    np.testing.assert_array_equal(stats_mod.symmetrize(a, block=256), want)
+    np.testing.assert_array_equal(a, want)  # in place
+
+
 def test_held_out_losses_from_the_kernel_equal_fitting_and_scoring_each_ridge() -> None:
     rng = np.random.default_rng(11)
     x, t = rng.standard_normal((24, 60)), rng.standard_normal((24, 5))

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from onnxprune.imitation.stats import ConsumerStats, subtract_outer
+from onnxprune.imitation.stats import ConsumerStats, subtract_outer, symmetrize
 
 REL_TOL = 1e-10
 """Schur-complement eigenvalues below REL_TOL × (largest diagonal of the candidate's block of A+λI)
@@ -71,10 +71,8 @@ def centred(
             f"sx/st must have shapes ({d},)/({xt.shape[1]},), got {sx.shape}/{st.shape}"
         )
     mx, mt = sx / count, st / count
-    a = subtract_outer(xx / count, mx, mx)
-    sym = a + a.T
-    sym /= 2  # in place: D×D temporaries cost as much as the arithmetic at D = 4608
-    return sym, subtract_outer(xt / count, mx, mt), max(float(tt / count - mt @ mt), 0.0)
+    a = symmetrize(subtract_outer(xx / count, mx, mx))
+    return a, subtract_outer(xt / count, mx, mt), max(float(tt / count - mt @ mt), 0.0)
 
 
 @contextmanager

@@ -28,6 +28,18 @@ def subtract_outer(a: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
     return a
 
 
+def symmetrize(a: np.ndarray, block: int = 256) -> np.ndarray:
+    """``a`` made symmetric in place, square blocks at a time: the same values as ``(a + a.T) / 2`` (addition
+    commutes exactly) without reading a D×D matrix transposed in one sweep (D = 4608: 0.13–0.5 s against ~0.03 s)."""
+    for i in range(0, len(a), block):
+        for j in range(i, len(a), block):
+            s = a[i : i + block, j : j + block] + a[j : j + block, i : i + block].T
+            s /= 2
+            a[i : i + block, j : j + block] = s
+            a[j : j + block, i : i + block] = s.T
+    return a
+
+
 def _as_float32_tensor(a: np.ndarray | torch.Tensor) -> torch.Tensor:
     """A float32 torch view/copy of a numpy array or tensor (device kept)."""
     if isinstance(a, np.ndarray):

@@ -104,6 +104,20 @@ def test_consumer_stats_matches_float64_over_chunks() -> None:
     assert s.count == 40000
 
 
+@pytest.mark.parametrize("d", [255, 256, 257, 600])  # the products' row blocks (GRAM_ROWS) and their edges
+def test_consumer_stats_in_row_blocks_match_float64_and_are_symmetric(d: int) -> None:
+    rng = np.random.default_rng(d)
+    x = (rng.standard_normal((900, d)) + rng.choice([0.0, 30.0], d)).astype(np.float32)  # some columns shifted
+    t = rng.standard_normal((900, 3)).astype(np.float32)
+    s = stats_of(x[:400], t[:400])
+    s.merge(stats_of(x[400:], t[400:]))
+    x64, t64 = x.astype(np.float64), t.astype(np.float64)
+    for got, want in [(s.xx, x64.T @ x64), (s.xt, x64.T @ t64), (s.sx, x64.sum(0)), (s.st, t64.sum(0))]:
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+    assert s.tt == pytest.approx(float((t64**2).sum()), rel=1e-6)
+    np.testing.assert_array_equal(s.xx, s.xx.T)
+
+
 def test_consumer_stats_torch_numpy_and_merge_agree() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3000, 7)).astype(np.float32)

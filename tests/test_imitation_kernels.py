@@ -118,6 +118,16 @@ def test_consumer_stats_in_row_blocks_match_float64_and_are_symmetric(d: int) ->
     np.testing.assert_array_equal(s.xx, s.xx.T)
 
 
+@pytest.mark.parametrize("d", [3, 256, 600])
+def test_moved_sums_in_row_blocks_equal_the_whole_products(d: int) -> None:
+    rng = np.random.default_rng(d)
+    xx, xt, sx, st, dx, dt = (torch.from_numpy(rng.standard_normal(shape)) for shape in
+                              [(d, d), (d, 4), (d,), (4,), (d,), (4,)])
+    tt = torch.tensor(2.0, dtype=torch.float64)
+    want = xx + torch.outer(dx, sx) + torch.outer(sx, dx) + 37 * torch.outer(dx, dx)
+    assert torch.equal(stats_mod._moved((xx, xt, sx, st, tt), 37, dx, dt)[0], want)
+
+
 def test_consumer_stats_torch_numpy_and_merge_agree() -> None:
     rng = np.random.default_rng(1)
     x = rng.standard_normal((3000, 7)).astype(np.float32)

@@ -14,6 +14,7 @@ from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
 from onnxprune.ir.ort import weights_aside, graph_session, make_session
+from onnxprune.ir.probe import run_all_tensors
 from onnxprune.ir.shapes import onnx_infer
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
@@ -500,3 +501,7 @@ def test_sessions_take_large_weights_beside_the_model_bytes() -> None:
     before = [id(t) for n in graph.nodes for t in n.inputs]
     np.testing.assert_array_equal(graph_session(graph, "cpu")[0].run(None, {"x": x})[0], want)
     assert [id(t) for n in graph.nodes for t in n.inputs] == before
+    tensors = run_all_tensors(model, [h, out], {"x": x})  # a session run once: the weights not pre-packed
+    np.testing.assert_allclose(tensors[out], want, rtol=1e-5, atol=1e-5)
+    assert tensors[h].shape == (2, 512)
+    assert len(model.graph.initializer[0].raw_data or model.graph.initializer[0].float_data) > 0  # model unchanged

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from onnxprune.ir.ort import make_session
+from onnxprune.ir.ort import session_of, weights_aside
 
 
 def real_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -35,13 +35,14 @@ def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str
                     ) -> dict[str, np.ndarray] | None:
     """The tensors ``names`` of one onnxruntime run of ``model`` on ``feed``, or None when onnxruntime
     cannot run it on that feed (a batch the graph does not take, say)."""
+    light, weights = weights_aside(model)
     probe = onnx.ModelProto()
-    probe.CopyFrom(model)
+    probe.CopyFrom(light)  # the large weights stay out of the copy
     del probe.graph.value_info[:]
     present = {v.name for v in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
     try:
-        session, _ = make_session(probe, "cpu", quiet=True)
+        session, _ = session_of(probe, weights, "cpu", quiet=True, once=True)
         arrays = session.run(list(names), feed)
     except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed
         return None

@@ -15,7 +15,9 @@ from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
 from onnxprune.ir.ort import weights_aside, graph_session, make_session
 from onnxprune.ir.probe import run_all_tensors
-from onnxprune.ir.shapes import onnx_infer
+from onnxprune.ir.shapes import infer_shapes, onnx_infer
+from onnxprune.analysis.groups import find_groups
+from onnxprune.analysis.macs import MacModel
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
 
@@ -505,3 +507,20 @@ def test_sessions_take_large_weights_beside_the_model_bytes() -> None:
     np.testing.assert_allclose(tensors[out], want, rtol=1e-5, atol=1e-5)
     assert tensors[h].shape == (2, 512)
     assert len(model.graph.initializer[0].raw_data or model.graph.initializer[0].float_data) > 0  # model unchanged
+
+
+def test_analysis_reads_weight_shapes_without_loading_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The channel rules and MACs of Conv and Gemm read a weight's shape, not its values: a lazily imported weight
+    is loaded by none of them (VGG-11's 411 MB classifier was loaded at each visit)."""
+    b = GraphBuilder({"x": [1, 3, 8, 8]})
+    h = b.op("Relu", [b.conv("x", "c1", 3, 16)], "r1")
+    flat = b.op("Flatten", [b.op("Relu", [b.conv(h, "c2", 16, 8)], "r2")], "flat")
+    out = b.gemm(flat, "fc", 8 * 8 * 8, 1000)  # 2 MB: imported lazily
+    loaded = []
+    real = gs.ir.tensor.LazyValues.load
+    monkeypatch.setattr(gs.ir.tensor.LazyValues, "load", lambda self: loaded.append(self.tensor.name) or real(self))
+    graph = gs.import_onnx(infer_shapes(b.model({out: None})))
+    assert isinstance(graph.nodes[-1].inputs[1]._values, gs.ir.tensor.LazyValues)
+    groups = find_groups(graph)
+    assert [g.name for g in groups] == ["c1", "c2", "fc"] and MacModel(graph, groups).total > 0
+    assert not {"c1.w", "c2.w", "fc.w"} & set(loaded)

@@ -10,7 +10,7 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.ir.graph import const_value, static_shape
+from onnxprune.ir.graph import const_shape, const_value, static_shape
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias, thin
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span
@@ -20,13 +20,13 @@ from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 
 def _conv_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
-    weight = const_value(node.inputs[1])
+    weight = const_shape(node.inputs[1])
     if weight is None:
         return Blocked(f"Conv {node.name}: weight is not constant")
     group = int(node.attrs.get("group", 1))
-    c_in = weight.shape[1] * group
+    c_in = weight[1] * group
     bias = [SliceSite(node.name, 2, 0)] if len(node.inputs) > 2 else []
-    if group > 1 and weight.shape[1] == 1 and weight.shape[0] == group:
+    if group > 1 and weight[1] == 1 and weight[0] == group:
         # depthwise, multiplier 1: channel c in -> channel c out
         if port not in (("in", 0), ("out", 0)):
             return Blocked(f"Conv {node.name}: channels reach the weight input")
@@ -36,20 +36,20 @@ def _conv_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) ->
         return Blocked(f"Conv {node.name}: grouped convolution ({group} groups) ties channels per group")
     if port == ("out", 0):
         return Producer([SliceSite(node.name, 1, 0), *bias])
-    if port == ("in", 0) and axis == 1 and repeat == 1 and c_in == weight.shape[1]:
+    if port == ("in", 0) and axis == 1 and repeat == 1 and c_in == weight[1]:
         return Consumer("conv", [SliceSite(node.name, 1, 1)])
     return Blocked(f"Conv {node.name}: channels reach an unsupported input")
 
 
 def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
-    weight = const_value(node.inputs[1])
+    weight = const_shape(node.inputs[1])
     if weight is None or int(node.attrs.get("group", 1)) != 1:
         return Blocked(f"ConvTranspose {node.name}: grouped or non-constant weight")
     if port == ("out", 0):
         bias = [SliceSite(node.name, 2, 0)] if len(node.inputs) > 2 else []
         return Producer([SliceSite(node.name, 1, 1), *bias])
     auto = node.attrs.get("auto_pad", "NOTSET")
-    if auto not in ("NOTSET", b"NOTSET", "") or "output_shape" in node.attrs or weight.ndim != 4:
+    if auto not in ("NOTSET", b"NOTSET", "") or "output_shape" in node.attrs or len(weight) != 4:
         return Blocked(f"ConvTranspose {node.name}: auto_pad, output_shape or not 2-D: not supported as a consumer")
     if port == ("in", 0) and axis == 1 and repeat == 1:
         return Consumer("conv_transpose", [SliceSite(node.name, 1, 0)])
@@ -60,8 +60,8 @@ def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span
 
 
 def _weight_shape(node: gs.Node) -> Sequence[int | None]:
-    weight = const_value(node.inputs[1])
-    return weight.shape if weight is not None else static_shape(node.inputs[1])
+    weight = const_shape(node.inputs[1])
+    return weight if weight is not None else static_shape(node.inputs[1])
 
 
 def _conv_macs(node: gs.Node, inp: Shape, out: Shape) -> int:

@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.ir.graph import const_value, static_shape
+from onnxprune.ir.graph import const_shape, const_value, static_shape
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
 from onnxprune.ops.roles import Blocked, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
@@ -15,9 +15,8 @@ from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 
 def _gemm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
-    weight = const_value(node.inputs[1])
     trans_a, trans_b = int(node.attrs.get("transA", 0)), int(node.attrs.get("transB", 0))
-    if weight is None or trans_a:
+    if const_shape(node.inputs[1]) is None or trans_a:
         return Blocked(f"Gemm {node.name}: non-constant weight or transA")
     if port == ("out", 0):
         slices = [SliceSite(node.name, 1, 0 if trans_b else 1)]
@@ -34,8 +33,8 @@ def _gemm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) ->
 
 
 def _matmul_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
-    weight = const_value(node.inputs[1])
-    if weight is None or weight.ndim != 2:
+    weight = const_shape(node.inputs[1])
+    if weight is None or len(weight) != 2:
         return Blocked(f"MatMul {node.name}: weight is not a constant matrix")
     rank = rank_of(node.outputs[0] if port[0] == "out" else node.inputs[0])
     if rank is None or axis != rank - 1:

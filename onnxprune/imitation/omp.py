@@ -16,14 +16,13 @@ O(|C|·k·D + D·O·k + N·k³) per consumer and the reduction of candidate c is
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from onnxprune.imitation.stats import ConsumerStats, subtract_outer, symmetrize
+from onnxprune.runtime.threads import one_torch_thread
 
 REL_TOL = 1e-10
 """Schur-complement eigenvalues below REL_TOL × (largest diagonal of the candidate's block of A+λI)
@@ -75,19 +74,6 @@ def centred(
     return a, subtract_outer(xt / count, mx, mt), max(float(tt / count - mt @ mt), 0.0)
 
 
-@contextmanager
-def _one_torch_thread() -> Iterator[None]:
-    """Torch on one thread inside: a step's batched k×k factorisations gain nothing from more, and torch's pool
-    spinning between them takes the cores from the BLAS threads of the step's products (on 2 cores, OMP ran
-    1.7× slower with torch on 2 threads than with torch on 1)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 class _Consumer:
     """Incremental state of one consumer over its live channels (those not chosen, plus chosen ones not dropped
     yet): basis rows z (rows, D_live), Schur blocks m (N_live, k, k), residual cross q (D_live, O) (rows p·k …
@@ -123,7 +109,7 @@ class _Consumer:
         s = q @ q.transpose(0, 2, 1)  # Q_c Q_cᵀ: the O-wide products happen once, not per direction
         # tr(M_c⁻¹ S_c) = tr(L⁻¹ S L⁻ᵀ) by Cholesky where every eigenvalue of M_c is surely above the floor
         # (λ_min ≥ 1/‖L⁻¹‖_F²); the eigendecomposition, which drops directions under it, serves the rest.
-        with _one_torch_thread():
+        with one_torch_thread():
             lower, info = torch.linalg.cholesky_ex(torch.from_numpy(self.m))
             inv = torch.linalg.solve_triangular(lower, torch.eye(self.k, dtype=lower.dtype).expand_as(lower),
                                                 upper=False).numpy()

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from onnxprune.runtime.threads import one_torch_thread
+
 STRIDES = ((8, 16, 32), (8, 16, 32, 64))
 DENSE_STRIDES = (8, 16, 32, 64, 128)
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
@@ -102,7 +104,8 @@ class DetectionLayout:
         (``decoded`` on float64 copies of the outputs it reads)."""
         read = {*self.outputs, *self.box_outputs, *self.kps_outputs}
         ys = [torch.from_numpy(np.asarray(o, np.float64)) if i in read else None for i, o in enumerate(outputs)]
-        return tuple(None if t is None else t.numpy() for t in self.decoded(ys))
+        with one_torch_thread():
+            return tuple(None if t is None else t.numpy() for t in self.decoded(ys))
 
     def decoded(self, ys: Sequence[torch.Tensor | None]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """``candidates`` on torch tensors, differentiable: what ``eval`` reads is what ``recover`` trains on."""

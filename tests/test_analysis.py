@@ -17,7 +17,7 @@ from onnxprune.ir.ort import weights_aside, graph_session, make_session
 from onnxprune.ir.probe import run_all_tensors
 from onnxprune.ir.shapes import infer_shapes, onnx_infer
 from onnxprune.analysis.groups import find_groups
-from onnxprune.analysis.macs import MacModel
+from onnxprune.analysis.macs import MacModel, count_params
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
 
@@ -510,8 +510,8 @@ def test_sessions_take_large_weights_beside_the_model_bytes() -> None:
 
 
 def test_analysis_reads_weight_shapes_without_loading_the_weights(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The channel rules and MACs of Conv and Gemm read a weight's shape, not its values: a lazily imported weight
-    is loaded by none of them (VGG-11's 411 MB classifier was loaded at each visit)."""
+    """The channel rules, MACs and parameter count read a weight's shape, not its values: a lazily imported weight
+    is loaded by none of them (VGG-11's 530 MB were loaded by each analysis)."""
     b = GraphBuilder({"x": [1, 3, 8, 8]})
     h = b.op("Relu", [b.conv("x", "c1", 3, 16)], "r1")
     flat = b.op("Flatten", [b.op("Relu", [b.conv(h, "c2", 16, 8)], "r2")], "flat")
@@ -523,4 +523,9 @@ def test_analysis_reads_weight_shapes_without_loading_the_weights(monkeypatch: p
     assert isinstance(graph.nodes[-1].inputs[1]._values, gs.ir.tensor.LazyValues)
     groups = find_groups(graph)
     assert [g.name for g in groups] == ["c1", "c2", "fc"] and MacModel(graph, groups).total > 0
+    assert count_params(graph) == 16 * 3 * 9 + 16 + 8 * 16 * 9 + 8 + 512 * 1000 + 1000
+    half = onnx.helper.make_tensor("h", onnx.TensorProto.BFLOAT16, [3], [1, 2, 3])
+    bf16 = gs.Constant("h", gs.ir.tensor.LazyValues(half))
+    graph.nodes[0].inputs.append(bf16)  # a type numpy has no name for: graph-surgeon gives its ONNX number
+    assert count_params(graph) == 16 * 3 * 9 + 16 + 8 * 16 * 9 + 8 + 512 * 1000 + 1000 + 3
     assert not {"c1.w", "c2.w", "fc.w"} & set(loaded)

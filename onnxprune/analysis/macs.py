@@ -11,9 +11,10 @@ from collections import Counter
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import static_shape
+from onnxprune.ir.graph import const_shape, static_shape
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import ShapeError
 from onnxprune.ops.registry import Having, lookup
@@ -104,6 +105,17 @@ def uncounted(graph: gs.Graph) -> list[str]:
     return out
 
 
+_ONNX_FLOATS = {getattr(onnx.TensorProto, name) for name in ("BFLOAT16", "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ",
+                                                             "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, name)}
+
+
+def _floating(dtype: np.dtype | int) -> bool:
+    """Whether a constant's dtype is a float: a numpy dtype, or the ONNX type numpy has no name for (bfloat16,
+    float8), as onnx-graphsurgeon gives it."""
+    return dtype in _ONNX_FLOATS if isinstance(dtype, int) else np.issubdtype(np.dtype(dtype), np.floating)
+
+
 def count_params(graph: gs.Graph) -> int:
     """Number of floating-point constant elements used by nodes (weights, biases, BN statistics)."""
     seen: set[str] = set()
@@ -112,9 +124,8 @@ def count_params(graph: gs.Graph) -> int:
         for tensor in node.inputs:
             if isinstance(tensor, gs.Constant) and tensor.name not in seen:
                 seen.add(tensor.name)
-                values = np.asarray(tensor.values)
-                if np.issubdtype(values.dtype, np.floating):
-                    total += int(values.size)
+                if _floating(tensor.dtype):  # dtype and shape: the values stay unloaded
+                    total += int(np.prod(const_shape(tensor), dtype=np.int64))
     return total
 
 

@@ -14,6 +14,7 @@ from onnxprune.ops.roles import AttrSite, SliceSite
 from onnxprune.errors import AnalysisError
 from onnxprune.passes import slice_channels
 from onnxprune.ir.ort import weights_aside, graph_session, make_session
+from onnxprune.ir.graph import loaded
 from onnxprune.ir.probe import run_all_tensors
 from onnxprune.ir.shapes import infer_shapes, onnx_infer
 from onnxprune.analysis.groups import find_groups
@@ -529,3 +530,15 @@ def test_analysis_reads_weight_shapes_without_loading_the_weights(monkeypatch: p
     graph.nodes[0].inputs.append(bf16)  # a type numpy has no name for: graph-surgeon gives its ONNX number
     assert count_params(graph) == 16 * 3 * 9 + 16 + 8 * 16 * 9 + 8 + 512 * 1000 + 1000 + 3
     assert not {"c1.w", "c2.w", "fc.w"} & set(loaded)
+
+
+def test_a_loaded_graphs_copies_share_its_weights() -> None:
+    """The compressor reads its graph's weights once: each copy of a lazily imported constant would read them again
+    (once per session of a compress)."""
+    b = GraphBuilder({"x": [1, 600]})
+    graph = gs.import_onnx(b.model({b.gemm("x", "fc", 600, 1000): None}))
+    lazy = graph.copy().tensors()["fc.w"]
+    assert isinstance(lazy._values, gs.ir.tensor.LazyValues)
+    weight = loaded(graph).tensors()["fc.w"].values
+    assert graph.copy().tensors()["fc.w"].values is weight and graph.copy().tensors()["fc.b"].values.shape == (1000,)
+

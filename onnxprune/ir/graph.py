@@ -61,6 +61,15 @@ def const_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     return tuple(int(d) for d in tensor.shape) if isinstance(tensor, gs.Constant) else None
 
 
+def loaded(graph: gs.Graph) -> gs.Graph:
+    """``graph`` with every constant's values read in, in place: its copies then share the arrays, where each copy of
+    a lazily imported constant would read them again (VGG-11's 530 MB, once per session of a compress)."""
+    for tensor in graph.tensors().values():
+        if isinstance(tensor, gs.Constant):
+            tensor.values  # noqa: B018 - the property reads lazily imported values and keeps them
+    return graph
+
+
 def static_shape(tensor: gs.Tensor) -> list[int | None] | None:
     """Tensor shape with dynamic dims as None, or None when the rank is unknown."""
     if tensor.shape is None:

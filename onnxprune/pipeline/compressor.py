@@ -24,7 +24,7 @@ from onnxprune.core.statistics import collect
 from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.ir.graph import restore_subgraphs
+from onnxprune.ir.graph import loaded, restore_subgraphs
 from onnxprune.ir.ort import CPU, first_provider
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
@@ -61,7 +61,7 @@ class Compressor:
         if self.batched is None:
             self.written_batch = None
         self.analysis = analyze(self.batched or model)
-        self.original = self.analysis.graph.copy()
+        self.original = loaded(self.analysis.graph).copy()
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed

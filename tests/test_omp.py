@@ -186,6 +186,21 @@ def test_the_omp_selector_takes_several_channels_a_step_only_past_its_work() -> 
     assert {1, 6} <= set(coarse)
 
 
+def test_a_state_that_owns_its_statistics_changes_them_in_place_to_the_same_path() -> None:
+    # the centred statistics of a ConsumerStats are fresh arrays: copying them (D×D) cost ResNet-34 2 s
+    rng = np.random.default_rng(8)
+    a, b, e = sample_stats(rng, 8, 3, 4)
+    want = GroupOmp([a], [b], [e], [3], 5)
+    owned = GroupOmp([a.copy()], [b.copy()], [e], [3], 5, own=True)
+    for _ in range(5):
+        gains = want.gains()
+        np.testing.assert_array_equal(owned.gains(), gains)
+        c = int(np.argmax(gains))
+        assert owned.add(c) == want.add(c)
+    given = a.copy()
+    assert GroupOmp([given], [b.copy()], [e], [3], 5, own=True).consumers[0].g is given
+
+
 @pytest.mark.parametrize("k", [1, 3])
 def test_collinear_channel_gives_no_reduction(k: int) -> None:
     rng = np.random.default_rng(5)

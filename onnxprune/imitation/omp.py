@@ -79,16 +79,16 @@ class _Consumer:
     yet): basis rows z (rows, D_live), Schur blocks m (N_live, k, k), residual cross q (D_live, O) (rows p·k …
     p·k + k - 1 are Q of the channel at live position p), the ridge Gram g (D_live, D_live)."""
 
-    def __init__(self, a: np.ndarray, b: np.ndarray, k: int, ridge: float, width: int) -> None:
+    def __init__(self, a: np.ndarray, b: np.ndarray, k: int, ridge: float, width: int, own: bool = False) -> None:
         d = len(a)
         self.k, self.n, self.width = k, d // k, width
-        self.g = a.copy()
+        self.g = a if own else a.copy()
         self.g[np.diag_indices(d)] += ridge * np.trace(a) / d
         blocks = np.diagonal(self.g.reshape(self.n, k, self.n, k), axis1=0, axis2=2)
         self.m = np.ascontiguousarray(blocks.transpose(2, 0, 1))
         diag = np.diagonal(self.m, axis1=1, axis2=2)
         self.floor = REL_TOL * diag.max(axis=1) + np.finfo(np.float64).tiny
-        self.q = b.copy()
+        self.q = b if own else b.copy()
         self.z = np.empty((width * k, d))
         self.rows = 0
         self.live = np.arange(self.n)
@@ -192,11 +192,12 @@ class GroupOmp:
     channel not chosen yet (-inf for the chosen), ``add(c)`` to choose one (at most ``width``)."""
 
     def __init__(self, A: list[np.ndarray], B: list[np.ndarray], e: list[float], ks: list[int], width: int,
-                 ridge: float = 1e-6) -> None:
+                 ridge: float = 1e-6, own: bool = False) -> None:
+        """``own``: A and B are the state's to change in place (fresh centred statistics), not copied (D×D each)."""
         a = [np.asarray(aj, dtype=np.float64) for aj in A]
         b = [np.asarray(bj, dtype=np.float64) for bj in B]
         self.n = _validate(a, b, e, ks, width, ridge)
-        self.consumers = [_Consumer(aj, bj, int(kj), ridge, width) for aj, bj, kj in zip(a, b, ks)]
+        self.consumers = [_Consumer(aj, bj, int(kj), ridge, width, own) for aj, bj, kj in zip(a, b, ks)]
         self.chosen = np.zeros(self.n, dtype=bool)
         self.loss = float(np.sum(e))
 
@@ -276,7 +277,7 @@ def stats_omp_state(stats: list[ConsumerStats], ks: list[int], width: int, ridge
     """The incremental ``GroupOmp`` of consumers given by their streamed statistics."""
     a, b, e = zip(*(centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count) for s in stats))
     b = [bj if s.rows is None or s.count >= bj.shape[1] else narrow_cross(*s.rows) for s, bj in zip(stats, b)]
-    return GroupOmp(list(a), list(b), list(e), ks, width, ridge=ridge)
+    return GroupOmp(list(a), list(b), list(e), ks, width, ridge=ridge, own=True)  # ``centred`` made them
 
 
 def narrow_cross(x: np.ndarray, t: np.ndarray) -> np.ndarray:

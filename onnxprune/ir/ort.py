@@ -133,8 +133,8 @@ def make_session(
 
 
 def session_of(model: ModelLike, weights: dict[str, np.ndarray], provider: str = "auto", threads: int | None = None,
-             spinning: bool = True, arena: bool = True, spin_between_runs: bool = True, quiet: bool = False,
-             once: bool = False) -> tuple[ort.InferenceSession, str]:
+               spinning: bool = True, arena: bool = True, spin_between_runs: bool = True, quiet: bool = False,
+               once: bool = False) -> tuple[ort.InferenceSession, str]:
     """``make_session``, the initializers ``weights`` (in-memory stubs in ``model``) given as arrays."""
     chain = _chain(provider)
     options = ort.SessionOptions()

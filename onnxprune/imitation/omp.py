@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from onnxprune.imitation.stats import ConsumerStats, subtract_outer, symmetrize
-from onnxprune.runtime.threads import one_torch_thread
+from onnxprune.imitation.threads import one_torch_thread
 
 REL_TOL = 1e-10
 """Schur-complement eigenvalues below REL_TOL × (largest diagonal of the candidate's block of A+λI)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from onnxprune.runtime.threads import one_torch_thread
+from onnxprune.imitation.threads import one_torch_thread
 
 STRIDES = ((8, 16, 32), (8, 16, 32, 64))
 DENSE_STRIDES = (8, 16, 32, 64, 128)

@@ -1,4 +1,4 @@
-"""Torch's thread pool beside onnxruntime's: small torch work between onnxruntime runs on one thread."""
+"""Torch's thread pool beside onnxruntime's and the BLAS threads: small torch work on one thread."""
 
 from __future__ import annotations
 

@@ -89,7 +89,7 @@ def preflight(graph: gs.Graph, groups: Sequence[Group], seconds: float = SECONDS
 
 
 def _run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    session, _ = make_session(model, "cpu", quiet=True, arena=False, once=True)
+    session, _ = make_session(model, "cpu", quiet=True, arena=False, prepack=False)
     return session.run(None, feed)
 
 

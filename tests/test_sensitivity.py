@@ -87,6 +87,24 @@ def test_a_probe_keeping_every_channel_reproduces_the_original_output(tiny) -> N
     assert full < 1e-6 < half, (full, half)
 
 
+def test_a_probes_session_does_not_pre_pack_its_weights(tiny, monkeypatch) -> None:
+    """The probes' session runs each width once: onnxruntime leaves its weights unpacked (``prepack=False``)."""
+    import onnxprune.strategies.sensitivity as sensitivity
+
+    made, real = [], sensitivity.FedCut
+    monkeypatch.setattr(sensitivity, "FedCut", lambda *args, **kwargs: made.append(real(*args, **kwargs)) or made[-1])
+    run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(0.6), provider="cpu"))
+    order, _ = schedule(run_.analysis, run_.live)
+    values = dict(run_.inputs)
+    reference = _run(run_, cut_graph(run_.original, values, {t.name for t in run_.original.outputs}), values)
+    cut, group = order[2]
+    run_.advance(run_.original, values, cut)
+    ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})
+    _probe(run_, group, ahead, values, reference, [group.channels // 2])
+    options = made[0].session.get_session_options()
+    assert options.get_session_config_entry("session.disable_prepacking") == "1"
+
+
 def test_a_probe_cross_validates_the_ridge_at_its_widest_width_only(tiny, monkeypatch) -> None:
     """The cross-validated refit (13 solves) runs once per consumer, at the widest probe; the narrower probes
     refit with the ridge it chose (one solve each)."""

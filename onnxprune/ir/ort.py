@@ -111,7 +111,7 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
 
 def make_session(
     model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True,
-    spin_between_runs: bool = True, quiet: bool = False, once: bool = False,
+    spin_between_runs: bool = True, quiet: bool = False, prepack: bool = True,
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
@@ -123,23 +123,24 @@ def make_session(
     threads steal the cores from the next).
     ``quiet``: onnxruntime logs nothing short of fatal (a probe whose run may fail, and says so by
     its result, not by an error line on the user's terminal).
-    ``once``: a session run once (a probe of shapes), whose weights onnxruntime does not pre-pack: packing costs
-    more than it saves in one run (VGG-11's 530 MB: 0.56 -> 0.2 s to start a session).
+    ``prepack=False``: onnxruntime does not pre-pack the weights (a Gemm's matrix laid out for its kernel), for a
+    session run a few times: packing costs more than it saves there (VGG-11's 530 MB: 0.56 -> 0.2 s to start a
+    session run once; its runs no slower), and the outputs differ from a packing session's in the last bits.
     """
     if isinstance(model, onnx.ModelProto):
         light, weights = weights_aside(model)
-        return session_of(light, weights, provider, threads, spinning, arena, spin_between_runs, quiet, once)
-    return session_of(model, {}, provider, threads, spinning, arena, spin_between_runs, quiet, once)
+        return session_of(light, weights, provider, threads, spinning, arena, spin_between_runs, quiet, prepack)
+    return session_of(model, {}, provider, threads, spinning, arena, spin_between_runs, quiet, prepack)
 
 
 def session_of(model: ModelLike, weights: dict[str, np.ndarray], provider: str = "auto", threads: int | None = None,
                spinning: bool = True, arena: bool = True, spin_between_runs: bool = True, quiet: bool = False,
-               once: bool = False) -> tuple[ort.InferenceSession, str]:
+               prepack: bool = True) -> tuple[ort.InferenceSession, str]:
     """``make_session``, the initializers ``weights`` (in-memory stubs in ``model``) given as arrays."""
     chain = _chain(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 4 if quiet else 3
-    if once:
+    if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
     if threads is not None:
         options.intra_op_num_threads = threads

@@ -42,7 +42,7 @@ def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str
     present = {v.name for v in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
     try:
-        session, _ = session_of(probe, weights, "cpu", quiet=True, once=True)
+        session, _ = session_of(probe, weights, "cpu", quiet=True, prepack=False)
         arrays = session.run(list(names), feed)
     except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed
         return None

@@ -28,10 +28,11 @@ class FedCut:
     """The part of ``graph`` after a cut (``runtime.segments.cut_graph``: the tensors ``at_cut`` in, ``outputs``
     out) with the consumers ``nodes``' weights and biases as graph inputs, so that one onnxruntime session runs
     every candidate weighting of them. ``exact_batch``: the batch a graph that fixes it runs at (short runs are
-    padded), else None."""
+    padded), else None. ``prepack=False``: onnxruntime does not pre-pack the weights (``ir.ort.make_session``), for
+    a session that runs a few candidates."""
 
     def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str], outputs: Sequence[str],
-                 *, provider: str, exact_batch: int | None = None) -> None:
+                 *, provider: str, exact_batch: int | None = None, prepack: bool = True) -> None:
         cut = cut_graph(graph, dict(at_cut), outputs)
         mine = {n.name: n for n in cut.nodes}
         missing = [name for name in nodes if name not in mine]
@@ -51,7 +52,7 @@ class FedCut:
                     user.inputs[user.inputs.index(tensor)] = var
                 feeds.append(var)
         cut.inputs = [*cut.inputs, *feeds]
-        self.session, self.provider = graph_session(cut, provider, arena=False)
+        self.session, self.provider = graph_session(cut, provider, arena=False, prepack=prepack)
         self._outputs = [t.name for t in cut.outputs]
         self.at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
         self.exact_batch = exact_batch

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
+from onnxprune.ir.graph import export_model
 from onnxprune.ir.inputs import resolve_input_shapes
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
@@ -278,7 +279,7 @@ def _subgraph(graph: gs.Graph, group: Group) -> gs.Graph:
 
 
 def _timing_model(graph: gs.Graph, opset_model: onnx.ModelProto) -> onnx.ModelProto:
-    model = gs.export_onnx(graph)
+    model = export_model(graph)
     model.ir_version = opset_model.ir_version
     return model
 

@@ -20,7 +20,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.groups import Group
-from onnxprune.ir.graph import static_shape
+from onnxprune.ir.graph import export_model, static_shape
 from onnxprune.ir.ort import make_session, ort_failure
 from onnxprune.ir.probe import random_feed, real_inputs
 from onnxprune.passes import slice_channels
@@ -51,7 +51,7 @@ def preflight(graph: gs.Graph, groups: Sequence[Group], seconds: float = SECONDS
     sample; exclude (add a blocker to) each group the failing runs trace back to. ``graph`` is not changed."""
     start = time.perf_counter()
     result = Preflight(groups=len(groups))
-    model = gs.export_onnx(graph.copy())
+    model = export_model(graph.copy())
     inputs = real_inputs(model)
     if any(d.dim_value <= 0 for v in inputs for d in v.type.tensor_type.shape.dim[1:]):
         result.not_run = "an input has dynamic dims past the batch: give --input-shape"
@@ -101,7 +101,7 @@ def _trial(graph: gs.Graph, subset: Sequence[Group], feed: dict[str, np.ndarray]
     try:
         for group in subset:
             copy = slice_channels(copy, group, np.arange(0, group.channels, 2))
-        model = gs.export_onnx(copy)
+        model = export_model(copy)
     except Exception as exc:  # noqa: BLE001 - a pass that cannot slice this graph is the finding itself
         return f"the slicing pass fails on it ({type(exc).__name__}: {exc})"
     try:

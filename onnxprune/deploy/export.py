@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from onnxprune.ir.graph import export_model
 from onnxprune.ir.inputs import fix_input_shapes, resolve_input_shapes
 from onnxprune.ir.load import load_model
 from onnxprune.runtime.timing import random_inputs
@@ -56,7 +57,7 @@ def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
 
         graph = gs.import_onnx(model)
         graph.fold_constants(error_ok=True).cleanup().toposort()
-        model = gs.export_onnx(graph)
+        model = export_model(graph)
     try:
         model = onnx_infer(model, data_prop=True)
     except Exception:  # onnx inference rejects a few valid graphs; onnxruntime fills the outputs below

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
+from onnxprune.ir.graph import export_model
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.probe import fixed_batch, random_feed, real_inputs, run_all_tensors, static_batch
 
@@ -24,7 +24,7 @@ def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
     fixed = static_batch(model)
     if fixed is None or any(d.dim_value <= 0 for v in real_inputs(model) for d in v.type.tensor_type.shape.dim):
         return None  # a batch free already, or other dims unknown: nothing to check the copy on
-    free = gs.export_onnx(import_graph(model))
+    free = export_model(import_graph(model))
     _free_reshapes(free, fixed.size)
     del free.graph.value_info[:]
     for value in [*real_inputs(free), *free.graph.output]:

@@ -9,7 +9,7 @@ import onnx_graphsurgeon as gs
 from google.protobuf.message import DecodeError
 
 from onnxprune.errors import ModelError
-from onnxprune.ir.graph import name_nodes
+from onnxprune.ir.graph import export_model, name_nodes
 from onnxprune.ir.shapes import copy_batch_dims, fold_shape_values, resize_by_scales, infer_shapes
 
 
@@ -50,5 +50,5 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
         graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
     name_nodes(graph)
     # Folding can drop shapes; re-infer once on the folded graph.
-    graph = gs.import_onnx(infer_shapes(gs.export_onnx(graph)))
+    graph = gs.import_onnx(infer_shapes(export_model(graph)))
     return graph

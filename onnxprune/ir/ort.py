@@ -14,7 +14,7 @@ from google.protobuf.message import DecodeError
 from onnx import numpy_helper
 
 from onnxprune.errors import ModelError, OnnxPruneError
-from onnxprune.ir.graph import rebuilt
+from onnxprune.ir.graph import constants_aside, large_constants, rebuilt
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -83,27 +83,13 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
     exporting each into a TensorProto, serialising the model and onnxruntime's parsing copy them four times (about a
     second a session for VGG-11's 530 MB, dozens of sessions in a ``compress``). Constants read inside subgraphs
     are exported as usual."""
-    inner = {t.name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, gs.Graph)
-             for t in sub.tensors().values()}
-    heavy = {name: t for name, t in graph.tensors().items() if isinstance(t, gs.Constant) and name not in inner
-             and isinstance(t.values, np.ndarray) and t.values.nbytes >= WEIGHT_BYTES}  # .values loads lazy ones
-    swapped = []
-    for tensor in heavy.values():
-        stand_in = gs.Variable(tensor.name)
-        for node in list(tensor.outputs):
-            for i, x in enumerate(node.inputs):
-                if x is tensor:
-                    node.inputs[i] = stand_in
-                    swapped.append((node, i, tensor))
-    try:
+    heavy = large_constants(graph, WEIGHT_BYTES)
+    with constants_aside(heavy.values()):
         model = gs.export_onnx(graph)
-    finally:
-        for node, i, tensor in swapped:
-            node.inputs[i] = tensor
     keep = [v for v in model.graph.value_info if v.name not in heavy]
     del model.graph.value_info[:]
     model.graph.value_info.extend(keep)
-    arrays = {name: t.values for name, t in heavy.items()}
+    arrays = {name: np.asarray(t.values) for name, t in heavy.items()}  # .values loads lazy ones
     model.graph.initializer.extend(_in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
                                    for name, a in arrays.items())
     return session_of(model, arrays, provider, **options)

@@ -7,7 +7,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value, rebuilt, static_shape
+from onnxprune.ir.graph import const_value, export_model, rebuilt, static_shape
 from onnxprune.ir.inputs import fix_input_shapes
 from onnxprune.ir.probe import random_feed, real_inputs, run_all_tensors
 
@@ -296,7 +296,7 @@ def fold_shape_values(graph: gs.Graph) -> bool:
                                                                    for d in t.shape]) <= _SMALL)})
     if not names:
         return False
-    model = gs.export_onnx(graph.copy())
+    model = export_model(graph.copy())
     symbolic = any(isinstance(t.shape[0], str) or t.shape[0] is None for t in inputs)
     runs = [run_all_tensors(model, names, random_feed(real_inputs(model), b, seed=b))
             for b in ((1, 2) if symbolic else (None,))]

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value, restore_subgraphs, static_shape
+from onnxprune.ir.graph import const_value, export_model, restore_subgraphs, static_shape
 from onnxprune.ir.shapes import onnx_infer
 
 
@@ -68,7 +68,7 @@ def channels_first_heads(model: onnx.ModelProto) -> onnx.ModelProto:
         return model
     if not any(_flatten_after(node) for node in graph.nodes):
         return model
-    out = gs.export_onnx(flatten_channels_first(graph))
+    out = export_model(flatten_channels_first(graph))
     out.ir_version = model.ir_version
     del out.opset_import[:]
     out.opset_import.extend(model.opset_import)

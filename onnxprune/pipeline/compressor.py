@@ -24,7 +24,7 @@ from onnxprune.core.statistics import collect
 from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.ir.graph import loaded, restore_subgraphs
+from onnxprune.ir.graph import export_model, loaded, restore_subgraphs
 from onnxprune.ir.ort import CPU, first_provider
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
@@ -77,7 +77,7 @@ class Compressor:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
         self.values_p = dict(self.inputs)
         self.values_o = dict(self.inputs)
-        self.fixed_batch = fixed_batch(gs.export_onnx(self.original.copy()), self.inputs)
+        self.fixed_batch = fixed_batch(export_model(self.original.copy()), self.inputs)
         # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
         self.run_batch = self.memory.run_batch if self.fixed_batch is None else self.fixed_batch.size
         self.stats_bytes = self.memory.stats_bytes  # a statistics chunk's unfolded inputs and targets, at most
@@ -281,7 +281,7 @@ class Compressor:
             self.values_p[name] = self.store.take(self.values_p[name], index, axis=group.tensors[name][0])
 
     def export(self) -> onnx.ModelProto:
-        model = gs.export_onnx(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))
+        model = export_model(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))
         if self.batched is not None:
             model = restore_batch(model, self.model)
         model.ir_version = self.model.ir_version

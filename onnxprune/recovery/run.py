@@ -12,6 +12,7 @@ import torch
 
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import OnnxPruneError
+from onnxprune.ir.graph import export_model
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
@@ -74,7 +75,7 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     clock = Clock(options.time)
     s_graph, t_graph = import_graph(student), import_graph(teacher)
     segments = find_segments(s_graph, t_graph)
-    s_model = infer_shapes(gs.export_onnx(s_graph))
+    s_model = infer_shapes(export_model(s_graph))
     store = options.store()
     values, train_idx, held_idx, verdict_idx = samples(calib, held, options, store)
     outputs = [t.name for t in s_graph.outputs]

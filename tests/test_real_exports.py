@@ -13,6 +13,7 @@ import onnx
 import pytest
 import torch
 from onnx import numpy_helper
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze, consumers
@@ -20,6 +21,7 @@ from onnxprune.ir.inputs import specialise_inputs
 from onnxprune.calib.sources import load_calibration
 from onnxprune.core import statistics
 from onnxprune.pipeline import compress
+from onnxprune.ir.load import import_graph
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.ir.probe import fixed_batch
 from onnxprune.strategies import Global, Ratio, Uniform, options_from
@@ -126,7 +128,7 @@ def test_global_imitation_runs_on_a_fixed_batch_graph(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- shapes the exporter computes
 
 
-def _computed_flatten() -> onnx.ModelProto:
+def _computed_flatten(classes: int = 5) -> onnx.ModelProto:
     """``Reshape(y, [Where(Shape(y) > 0, Shape(y), 1)[0], -1])``: ONNX shape inference cannot evaluate
     ``Where`` on shapes, so the Gemm's input shape (and its MACs) are unknown until the model runs."""
     b = GraphBuilder({"input": ["N", 3, 8, 8]})
@@ -136,7 +138,7 @@ def _computed_flatten() -> onnx.ModelProto:
                           b.const("o", np.ones(4), np.int64)], "same")
     n = b.op("Slice", [same, b.const("s0", np.array([0]), np.int64), b.const("s1", np.array([1]), np.int64)], "n")
     target = b.op("Concat", [n, b.const("m1", np.array([-1]), np.int64)], "target", axis=0)
-    out = b.gemm(b.op("Reshape", [y, target], "flat"), "fc", 6 * 64, 5)
+    out = b.gemm(b.op("Reshape", [y, target], "flat"), "fc", 6 * 64, classes)
     return kill(b.model([out]), {"conv1": [2, 3, 7]})
 
 
@@ -151,6 +153,25 @@ def test_shapes_the_exporter_computes_are_taken_from_a_run(tmp_path: Path) -> No
     pruned, _ = compress_dead(model, tmp_path, {"conv1": 5}, (1, 3, 8, 8))
     assert fixed_batch(model) is None
     same_outputs(pruned, model, (3, 3, 8, 8))  # the batch stays dynamic
+
+
+def test_the_import_reads_large_weights_in_place_and_hands_them_to_the_runs_that_fill_shapes() -> None:
+    """An import sets weights of ``EXPORT_BYTES`` or more aside (shape inference reads stubs; an export, an inference
+    and an import each copied them): the graph's constant reads the model's own tensor, and the run that fills
+    the shapes inference leaves unknown is given the weights."""
+    b = GraphBuilder({"input": ["N", 3, 8, 8]})
+    flat = b.op("Flatten", [b.op("Relu", [b.conv("input", "conv", 3, 6)], "relu")], "flat")
+    plain = b.model([b.gemm(flat, "fc", 6 * 64, 1000)])  # fc.w: 384 × 1000 floats, 1.5 MB
+    graph = import_graph(plain)
+    fc = graph.tensors()["fc.w"]
+    assert isinstance(fc._values, LazyValues)  # not loaded: no run needed it
+    assert fc._values.tensor is next(t for t in plain.graph.initializer if t.name == "fc.w")
+    assert [n.name for n in fc.outputs] == ["fc"]  # read by the imported graph's node alone
+    model = _computed_flatten(classes=1000)
+    graph = import_graph(model)
+    assert graph.tensors()["flat_out"].shape[1] == 384  # from the run
+    np.testing.assert_array_equal(graph.tensors()["fc.w"].values, numpy_helper.to_array(
+        next(t for t in model.graph.initializer if t.name == "fc.w")))
 
 
 def _tf2onnx_same_pads(hw: int | str) -> onnx.ModelProto:

@@ -31,14 +31,17 @@ def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx
 
 def rebuilt(model: onnx.ModelProto, initializer: list[onnx.TensorProto],
             inputs: list[onnx.ValueInfoProto] | None = None) -> onnx.ModelProto:
-    """What onnx and onnxruntime read of ``model`` (opsets, functions, the graph's nodes, inputs, outputs and
-    values), with ``initializer`` for its initializers and ``inputs`` appended to its inputs: built field by field,
-    so that the weights left out are never copied."""
+    """``model`` (its opsets, functions, producer and metadata, the graph's nodes, inputs, outputs and values) with
+    ``initializer`` for its initializers and ``inputs`` appended to its inputs: built field by field, so that the
+    weights left out are never copied."""
     graph = model.graph
-    return onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
-                           graph=onnx.GraphProto(
-        name=graph.name, node=graph.node, input=[*graph.input, *(inputs or [])], output=graph.output,
-        value_info=graph.value_info, initializer=initializer, sparse_initializer=graph.sparse_initializer))
+    return onnx.ModelProto(
+        ir_version=model.ir_version, opset_import=model.opset_import, functions=model.functions,
+        producer_name=model.producer_name, producer_version=model.producer_version, domain=model.domain,
+        model_version=model.model_version, doc_string=model.doc_string, metadata_props=model.metadata_props,
+        graph=onnx.GraphProto(name=graph.name, doc_string=graph.doc_string, node=graph.node,
+                              input=[*graph.input, *(inputs or [])], output=graph.output, value_info=graph.value_info,
+                              initializer=initializer, sparse_initializer=graph.sparse_initializer))
 
 
 def name_nodes(graph: gs.Graph) -> gs.Graph:
@@ -83,11 +86,11 @@ def static_shape(tensor: gs.Tensor) -> list[int | None] | None:
 
 
 def large_constants(graph: gs.Graph, nbytes: int) -> dict[str, gs.Constant]:
-    """The constants of ``graph`` of ``nbytes`` or more, read only by its own nodes (not graph outputs, not read
-    inside a subgraph), dense (an array or a lazily imported tensor, whose values are not loaded here)."""
+    """The constants of ``graph`` of ``nbytes`` or more, read only by its own nodes (not graph inputs or outputs, not
+    read inside a subgraph), dense (an array or a lazily imported tensor, whose values are not loaded here)."""
     inner = {t.name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, gs.Graph)
              for t in sub.tensors().values()}
-    inner |= {t.name for t in graph.outputs}
+    inner |= {t.name for t in [*graph.inputs, *graph.outputs]}
     return {name: t for name, t in graph.tensors().items()
             if isinstance(t, gs.Constant) and name not in inner and isinstance(t._values, (np.ndarray, LazyValues))
             and t._values.nbytes >= nbytes}  # both know their size

@@ -55,8 +55,9 @@ WEIGHT_BYTES = 1 << 20
 """From this size an initializer reaches onnxruntime as an array beside the model's bytes (``make_session``)."""
 
 
-def _in_memory(name: str, data_type: int, dims: Sequence[int], nbytes: int) -> onnx.TensorProto:
-    """An initializer whose data onnxruntime takes from the session options (``add_external_initializers``)."""
+def in_memory(name: str, data_type: int, dims: Sequence[int], nbytes: int) -> onnx.TensorProto:
+    """A stub for an initializer whose data onnxruntime takes from the session options (``add_external_initializers``),
+    and onnx's shape inference reads only as a type and shape."""
     stub = onnx.TensorProto(name=name, dims=list(dims), data_type=data_type, data_location=onnx.TensorProto.EXTERNAL)
     for key, value in (("location", "onnxprune-in-memory"), ("offset", "0"), ("length", str(nbytes))):
         stub.external_data.add(key=key, value=value)
@@ -73,7 +74,7 @@ def weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
     if not heavy:
         return model, {}
     names = {t.name for t in heavy}
-    light = rebuilt(model, [t if t.name not in names else _in_memory(t.name, t.data_type, t.dims, size[t.name])
+    light = rebuilt(model, [t if t.name not in names else in_memory(t.name, t.data_type, t.dims, size[t.name])
                             for t in graph.initializer])
     return light, {t.name: numpy_helper.to_array(t) for t in heavy}
 
@@ -90,7 +91,7 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
     del model.graph.value_info[:]
     model.graph.value_info.extend(keep)
     arrays = {name: np.asarray(t.values) for name, t in heavy.items()}  # .values loads lazy ones
-    model.graph.initializer.extend(_in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
+    model.graph.initializer.extend(in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
                                    for name, a in arrays.items())
     return session_of(model, arrays, provider, **options)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -31,18 +31,19 @@ def random_feed(inputs: list[onnx.ValueInfoProto], batch: int | None, seed: int 
     return feed
 
 
-def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str, np.ndarray]
-                    ) -> dict[str, np.ndarray] | None:
+def run_all_tensors(model: onnx.ModelProto, names: Sequence[str], feed: dict[str, np.ndarray],
+                    weights: Mapping[str, np.ndarray] | None = None) -> dict[str, np.ndarray] | None:
     """The tensors ``names`` of one onnxruntime run of ``model`` on ``feed``, or None when onnxruntime
-    cannot run it on that feed (a batch the graph does not take, say)."""
-    light, weights = weights_aside(model)
+    cannot run it on that feed (a batch the graph does not take, say). ``weights``: the arrays of the in-memory
+    stubs among ``model``'s initializers (``ir.ort.in_memory``), read only here."""
+    light, aside = weights_aside(model)
     probe = onnx.ModelProto()
     probe.CopyFrom(light)  # the large weights stay out of the copy
     del probe.graph.value_info[:]
     present = {v.name for v in probe.graph.output}
     probe.graph.output.extend(onnx.ValueInfoProto(name=n) for n in names if n not in present)
     try:
-        session, _ = session_of(probe, weights, "cpu", quiet=True, prepack=False)
+        session, _ = session_of(probe, {**aside, **(weights or {})}, "cpu", quiet=True, prepack=False)
         arrays = session.run(list(names), feed)
     except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed
         return None

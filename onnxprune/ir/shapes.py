@@ -3,6 +3,8 @@ and 2, and the folding of shape-only values into constants."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
@@ -20,6 +22,12 @@ _INTEGER_TYPES = frozenset({onnx.TensorProto.INT64, onnx.TensorProto.INT32, onnx
                             onnx.TensorProto.UINT16, onnx.TensorProto.UINT8, onnx.TensorProto.BOOL})
 
 
+def weight_type(data_type: int) -> bool:
+    """Whether shape inference reads an initializer of this ONNX type only as a type and shape: not an integer or
+    bool table, whose values data propagation may read, not a string."""
+    return data_type not in _INTEGER_TYPES and data_type != onnx.TensorProto.STRING
+
+
 def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` for shape inference: its weights as graph inputs of their type and shape (inference reads nothing
     else of them), integer and small initializers kept for data propagation; ``model`` itself when it has none.
@@ -27,7 +35,7 @@ def without_weights(model: onnx.ModelProto) -> onnx.ModelProto:
     (VGG-11's 530 MB: 2.5 s a call)."""
     graph = model.graph
     heavy = {t.name for t in graph.initializer
-             if t.data_type not in _INTEGER_TYPES and int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT}
+             if weight_type(t.data_type) and int(np.prod(t.dims, dtype=np.int64)) > _WEIGHT}
     if not heavy:
         return model
     declared = {v.name for v in graph.input}
@@ -50,8 +58,9 @@ def onnx_infer(model: onnx.ModelProto, data_prop: bool = False) -> onnx.ModelPro
     return out
 
 
-def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """ONNX shape inference with data propagation (shapes of Reshape targets etc.).
+def infer_shapes(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
+    """ONNX shape inference with data propagation (shapes of Reshape targets etc.); ``weights``: the arrays of the
+    in-memory stubs among ``model``'s initializers, for ``fill_shapes_from_run``.
 
     With a dynamic batch, dims that symbolic inference leaves unknown (a Reshape to ``[batch, C, -1]``)
     are taken from inference at batch 1 and at batch 2 where both agree: they do not depend on the batch.
@@ -60,7 +69,7 @@ def infer_shapes(model: onnx.ModelProto) -> onnx.ModelProto:
         inferred = onnx_infer(model, data_prop=True)
     except Exception:  # inference is best effort: analysis reports missing shapes itself
         return model
-    return fill_shapes_from_run(_fill_per_sample_dims(inferred))
+    return fill_shapes_from_run(_fill_per_sample_dims(inferred), weights)
 
 
 def _known(value: onnx.ValueInfoProto, start: int = 0) -> bool:
@@ -102,14 +111,15 @@ def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
+def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | None = None) -> onnx.ModelProto:
     """Shapes that inference left unknown, taken from onnxruntime runs on random inputs.
 
     Exporters compute shapes in the graph (``Shape → Gather → Concat → Reshape``, tf2onnx's computed
     ``Pads``) where ONNX shape inference stops, yet one run at the declared input shape knows them all.
     With a dynamic batch the model runs at batch 1 and 2: a dim equal in both is static, a dim that is
     1 and 2 is the batch (the input's batch symbol). Needs static non-batch input dims
-    (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail."""
+    (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail. ``weights``: the
+    arrays of the in-memory stubs among ``model``'s initializers (read only if it runs)."""
     inputs = real_inputs(model)
     if not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs):
         return model
@@ -128,7 +138,8 @@ def fill_shapes_from_run(model: onnx.ModelProto) -> onnx.ModelProto:
     missing = [o for n in model.graph.node for o in n.output if o and o not in outputs and not complete(o)]
     if not missing:
         return model
-    runs = [run_all_tensors(model, missing, random_feed(inputs, b, seed=b or 0)) for b in ((1, 2) if symbol else (None,))]
+    runs = [run_all_tensors(model, missing, random_feed(inputs, b, seed=b or 0), weights)
+            for b in ((1, 2) if symbol else (None,))]
     if runs[0] is None:
         return model
     filled = onnx.ModelProto()

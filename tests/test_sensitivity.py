@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 import pytest
 
+from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
@@ -87,12 +90,8 @@ def test_a_probe_keeping_every_channel_reproduces_the_original_output(tiny) -> N
     assert full < 1e-6 < half, (full, half)
 
 
-def test_a_probes_session_does_not_pre_pack_its_weights(tiny, monkeypatch) -> None:
-    """The probes' session runs each width once: onnxruntime leaves its weights unpacked (``prepack=False``)."""
-    import onnxprune.strategies.sensitivity as sensitivity
-
-    made, real = [], sensitivity.FedCut
-    monkeypatch.setattr(sensitivity, "FedCut", lambda *args, **kwargs: made.append(real(*args, **kwargs)) or made[-1])
+def _probed(tiny, widths: Callable[[int], list[int]]) -> tuple[dict[int, float], Group]:
+    """The tiny model's third group probed at ``widths(its channels)``, and the group."""
     run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(0.6), provider="cpu"))
     order, _ = schedule(run_.analysis, run_.live)
     values = dict(run_.inputs)
@@ -100,7 +99,16 @@ def test_a_probes_session_does_not_pre_pack_its_weights(tiny, monkeypatch) -> No
     cut, group = order[2]
     run_.advance(run_.original, values, cut)
     ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})
-    _probe(run_, group, ahead, values, reference, [group.channels // 2])
+    return _probe(run_, group, ahead, values, reference, widths(group.channels)), group
+
+
+def test_a_probes_session_does_not_pre_pack_its_weights(tiny, monkeypatch) -> None:
+    """The probes' session runs each width once: onnxruntime leaves its weights unpacked (``prepack=False``)."""
+    import onnxprune.strategies.sensitivity as sensitivity
+
+    made, real = [], sensitivity.FedCut
+    monkeypatch.setattr(sensitivity, "FedCut", lambda *args, **kwargs: made.append(real(*args, **kwargs)) or made[-1])
+    _probed(tiny, lambda channels: [channels // 2])
     options = made[0].session.get_session_options()
     assert options.get_session_config_entry("session.disable_prepacking") == "1"
 
@@ -123,15 +131,8 @@ def test_a_probe_cross_validates_the_ridge_at_its_widest_width_only(tiny, monkey
 
     monkeypatch.setattr(sensitivity, "refit_cv", cv)
     monkeypatch.setattr(sensitivity, "refit_full", full)
-    run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(0.6), provider="cpu"))
-    order, _ = schedule(run_.analysis, run_.live)
-    values = dict(run_.inputs)
-    reference = _run(run_, cut_graph(run_.original, values, {t.name for t in run_.original.outputs}), values)
-    cut, group = order[2]
-    run_.advance(run_.original, values, cut)
-    ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})
+    probes, group = _probed(tiny, lambda channels: candidate_widths(channels, (0.75, 0.5, 0.25), 1))
     widths = candidate_widths(group.channels, (0.75, 0.5, 0.25), 1)
-    probes = _probe(run_, group, ahead, values, reference, widths)
     assert len(widths) == 3 and sorted(probes) == sorted(widths)
     assert len(chosen) == len(group.consumers) and reused == chosen * (len(widths) - 1)
 

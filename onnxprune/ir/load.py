@@ -15,7 +15,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnxprune.errors import ModelError
 from onnxprune.ir.graph import EXPORT_BYTES, constants_aside, large_constants, name_nodes, rebuilt
 from onnxprune.ir.ort import in_memory
-from onnxprune.ir.shapes import copy_batch_dims, fold_shape_values, resize_by_scales, infer_shapes, weight_type
+from onnxprune.ir.shapes import (copy_batch_dims, fold_shape_values, infer_shapes, resize_by_scales, weight_type,
+                                  without_weights)
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -29,8 +30,8 @@ def load_model(path: str | Path) -> onnx.ModelProto:
         raise ModelError(f"{path}: not a readable ONNX model (truncated or another format?): {exc}") from exc
     if not model.graph.node:
         raise ModelError(f"{path}: the file holds no ONNX graph (truncated or another format?)")
-    try:
-        onnx.checker.check_model(model)
+    try:  # the weights as typed inputs: the checker serialises what it checks (VGG-11's 530 MB: 0.8-1.3 s)
+        onnx.checker.check_model(without_weights(model))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise ModelError(f"{path}: fails onnx.checker: {first}") from exc

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from onnxprune.imitation.refit import expand_channels
 from onnxprune.imitation.stats import ConsumerStats, subtract_outer, symmetrize
 from onnxprune.imitation.threads import one_torch_thread
 
@@ -78,7 +79,7 @@ class _Consumer:
     """Incremental state of one consumer over its live channels (those not chosen, plus chosen ones not dropped
     yet): basis rows z (rows, D_live), Schur blocks m (N_live, k, k), residual cross q (D_live, O) (rows p·k …
     p·k + k - 1 are Q of the channel at live position p), the ridge Gram g (D, D) over every column, read at the
-    live ones ``cols`` (None: all)."""
+    live channels' columns."""
 
     def __init__(self, a: np.ndarray, b: np.ndarray, k: int, ridge: float, width: int, own: bool = False) -> None:
         d = len(a)
@@ -93,7 +94,6 @@ class _Consumer:
         self.z = np.empty((width * k, d))
         self.rows = 0
         self.live = np.arange(self.n)
-        self.cols: np.ndarray | None = None
         self.dead = np.zeros(self.n, dtype=bool)  # chosen, still in the live arrays
 
     def gains(self, skip: np.ndarray) -> np.ndarray:
@@ -130,11 +130,10 @@ class _Consumer:
     def add(self, cs: np.ndarray) -> float:
         """Select channels ``cs`` together: extend z, downdate m and q; return the exact loss reduction."""
         ps = np.searchsorted(self.live, cs)
-        cols = (ps[:, None] * self.k + np.arange(self.k)).ravel()
+        cols = expand_channels(ps, self.k)
         z = self.z[: self.rows]
-        rows = self.g[(cs[:, None] * self.k + np.arange(self.k)).ravel()]
-        rows = rows if self.cols is None else np.take(rows, self.cols, axis=1)
         # (A+λI)[cols] less its span so far; np.take gathers columns several times faster than fancy indexing
+        rows = np.take(self.g[expand_channels(cs, self.k)], expand_channels(self.live, self.k), axis=1)
         proj = rows - np.ascontiguousarray(np.take(z, cols, axis=1).T) @ z
         joint = proj[:, cols]  # the block's Schur complement: kept for one channel, its cross terms for several
         w, v = np.linalg.eigh(self.m[ps[0]] if len(ps) == 1 else (joint + joint.T) / 2)
@@ -157,12 +156,11 @@ class _Consumer:
         over them (for a path to 3/4 of the channels, about half the work of its steps). The Gram is not copied:
         a step reads k of its rows."""
         alive = ~self.dead
-        cols = (np.flatnonzero(alive)[:, None] * self.k + np.arange(self.k)).ravel()
+        cols = expand_channels(np.flatnonzero(alive), self.k)
         z = np.empty((self.width * self.k, len(cols)))
         np.take(self.z[: self.rows], cols, axis=1, out=z[: self.rows])
         self.z, self.q = z, self.q[cols]
         self.m, self.floor, self.live = self.m[alive], self.floor[alive], self.live[alive]
-        self.cols = (self.live[:, None] * self.k + np.arange(self.k)).ravel()
         self.dead = np.zeros(len(self.live), dtype=bool)
 
 

@@ -11,6 +11,8 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.exporters.onnx_exporter import OnnxExporter
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from onnxprune.ir.subgraphs import outer_reads
+
 
 def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with the graph attributes (Loop/If/Scan bodies) of each top-level node copied byte for byte
@@ -88,9 +90,7 @@ def static_shape(tensor: gs.Tensor) -> list[int | None] | None:
 def large_constants(graph: gs.Graph, nbytes: int) -> dict[str, gs.Constant]:
     """The constants of ``graph`` of ``nbytes`` or more, read only by its own nodes (not graph inputs or outputs, not
     read inside a subgraph), dense (an array or a lazily imported tensor, whose values are not loaded here)."""
-    inner = {t.name for node in graph.nodes for sub in node.attrs.values() if isinstance(sub, gs.Graph)
-             for t in sub.tensors().values()}
-    inner |= {t.name for t in [*graph.inputs, *graph.outputs]}
+    inner = {t.name for node in graph.nodes for t in outer_reads(node)} | {t.name for t in [*graph.inputs, *graph.outputs]}
     return {name: t for name, t in graph.tensors().items()
             if isinstance(t, gs.Constant) and name not in inner and isinstance(t._values, (np.ndarray, LazyValues))
             and t._values.nbytes >= nbytes}  # both know their size

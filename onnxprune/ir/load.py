@@ -13,8 +13,8 @@ from onnx_graphsurgeon.importers.onnx_importer import OnnxImporter
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from onnxprune.errors import ModelError
-from onnxprune.ir.graph import EXPORT_BYTES, constants_aside, large_constants, name_nodes, rebuilt
-from onnxprune.ir.ort import in_memory
+from onnxprune.ir.graph import EXPORT_BYTES, constants_aside, large_constants, name_nodes
+from onnxprune.ir.ort import held_bytes, in_memory, stubbed
 from onnxprune.ir.shapes import (copy_batch_dims, fold_shape_values, infer_shapes, resize_by_scales, weight_type,
                                   without_weights)
 
@@ -92,11 +92,11 @@ def _protos_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, gs
     (not copied); initializers that are also graph inputs or outputs, or that a subgraph reads, stay."""
     graph = model.graph
     stay = {v.name for v in [*graph.input, *graph.output]} | _read_in_subgraphs(graph)
-    heavy = {t.name: t for t in graph.initializer if t.name not in stay and _large_float(t)}
+    heavy = {t.name: t for t in graph.initializer
+             if t.name not in stay and weight_type(t.data_type) and held_bytes(t) >= EXPORT_BYTES}
     if not heavy:
         return model, {}
-    light = rebuilt(model, [t if t.name not in heavy else _stub(t) for t in graph.initializer])
-    return light, {name: OnnxImporter.import_tensor(t) for name, t in heavy.items()}
+    return stubbed(model, heavy), {name: OnnxImporter.import_tensor(t) for name, t in heavy.items()}
 
 
 def _reimported(graph: gs.Graph) -> gs.Graph:
@@ -122,21 +122,6 @@ def _data_type(constant: gs.Constant) -> int | None:
         return onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
     except (KeyError, TypeError, ValueError):
         return None
-
-
-def _large_float(tensor: onnx.TensorProto) -> bool:
-    """An initializer held in the model, of a weight's type, of ``EXPORT_BYTES`` or more."""
-    return (tensor.data_location != onnx.TensorProto.EXTERNAL and weight_type(tensor.data_type)
-            and _nbytes(tensor) >= EXPORT_BYTES)
-
-
-def _stub(tensor: onnx.TensorProto) -> onnx.TensorProto:
-    return in_memory(tensor.name, tensor.data_type, tensor.dims, _nbytes(tensor))
-
-
-def _nbytes(tensor: onnx.TensorProto) -> int:
-    itemsize = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
-    return int(np.prod(tensor.dims, dtype=np.int64)) * itemsize
 
 
 def _read_in_subgraphs(graph: onnx.GraphProto) -> set[str]:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,19 +64,25 @@ def in_memory(name: str, data_type: int, dims: Sequence[int], nbytes: int) -> on
     return stub
 
 
+def held_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes of an initializer's values held in the model (0: external data, or strings)."""
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or tensor.data_type == onnx.TensorProto.STRING:
+        return 0
+    return int(np.prod(tensor.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+
+
+def stubbed(model: onnx.ModelProto, names: Collection[str]) -> onnx.ModelProto:
+    """``model`` with its initializers ``names`` as in-memory stubs (``in_memory``), the others as they are."""
+    return rebuilt(model, [t if t.name not in names else in_memory(t.name, t.data_type, t.dims, held_bytes(t))
+                           for t in model.graph.initializer])
+
+
 def weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
     """``model`` with its initializers of ``WEIGHT_BYTES`` or more as in-memory stubs, and their arrays."""
-    graph = model.graph
-    size = {t.name: int(np.prod(t.dims, dtype=np.int64)) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-            for t in graph.initializer
-            if t.data_location != onnx.TensorProto.EXTERNAL and t.data_type != onnx.TensorProto.STRING}
-    heavy = [t for t in graph.initializer if size.get(t.name, 0) >= WEIGHT_BYTES]
+    heavy = [t for t in model.graph.initializer if held_bytes(t) >= WEIGHT_BYTES]
     if not heavy:
         return model, {}
-    names = {t.name for t in heavy}
-    light = rebuilt(model, [t if t.name not in names else in_memory(t.name, t.data_type, t.dims, size[t.name])
-                            for t in graph.initializer])
-    return light, {t.name: numpy_helper.to_array(t) for t in heavy}
+    return stubbed(model, {t.name for t in heavy}), {t.name: numpy_helper.to_array(t) for t in heavy}
 
 
 def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[ort.InferenceSession, str]:

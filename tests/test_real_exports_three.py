@@ -24,6 +24,8 @@ from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.evaluation import evaluate
 from onnxprune.passes import flatten_channels_first
 from onnxprune.passes.flatten_channels_first import channels_first_heads
+from onnxprune.ir.graph import EXPORT_BYTES
+from onnxprune.ir.load import inferred_graph
 from onnxprune.ir.ort import zero_pad
 from onnxprune.ir.probe import fixed_batch
 from onnxprune.strategies import Ratio, Uniform
@@ -226,14 +228,14 @@ def test_a_batch_merged_with_time_is_said_and_calibrated_sample_by_sample(tmp_pa
 # ----------------------------------------------------------------------------- channels-last flatten
 
 
-def _keras_head() -> onnx.ModelProto:
+def _keras_head(classes: int = 5) -> onnx.ModelProto:
     """NHWC input → Transpose → conv (8) → conv ``last`` (8) → Transpose back to NHWC → Flatten → MatMul (MTCNN)."""
     b = GraphBuilder({"input": ["N", 8, 8, 3]})
     x = b.op("Transpose", ["input"], "to_nchw", perm=[0, 3, 1, 2])
     x = b.op("Relu", [b.conv(x, "first", 3, 8)], "first_act")
     x = b.op("Relu", [b.conv(x, "last", 8, 8)], "last_act")
     x = b.op("Flatten", [b.op("Transpose", [x], "to_nhwc", perm=[0, 2, 3, 1])], "flatten", axis=1)
-    return kill(b.model({b.matmul(x, "dense", 8 * 8 * 8, 5): ["N", 5]}), {"first": [0, 5], "last": [1, 4]})
+    return kill(b.model({b.matmul(x, "dense", 8 * 8 * 8, classes): ["N", classes]}), {"first": [0, 5], "last": [1, 4]})
 
 
 def test_a_channels_last_flatten_is_read_channels_first() -> None:
@@ -245,6 +247,21 @@ def test_a_channels_last_flatten_is_read_channels_first() -> None:
     np.testing.assert_allclose(run(rewritten, input=x)[0], run(model, input=x)[0], rtol=1e-5, atol=1e-5)
     assert _reason(rewritten, "last") is None
     assert channels_first_heads(rewritten) is rewritten  # nothing left to rewrite: no round trip
+
+
+def test_a_channels_last_flatten_is_found_without_copying_large_weights() -> None:
+    """The pass reads shapes from a graph whose large weights are the model's own tensors (inferring shapes on a
+    copy of the model cost VGG-11's load 0.6 s), and rewrites a head whose weight is exported by itself."""
+    model = _keras_head(classes=600)  # dense.w: 512 × 600 floats, 1.2 MB
+    dense = next(t for t in model.graph.initializer if t.name == "dense.w")
+    assert dense.ByteSize() > EXPORT_BYTES
+    graph = inferred_graph(model)
+    assert graph.tensors()["dense.w"]._values.tensor is dense  # read in place, not loaded
+    assert next(n for n in graph.nodes if n.name == "last_act").outputs[0].shape == ["N", 8, 8, 8]  # inferred
+    rewritten = channels_first_heads(model)
+    assert "to_nhwc" not in [n.name for n in rewritten.graph.node]
+    x = np.random.default_rng(0).standard_normal((2, 8, 8, 3)).astype(np.float32)
+    np.testing.assert_allclose(run(rewritten, input=x)[0], run(model, input=x)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_a_channels_last_flatten_head_prunes_to_the_original(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from onnx import numpy_helper
 
 from onnxprune.ir.graph import export_model
 from onnxprune.ir.load import import_graph
-from onnxprune.ir.probe import fixed_batch, random_feed, real_inputs, run_all_tensors, static_batch
+from onnxprune.ir.probe import fixed_batch, random_feed, real_inputs, run_all_tensors, run_each, static_batch
 
 
 def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -36,12 +36,12 @@ def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
         return None
     names = [o.name for o in model.graph.output]
     both = run_all_tensors(free, names, feed)
-    for half in range(2):
-        part = {k: v[half * fixed.size:(half + 1) * fixed.size] for k, v in feed.items()}
-        alone = run_all_tensors(model, names, part)
-        if both is None or alone is None or any(
-                not same_samples(both[k][half * fixed.size:(half + 1) * fixed.size], alone[k]) for k in names):
-            return None
+    halves = [{k: v[half * fixed.size:(half + 1) * fixed.size] for k, v in feed.items()} for half in range(2)]
+    alone = run_each(model, names, halves)
+    if both is None or None in alone or any(
+            not same_samples(both[k][half * fixed.size:(half + 1) * fixed.size], alone[half][k])
+            for half in range(2) for k in names):
+        return None
     return free
 
 

@@ -15,8 +15,8 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from onnxprune.errors import ModelError
 from onnxprune.ir.graph import EXPORT_BYTES, constants_aside, large_constants, name_nodes
 from onnxprune.ir.ort import held_bytes, in_memory, stubbed
-from onnxprune.ir.shapes import (copy_batch_dims, fold_shape_values, infer_shapes, resize_by_scales, weight_type,
-                                  without_weights)
+from onnxprune.ir.shapes import (copy_batch_dims, fold_shape_values, infer_shapes, onnx_infer, resize_by_scales,
+                                  weight_type, without_weights)
 
 
 def load_model(path: str | Path) -> onnx.ModelProto:
@@ -75,11 +75,23 @@ class _Arrays(Mapping[str, np.ndarray]):
         return len(self._constants)
 
 
+def inferred_graph(model: onnx.ModelProto) -> gs.Graph:
+    """``model``'s graph as it is, with the shapes ONNX inference gives (nothing run, nothing folded), its large float
+    weights read in place: what a pass that reads shapes needs before ``import_graph`` (a copy of the model for
+    inference cost VGG-11's load 0.6 s)."""
+    light, heavy = _protos_aside(model)
+    return _swapped(gs.import_onnx(onnx_infer(light)), heavy)
+
+
 def _imported(light: onnx.ModelProto, heavy: dict[str, gs.Constant]) -> gs.Graph:
     """The graph of ``light`` with its shapes inferred (``infer_shapes``), each in-memory stub replaced by the constant
     of ``heavy`` of its name. An export, a shape inference and an import with the weights in copied them three times
     (VGG-11's 530 MB: about 1.4 s an import, three imports a ``compress``)."""
-    graph = gs.import_onnx(infer_shapes(light, _Arrays(heavy)))
+    return _swapped(gs.import_onnx(infer_shapes(light, _Arrays(heavy))), heavy)
+
+
+def _swapped(graph: gs.Graph, heavy: dict[str, gs.Constant]) -> gs.Graph:
+    """``graph`` with each in-memory stub replaced by the constant of ``heavy`` of its name, in place."""
     for node in graph.nodes:
         for i, x in enumerate(node.inputs):
             if isinstance(x, gs.Constant) and x.name in heavy:

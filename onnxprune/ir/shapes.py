@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_value, export_model, rebuilt, static_shape
 from onnxprune.ir.inputs import fix_input_shapes
-from onnxprune.ir.probe import random_feed, real_inputs, run_all_tensors
+from onnxprune.ir.probe import random_feed, real_inputs, run_each
 
 
 _WEIGHT = 1024
@@ -138,8 +138,8 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
     missing = [o for n in model.graph.node for o in n.output if o and o not in outputs and not complete(o)]
     if not missing:
         return model
-    runs = [run_all_tensors(model, missing, random_feed(inputs, b, seed=b or 0), weights)
-            for b in ((1, 2) if symbol else (None,))]
+    feeds = [random_feed(inputs, b, seed=b or 0) for b in ((1, 2) if symbol else (None,))]
+    runs = run_each(model, missing, feeds, weights)
     if runs[0] is None:
         return model
     filled = onnx.ModelProto()
@@ -309,8 +309,8 @@ def fold_shape_values(graph: gs.Graph) -> bool:
         return False
     model = export_model(graph.copy())
     symbolic = any(isinstance(t.shape[0], str) or t.shape[0] is None for t in inputs)
-    runs = [run_all_tensors(model, names, random_feed(real_inputs(model), b, seed=b))
-            for b in ((1, 2) if symbolic else (None,))]
+    feeds = [random_feed(real_inputs(model), b, seed=b) for b in ((1, 2) if symbolic else (None,))]
+    runs = run_each(model, names, feeds)
     if any(r is None for r in runs):
         return False
     tensors = graph.tensors()

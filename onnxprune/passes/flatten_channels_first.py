@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value, export_model, restore_subgraphs, static_shape
-from onnxprune.ir.shapes import onnx_infer
+from onnxprune.ir.graph import const_shape, const_value, export_model, restore_subgraphs, static_shape
+from onnxprune.ir.load import inferred_graph
 
 
 def flatten_channels_first(graph: gs.Graph) -> gs.Graph:
@@ -51,10 +51,10 @@ def _flatten_after(node: gs.Node) -> gs.Node | None:
         return None
     size = int(np.prod(shape[1:]))
     for user in flat.outputs[0].outputs:
-        weight = const_value(user.inputs[1]) if len(user.inputs) > 1 and user.inputs[0] is flat.outputs[0] else None
-        if user.op not in ("MatMul", "Gemm") or weight is None or weight.ndim != 2 or int(user.attrs.get("transA", 0)):
+        weight = const_shape(user.inputs[1]) if len(user.inputs) > 1 and user.inputs[0] is flat.outputs[0] else None
+        if user.op not in ("MatMul", "Gemm") or weight is None or len(weight) != 2 or int(user.attrs.get("transA", 0)):
             return None
-        if weight.shape[1 if user.op == "Gemm" and int(user.attrs.get("transB", 0)) else 0] != size:
+        if weight[1 if user.op == "Gemm" and int(user.attrs.get("transB", 0)) else 0] != size:
             return None
     return flat
 
@@ -63,7 +63,7 @@ def channels_first_heads(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with ``flatten_channels_first`` applied when it has such a head, else ``model`` itself (no
     graph-surgeon round trip for the models that do not need one)."""
     try:
-        graph = gs.import_onnx(onnx_infer(model))
+        graph = inferred_graph(model)
     except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
         return model
     if not any(_flatten_after(node) for node in graph.nodes):

@@ -143,6 +143,23 @@ def test_consumer_stats_torch_numpy_and_merge_agree() -> None:
     assert first.count == whole.count
 
 
+def test_folds_merged_into_an_empty_accumulator_are_copied_then_added_in_place() -> None:
+    """The merged statistics of the refit's two folds: the first fold's sums taken as they are (no zeros allocated
+    and added: a D×D array is fresh memory each time), the second added in place; the folds stay as they were."""
+    rng = np.random.default_rng(3)
+    folds = [stats_of(*(rng.standard_normal((500, w)).astype(np.float32) for w in (6, 2))) for _ in range(2)]
+    before = [[getattr(f, name).copy() for name in ("xx", "xt", "sx", "st")] for f in folds]
+    merged = ConsumerStats(6, 2)
+    for fold in folds:
+        merged.merge(fold)
+    for f, sums in zip(folds, before):  # not aliased: the in-place add left the first fold alone
+        for name, want in zip(("xx", "xt", "sx", "st"), sums):
+            np.testing.assert_array_equal(getattr(f, name), want)
+    for name, (a, b) in zip(("xx", "xt", "sx", "st"), zip(*before)):
+        np.testing.assert_array_equal(getattr(merged, name), a + b)  # 0 + a + b, to the bit
+    assert merged.tt == folds[0].tt + folds[1].tt and merged.count == 1000
+
+
 @pytest.mark.parametrize("length", [7, 5000])  # both the batched-copy and the per-image paths
 def test_consumer_stats_channel_major_equals_rows(length: int) -> None:
     rng = np.random.default_rng(2)

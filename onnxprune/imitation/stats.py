@@ -139,9 +139,9 @@ class ConsumerStats:
 
     def __init__(self, d: int, o: int) -> None:
         self.d, self.o = d, o
-        self._sums: Sums = (torch.zeros(d, d, dtype=torch.float64), torch.zeros(d, o, dtype=torch.float64),
-                            torch.zeros(d, dtype=torch.float64), torch.zeros(o, dtype=torch.float64),
-                            torch.zeros((), dtype=torch.float64))  # of the shifted x and t
+        # of the shifted x and t; allocated by the first update, or taken from the first merge: a D×D float64 array is
+        # fresh memory each time (D = 4608: 0.2 s of page faults), and a merge's sum another
+        self._sums: Sums | None = None
         self._shift: tuple[torch.Tensor, torch.Tensor] | None = None  # float32 (D,), (O,): set by the first chunk
         self._shifted = (False, False)  # whether each shift has a non-zero entry
         self._cache: Sums | None = None  # the raw sums, until the next change
@@ -149,9 +149,16 @@ class ConsumerStats:
         self._rows_cache: tuple[np.ndarray, np.ndarray] | None = None
         self.count = 0
 
+    def _zeros(self, device: torch.device | None = None) -> Sums:
+        """Zero sums on ``device``."""
+        d, o = self.d, self.o
+        return tuple(torch.zeros(shape, dtype=torch.float64, device=device) for shape in ((d, d), (d, o), d, o, ()))
+
     def _to(self, device: torch.device) -> None:
-        """Move the accumulators to `device` (where the inputs live)."""
-        if self._sums[0].device != device:
+        """Move the accumulators to `device` (where the inputs live), allocating them there first."""
+        if self._sums is None:
+            self._sums = self._zeros(device)
+        elif self._sums[0].device != device:
             self._sums, self._cache = tuple(a.to(device) for a in self._sums), None
             if self._shift is not None:
                 self._shift = (self._shift[0].to(device), self._shift[1].to(device))
@@ -227,14 +234,19 @@ class ConsumerStats:
         if other._shift is None:
             return
         self._cache = None
-        device = self._sums[0].device
+        device = (self._sums or other._sums)[0].device
         if self._shift is None:
             self._shift = (other._shift[0].to(device), other._shift[1].to(device))
             self._shifted = other._shifted
         self._keep_rows(other._rows, other.count)
         theirs = tuple(a.to(device) for a in other._sums)
         dx, dt = ((b.to(device).double() - a.double()) for a, b in zip(self._shift, other._shift))
-        self._sums = tuple(a + b for a, b in zip(self._sums, _moved(theirs, other.count, dx, dt)))
+        moved = _moved(theirs, other.count, dx, dt)
+        if self._sums is None:  # nothing here yet: theirs, as 0 + theirs would be (copied where still theirs)
+            self._sums = tuple(m.clone() if m is t else m for m, t in zip(moved, theirs))
+        else:
+            for mine, add in zip(self._sums, moved):
+                mine += add
         self.count += other.count
 
     def _keep_rows(self, rows: list[tuple[torch.Tensor, torch.Tensor]] | None, added: int) -> None:
@@ -255,6 +267,8 @@ class ConsumerStats:
 
     def _raw(self) -> Sums:
         """The raw sums (computed once after each change: the refit reads them many times)."""
+        if self._sums is None:
+            self._sums = self._zeros()
         if self._cache is None:
             _mirrored(self._sums[0])
             self._cache = (_moved(self._sums, self.count, self._shift[0].double(), self._shift[1].double())

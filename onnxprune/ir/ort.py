@@ -86,10 +86,16 @@ def weights_aside(model: onnx.ModelProto) -> tuple[onnx.ModelProto, dict[str, np
 
 
 def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[ort.InferenceSession, str]:
-    """``make_session`` of a graph-surgeon graph, its large constants handed to onnxruntime as the arrays they are:
-    exporting each into a TensorProto, serialising the model and onnxruntime's parsing copy them four times (about a
-    second a session for VGG-11's 530 MB, dozens of sessions in a ``compress``). Constants read inside subgraphs
-    are exported as usual."""
+    """``make_session`` of a graph-surgeon graph, its large constants handed to onnxruntime as the arrays they are
+    (``light_export``)."""
+    return session_of(*light_export(graph), provider, **options)
+
+
+def light_export(graph: gs.Graph) -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
+    """``graph`` exported with its constants of ``WEIGHT_BYTES`` or more as in-memory stubs, and their arrays (for
+    ``session_of`` or a ``weights=`` argument): exporting each into a TensorProto, serialising the model and
+    onnxruntime's parsing copy them four times (about a second a session for VGG-11's 530 MB, dozens of sessions in a
+    ``compress``). Constants read inside subgraphs are exported as usual."""
     heavy = large_constants(graph, WEIGHT_BYTES)
     with constants_aside(heavy.values()):
         model = gs.export_onnx(graph)
@@ -99,7 +105,7 @@ def graph_session(graph: gs.Graph, provider: str = "auto", **options) -> tuple[o
     arrays = {name: np.asarray(t.values) for name, t in heavy.items()}  # .values loads lazy ones
     model.graph.initializer.extend(in_memory(name, onnx.helper.np_dtype_to_tensor_dtype(a.dtype), a.shape, a.nbytes)
                                    for name, a in arrays.items())
-    return session_of(model, arrays, provider, **options)
+    return model, arrays
 
 
 def make_session(

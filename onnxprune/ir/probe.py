@@ -99,8 +99,10 @@ def static_batch(model: onnx.ModelProto) -> FixedBatch | None:
     return FixedBatch(min(static), f"input {inputs[0].name!r} has a static batch of {min(static)}")
 
 
-def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = None) -> FixedBatch | None:
-    """None when samples can be batched freely, else the batch the graph was exported for.
+def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = None,
+                weights: Mapping[str, np.ndarray] | None = None) -> FixedBatch | None:
+    """None when samples can be batched freely, else the batch the graph was exported for (``weights``: the arrays of
+    the in-memory stubs among ``model``'s initializers, as ``ir.ort.light_export`` gives them).
 
     An input with a static batch dim fixes it. With a dynamic one, the graph runs once at batch 2 (on the
     first two samples of ``feed``, else on random inputs of the static input dims): a floating-point
@@ -117,7 +119,7 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
     else:
         feed = {k: np.concatenate([v[:2]] * (2 if len(v) < 2 else 1))[:2] for k, v in feed.items()}
     names = [o for n in model.graph.node for o in n.output if o]
-    arrays = run_all_tensors(model, names, feed)
+    arrays = run_all_tensors(model, names, feed, weights)
     if arrays is None:
         return FixedBatch(1, "onnxruntime cannot run the graph at batch 2")
     read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}
@@ -128,16 +130,17 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
             a = arrays.get(name) if name in read and name in data else None
             if a is not None and a.dtype.kind == "f" and (a.ndim == 0 or a.shape[0] != 2):
                 where = f"{node.op_type} {node.name or name} gives {name} shape {list(a.shape)} at batch 2"
-                why = _batch_reason(model, name, a.shape, {k: v[:1] for k, v in feed.items()})
+                why = _batch_reason(model, name, a.shape, {k: v[:1] for k, v in feed.items()}, weights)
                 if why is not None:
                     return FixedBatch(1, f"{where}: {why}")
     return None
 
 
-def _batch_reason(model: onnx.ModelProto, name: str, at2: tuple[int, ...], feed1: dict[str, np.ndarray]) -> str | None:
+def _batch_reason(model: onnx.ModelProto, name: str, at2: tuple[int, ...], feed1: dict[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray] | None) -> str | None:
     """Why tensor ``name`` (shape ``at2`` at batch 2) does not hold samples apart, or None when it does on an axis
     other than 0 (time-major: the one axis that is 1 at batch 1, on ``feed1``, and 2 at batch 2)."""
-    at1 = (run_all_tensors(model, [name], feed1) or {}).get(name)
+    at1 = (run_all_tensors(model, [name], feed1, weights) or {}).get(name)
     moved = [] if at1 is None or at1.ndim != len(at2) else [
         i for i, (a, b) in enumerate(zip(at1.shape, at2)) if a != b]
     if len(moved) == 1 and (at1.shape[moved[0]], at2[moved[0]]) == (1, 2):

@@ -25,7 +25,7 @@ from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.ir.graph import export_model, loaded, restore_subgraphs
-from onnxprune.ir.ort import CPU, first_provider
+from onnxprune.ir.ort import CPU, first_provider, light_export
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
@@ -77,7 +77,8 @@ class Compressor:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
         self.values_p = dict(self.inputs)
         self.values_o = dict(self.inputs)
-        self.fixed_batch = fixed_batch(export_model(self.original.copy()), self.inputs)
+        light, weights = light_export(self.original.copy())  # the weights handed over as the arrays they are
+        self.fixed_batch = fixed_batch(light, self.inputs, weights)
         # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
         self.run_batch = self.memory.run_batch if self.fixed_batch is None else self.fixed_batch.size
         self.stats_bytes = self.memory.stats_bytes  # a statistics chunk's unfolded inputs and targets, at most

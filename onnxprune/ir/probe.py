@@ -60,10 +60,12 @@ def run_each(model: onnx.ModelProto, names: Sequence[str], feeds: Sequence[dict[
 
 def _run(session: ort.InferenceSession, names: Sequence[str], feed: dict[str, np.ndarray]
          ) -> dict[str, np.ndarray] | None:
+    """The tensors ``names`` of one run on ``feed``, or None where onnxruntime cannot run it (a batch it does not
+    take, say)."""
     try:
         return dict(zip(names, session.run(list(names), feed)))
-    except Exception:  # noqa: BLE001 - onnxruntime's own errors: a graph it cannot run on this feed (a batch it
-        return None  # does not take, say)
+    except Exception:  # noqa: BLE001 - onnxruntime's own errors
+        return None
 
 
 SHAPE_READERS = ("Shape", "Size")  # read a tensor's dims, not its values

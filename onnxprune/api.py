@@ -163,6 +163,7 @@ def compress(
     memory: int | str | None = None,
     spill_dir: str | Path | None = None,
     task: str = "auto",
+    empty_samples: bool = False,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> Result:
     """Prune ``model``'s channels to ``budget`` on the samples of ``calib``; returns the pruned model and its report.
@@ -200,13 +201,15 @@ def compress(
         task: how the output allocation compares the network's outputs ('auto': read from their layout, see
             ``evaluate``): a detector's class scores on every anchor plus its boxes where the original sees an
             object, a classifier's KL; 'raw': the relative squared error of the raw tensors.
+        empty_samples: a detector fits and probes on every sample, also those where the original finds no object
+            (default: only those with one, others evenly added up to 32; the report's ``objects`` counts them).
         on_layer: ``on_layer(i, total, label)`` is called as each group is pruned (progress).
 
     The result's ``recover()`` continues with few-shot recovery towards ``model`` on the same samples."""
     options = options_from(budget, select, allocate, reconstruct, round_to=round_to, batch_size=batch_size,
                            provider=provider, best_effort=best_effort, residual_streams=residual_streams,
                            memory=memory_bytes(memory), spill_dir=None if spill_dir is None else str(spill_dir),
-                           task=task)
+                           task=task, empty_samples=empty_samples)
     onnx_model = load(model, input_shape)
     preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
     data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)

@@ -25,7 +25,7 @@ from onnxprune.fileio import atomic_write, check_output
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, CalibOpt,
     CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt, DistillSegmentsOpt,
-    DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, FlipOpt, GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt,
+    DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt,
     ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt, LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt,
     MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt,
     RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt,
@@ -143,6 +143,7 @@ def compress_cmd(
     best_effort: BestEffortOpt = False,
     residual_streams: ResidualStreamsOpt = False,
     remove_blocks: RemoveBlocksOpt = False,
+    empty_samples: EmptySamplesOpt = False,
     memory: MemoryOpt = None,
     spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,

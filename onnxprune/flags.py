@@ -122,6 +122,10 @@ ResidualStreamsOpt = Annotated[bool, typer.Option(
     help="Also prune residual streams (the channels that several blocks sum with Add, e.g. MobileNetV2's stage "
          "outputs), each jointly across all its producers and consumers, probed by the output allocation as any "
          "group is; off by default.")]
+EmptySamplesOpt = Annotated[bool, typer.Option(
+    "--empty-samples/--no-empty-samples",
+    help="A detector fits and probes on every calibration sample, also those where the original finds no object "
+         "(default: only those with one, others evenly added up to 32; images without objects cost it fidelity).")]
 RemoveBlocksOpt = Annotated[bool, typer.Option(
     "--remove-blocks/--no-remove-blocks",
     help="Let the output allocation also remove whole residual blocks (a block whose inner channels feed one "
@@ -342,7 +346,7 @@ def compress_job(values: Values) -> CompressJob:
     options = dict(budget=chosen, select=select, allocate=allocate, reconstruct=reconstruct, preprocess=prep,
                    round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
                    best_effort=v["best_effort"], residual_streams=v["residual_streams"], memory=v["memory"],
-                   spill_dir=v["spill_dir"], task=v["task"])
+                   spill_dir=v["spill_dir"], task=v["task"], empty_samples=v["empty_samples"])
     recovery = None if v["recover_steps"] < 1 else RecoverOptions(
         steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"], **_store(v))
     return CompressJob(model, data, held, options, recovery)

@@ -112,7 +112,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
     seen = objects_seen(result.allocation)
-    if seen is not None:
+    if result.objects is not None:
+        console.print(kept_note(**result.objects))
+    elif seen is not None:
         console.print(objects_note(*seen, PROBED))
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
@@ -130,6 +132,18 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
         f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
     )
+
+
+def kept_note(found: int, samples: int, kept: int) -> str:
+    """Which of a detector's calibration samples ``compress`` fitted and probed on (``strategies.objects``)."""
+    if found == samples:
+        return f"detector: the original finds objects in all {samples} calibration samples"
+    if not found:
+        return (f"[yellow]detector: the original finds no object in any of the {samples} calibration samples, pruned on "
+                "all of them; give it images like those it will see in use, with objects (docs/usage.md)[/]")
+    others = f" and {kept - found} without, evenly spaced" if kept > found else ""
+    return (f"detector: the original finds objects in {found} of the {samples} calibration samples: pruned on those "
+            f"{found}{others} (--empty-samples: on all)")
 
 
 def objects_note(found: int, n: int, samples: str) -> str:

@@ -96,7 +96,8 @@ def test_strategies_map_to_the_names_the_cli_gives() -> None:
                    "save_cost_table": None},
         "select": {"kind": "Random", "seed": 3}, "allocate": {"kind": "Curve"}, "reconstruct": {"kind": "NoRefit"},
         "min_channels": 1, "round_to": 1, "curve_samples": 128, "batch_size": 32, "provider": "auto",
-        "best_effort": False, "residual_streams": False, "memory": None, "spill_dir": None, "task": "auto"}
+        "best_effort": False, "residual_streams": False, "empty_samples": False, "memory": None, "spill_dir": None,
+        "task": "auto"}
 
 
 # ---------------------------------------------------------------- onnxprune.compress on the tiny model

@@ -142,7 +142,8 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     measures the model whose block is replaced by that constant, run whole here."""
     from onnxprune.pipeline import Compressor
     from onnxprune.runtime.segments import cut_graph
-    from onnxprune.strategies.sensitivity import _probe, _run
+    from onnxprune.strategies.objects import run_chunks
+    from onnxprune.strategies.sensitivity import _probe
     from onnxprune.tasks import raw_discrepancy
     from onnxprune.strategies import Ratio
 
@@ -153,7 +154,7 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     cut, group = next((c, g) for c, g in order if g.id == gid)
     fit, probe = {k: v[:32] for k, v in run_.inputs.items()}, {k: v[32:] for k, v in run_.inputs.items()}
     names = {t.name for t in run_.original.outputs}
-    reference = _run(run_, cut_graph(run_.original, probe, names), probe)
+    reference = run_chunks(run_, cut_graph(run_.original, probe, names), probe)
     at_cut, fitted = dict(probe), dict(fit)
     run_.advance(run_.original, at_cut, cut)
     run_.advance(run_.original, fitted, cut)

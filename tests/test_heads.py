@@ -211,30 +211,84 @@ def test_compress_judges_an_nms_free_head_by_its_detections(tmp_path) -> None:
     result.save(tmp_path / "small.onnx")
 
 
-def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> None:
-    """Where the evenly spaced probe samples show no object, the probing side's samples with one replace them (as
-    many as the probes hold, the count unchanged), and the objects note counts the samples they looked at."""
+BRIGHT = [3, 18, 31, 34]  # of 40 samples, those where the dim model's original finds an object
+
+
+def _dim(tmp_path) -> tuple[str, np.ndarray]:
+    """The NMS-free head whose original finds an object only on bright images (values up to 8, not under 1), and
+    40 calibration images of which ``BRIGHT`` are bright: on the probing side (sample // 2 odd), none where 4
+    evenly spaced probes fall."""
     import onnx
     from onnx import numpy_helper
-
-    import onnxprune
-    from onnxprune.strategies import Output
-    from onnxprune.strategies.sensitivity import objects_seen
 
     _nms_free(tmp_path / "e2e.onnx")
     model = onnx.load(tmp_path / "e2e.onnx")
     bias = next(i for i in model.graph.initializer if i.name == "head.b")
     scores = numpy_helper.to_array(bias).copy()
-    scores[4:] = -4.0  # dim images (values under 1) show no object; bright ones (up to 8) do
+    scores[4:] = -4.0
     bias.CopyFrom(numpy_helper.from_array(scores, "head.b"))
     onnx.save(model, tmp_path / "dim.onnx")
-    rng = np.random.default_rng(0)
-    calib = (rng.random((40, 3, 32, 32)) * 0.3).astype(np.float32)
-    bright = [3, 18, 31, 34]  # on the probing side (sample // 2 odd), none where 4 evenly spaced probes fall
-    calib[bright] *= 8 / 0.3
-    allocate = Output(probe_samples=4)
-    report = onnxprune.compress(str(tmp_path / "dim.onnx"), calib, budget=onnxprune.Ratio(0.7),
-                                allocate=allocate).report.allocation
+    calib = (np.random.default_rng(0).random((40, 3, 32, 32)) * 0.3).astype(np.float32)
+    calib[BRIGHT] *= 8 / 0.3
+    return str(tmp_path / "dim.onnx"), calib
+
+
+def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> None:
+    """On every sample (--empty-samples): where the evenly spaced probe samples show no object, the probing side's
+    samples with one replace them (as many as the probes hold, the count unchanged), and the objects note counts
+    the samples they looked at."""
+    import onnxprune
+    from onnxprune.strategies import Output
+    from onnxprune.strategies.sensitivity import objects_seen
+
+    path, calib = _dim(tmp_path)
+    result = onnxprune.compress(path, calib, budget=onnxprune.Ratio(0.7), allocate=Output(probe_samples=4),
+                                empty_samples=True).report
+    report = result.allocation
     assert report["task"] == "detect" and report["probe_samples"] == 4 and report["with_objects"] == 4
     # the note counts where the probes looked (the probing half: 4 of its 20), not the probes they filled
     assert objects_seen(report) == (4, 20)
+    assert result.objects is None and result.calibration_samples == 40
+
+
+def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tmp_path) -> None:
+    """Of 40 samples, the 4 with an object and 28 of the others, evenly spaced (32 at least), calibrate; the report
+    and the printed note count them."""
+    import onnx
+
+    import onnxprune
+    from onnxprune.calib.sources import ArraySet
+    from onnxprune.pipeline import Compressor
+    from onnxprune.strategies import options_from
+    from onnxprune.strategies.objects import LEAST, evenly
+    from onnxprune.tables import kept_note
+
+    path, calib = _dim(tmp_path)
+    run_ = Compressor(onnx.load(path), ArraySet({"images": calib}, np.arange(40), {"images": np.float32}),
+                      options_from(onnxprune.Ratio(0.7), provider="cpu"))
+    scanned = []
+    run_.keep_objects(scanned.append)
+    dim = np.setdiff1d(np.arange(40), BRIGHT)
+    kept = np.sort(np.concatenate([BRIGHT, evenly(dim, LEAST - len(BRIGHT))]))
+    assert scanned == [40] and len(kept) == LEAST == 32
+    np.testing.assert_array_equal(run_.inputs["images"], calib[kept])
+    assert run_.values_p["images"] is run_.inputs["images"]
+    assert (run_.objects.found, run_.objects.samples, run_.objects.kept) == (4, 40, 32)
+    report = onnxprune.compress(path, calib, budget=onnxprune.Ratio(0.7)).report
+    assert report.objects == {"found": 4, "samples": 40, "kept": 32} and report.calibration_samples == 32
+    assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
+
+
+def test_a_classifier_keeps_every_calibration_sample_without_running_for_objects(tiny) -> None:
+    """Logits (two axes) are not a detector's: nothing runs, nothing is dropped."""
+    from onnxprune.calib.sources import load_calibration
+    from onnxprune.ir.ort import model_input_specs
+    from onnxprune.pipeline import Compressor
+    from onnxprune.strategies import Ratio, options_from
+
+    run_ = Compressor(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
+                      options_from(Ratio(0.6), provider="cpu"))
+    before = run_.inputs
+    scanned = []
+    run_.keep_objects(scanned.append)
+    assert run_.objects is None and run_.inputs is before and scanned == []

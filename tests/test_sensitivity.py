@@ -14,7 +14,8 @@ from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.runtime.segments import cut_graph
-from onnxprune.strategies.sensitivity import _probe, _run, candidate_widths, curve_of, split
+from onnxprune.strategies.objects import run_chunks
+from onnxprune.strategies.sensitivity import _probe, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import Output, Ratio, options_from
 from tests.onnx_builders import run
@@ -81,7 +82,7 @@ def test_a_probe_keeping_every_channel_reproduces_the_original_output(tiny) -> N
     order, _ = schedule(run_.analysis, run_.live)
     values = dict(run_.inputs)
     names = {t.name for t in run_.original.outputs}
-    reference = _run(run_, cut_graph(run_.original, values, names), values)
+    reference = run_chunks(run_, cut_graph(run_.original, values, names), values)
     cut, group = order[2]
     run_.advance(run_.original, values, cut)
     ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})
@@ -95,7 +96,7 @@ def _probed(tiny, widths: Callable[[int], list[int]]) -> tuple[dict[int, float],
     run_ = Compressor(tiny.model, _calib(tiny), options_from(Ratio(0.6), provider="cpu"))
     order, _ = schedule(run_.analysis, run_.live)
     values = dict(run_.inputs)
-    reference = _run(run_, cut_graph(run_.original, values, {t.name for t in run_.original.outputs}), values)
+    reference = run_chunks(run_, cut_graph(run_.original, values, {t.name for t in run_.original.outputs}), values)
     cut, group = order[2]
     run_.advance(run_.original, values, cut)
     ahead = run_.peek(run_.original, values, {use.tensor for use in group.consumers})

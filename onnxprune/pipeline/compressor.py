@@ -36,6 +36,7 @@ from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
+from onnxprune.strategies.objects import ObjectSamples, object_samples
 
 
 @dataclass
@@ -91,6 +92,7 @@ class Compressor:
         self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
         self.select = options.select  # the selector of this run (``Selector.bind``)
         self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
+        self.objects: ObjectSamples | None = None  # a detector's calibration samples with objects, those kept
 
     def _check_room(self, n: int, need: int) -> None:
         """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
@@ -112,6 +114,20 @@ class Compressor:
         if len(calib) == 0:
             raise CalibrationError("the calibration set is empty: give a folder or file with samples")
         return self.store.stack(calib.batches(self.options.batch_size), len(calib))
+
+    def keep_objects(self, on_scan: Callable[[int], None] | None = None) -> None:
+        """A detector fits and probes on the calibration samples where the original finds an object, with others
+        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``); ``on_scan(n)``
+        as it starts looking through the n samples."""
+        if self.options.empty_samples:
+            return
+        found = object_samples(self, on_scan)
+        if found is None:
+            return
+        keep, self.objects = found
+        if len(keep) < self.objects.samples:
+            self.inputs = {name: self.store.copy(array, keep) for name, array in self.inputs.items()}
+            self.values_p, self.values_o = dict(self.inputs), dict(self.inputs)
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""

@@ -43,6 +43,7 @@ class CompressReport:
     selection: dict | None = None  # what the selector recorded of the run (auto: its global budget and spending)
     preflight: dict | None = None  # ``Preflight.to_dict()``: the groups pruned together in a copy, those excluded
     memory: dict | None = None  # ``MemoryPlan.to_dict()``: the plan, its estimate, what it lowered, the peak RSS
+    objects: dict | None = None  # ``ObjectSamples``: a detector's calibration samples with objects, those kept
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -39,6 +39,8 @@ def compress(
     checked = preflight(run.analysis.graph, [g for _, g in candidates],
                         on_status=None if on_layer is None else lambda text: on_layer(0, len(candidates), text))
     run.exclude_batchless(candidates)
+    run.keep_objects(None if on_layer is None else
+                     lambda n: on_layer(0, len(candidates), f"a detector: looking for objects in {n} calibration samples"))
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)
@@ -50,7 +52,7 @@ def compress(
         calibration_samples=len(next(iter(run.values_p.values()))), skipped=skipped, requested_macs=requested_macs,
         fixed_batch=run.fixed_batch and asdict(run.fixed_batch), allocation=run.allocation,
         written_batch=run.written_batch and asdict(run.written_batch), preflight=checked.to_dict(),
-        memory=run.memory.to_dict(),
+        memory=run.memory.to_dict(), objects=run.objects and asdict(run.objects),
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")

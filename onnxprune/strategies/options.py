@@ -44,6 +44,7 @@ class CompressOptions:
     provider: str = "auto"
     best_effort: bool = False  # a budget below the lowest reachable MACs prunes to those instead of failing
     residual_streams: bool = False  # also prune the channels that residual Adds sum across blocks, jointly
+    empty_samples: bool = False  # a detector fits on every calibration sample, not only those showing an object
     memory: int | None = None  # bytes of cached activations held in RAM, the rest spilled to disk (None: half
     # of the memory available when compress starts)
     spill_dir: str | None = None  # where spilled activations go (None: the system's temporary folder)

@@ -19,7 +19,6 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
@@ -29,15 +28,13 @@ from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.omp import PROBE_WORK, stats_omp
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv, refit_full
-from onnxprune.runtime.segments import cut_graph, run_cut
 from onnxprune.strategies.downstream import FedCut
-from onnxprune.tasks import Detect, Task, image_hw, task_named
+from onnxprune.strategies.objects import evenly, float_outputs, outputs, task_of, with_objects
+from onnxprune.tasks import Detect, Task
 
 
 PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
 MIN_PROBE_SAMPLES = 4
-SCAN = 64  # samples the original runs on at once while a detector's probes look for images with objects (their
-# outputs held meanwhile: YOLO11n at 640, 2.8 MB a sample)
 
 
 @dataclass
@@ -115,7 +112,7 @@ def split(n: int, fit: int, probe: int, need: int = 4, who: tuple[str, str, str]
         least = max(3, 4 * ((need - 1) // 2) + (need - 1) % 2 + 1)  # side 0 holds samples 0, 1, 4, 5, 8, ...
         raise CalibrationError(f"{who[0]} needs at least {least} calibration samples (got {n}): give more, "
                                f"or {who[1]}", option=who[2])
-    return _evenly(sides[0], fit), _evenly(sides[1], probe)
+    return evenly(sides[0], fit), evenly(sides[1], probe)
 
 
 def _sides(n: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,13 +131,12 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
     plans = [candidate_widths(g.channels, ratios, ctx.options.round_to) + [0] * (g.id in removable) for _, g in order]
     probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(ctx, order))
     fit, probe = split(n, fit_samples, probe_samples)
-    floats = [t.name for t in ctx.original.outputs if t.dtype is None or np.issubdtype(np.dtype(t.dtype), np.floating)]
+    floats = float_outputs(ctx.original)
     if not floats:
         raise AnalysisError("the output allocation compares float outputs, and this graph has none: allocate with "
                             "epsilon", option="allocation")
-    reference = _outputs(ctx, probe, floats)
-    first = ctx.inputs[next(iter(ctx.inputs))][probe]
-    task = task_named(ctx.options.task, list(reference[0].values()), image_hw(first), min(len(first), ctx.run_batch))
+    reference = outputs(ctx, probe, floats)
+    task = task_of(ctx, reference, probe)
     scanned = None
     if isinstance(task, Detect):
         probe, reference, scanned = _objects_first(ctx, task, probe, reference, floats)
@@ -162,13 +158,6 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
     return curves, report
 
 
-def _outputs(ctx: Context, samples: np.ndarray, floats: list[str]) -> list[dict[str, np.ndarray]]:
-    """The original's float outputs on the calibration ``samples``, chunk by chunk, in the graph's order of outputs
-    (which a task's layout counts by; a cut graph's come sorted by name)."""
-    values = {k: v[samples] for k, v in ctx.inputs.items()}
-    return [{k: chunk[k] for k in floats} for chunk in _run(ctx, cut_graph(ctx.original, values, floats), values)]
-
-
 def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: list[dict[str, np.ndarray]],
                    floats: list[str]) -> tuple[np.ndarray, list[dict[str, np.ndarray]], tuple[int, int] | None]:
     """A detector's probe samples, their reference outputs, and where the probes looked for objects (samples with
@@ -180,17 +169,10 @@ def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: lis
     if task.with_objects(reference).all():
         return probe, reference, None
     side = _sides(len(next(iter(ctx.inputs.values()))))[1]
-    found = np.concatenate([task.with_objects(_outputs(ctx, side[i:i + SCAN], floats))
-                            for i in range(0, len(side), SCAN)])
-    some = _evenly(side[found], len(probe))
-    chosen = np.sort(np.concatenate([some, _evenly(side[~found], len(probe) - len(some))]))
-    return chosen, _outputs(ctx, chosen, floats), (int(found.sum()), len(side))
-
-
-def _evenly(samples: np.ndarray, most: int) -> np.ndarray:
-    """At most ``most`` of ``samples``, evenly spaced (the first and last among them)."""
-    return samples[np.linspace(0, len(samples) - 1, min(most, len(samples))).round().astype(int)] if most > 0 \
-        else samples[:0]
+    found = with_objects(ctx, task, side, floats)
+    some = evenly(side[found], len(probe))
+    chosen = np.sort(np.concatenate([some, evenly(side[~found], len(probe) - len(some))]))
+    return chosen, outputs(ctx, chosen, floats), (int(found.sum()), len(side))
 
 
 def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
@@ -227,10 +209,3 @@ def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: di
         out[width] = task.discrepancy(reference, downstream.run(linears, downstream.at_cut, ctx.run_batch))
     return out
 
-
-def _run(ctx: Context, cut: gs.Graph, values: dict[str, np.ndarray]) -> list[dict[str, np.ndarray]]:
-    """The outputs of the ``cut_graph`` ``cut`` on ``values``, chunk by chunk as the graph runs (an output need
-    not have the samples on its first axis: a sequence-first recogniser's does not)."""
-    chunks, _ = run_cut(cut, values, provider=ctx.options.provider, batch_size=ctx.run_batch,
-                        exact=ctx.fixed_batch is not None)
-    return [arrays for _, arrays in chunks]

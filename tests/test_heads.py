@@ -276,6 +276,10 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     assert (run_.objects.found, run_.objects.samples, run_.objects.kept) == (4, 40, 32)
     report = onnxprune.compress(path, calib, budget=onnxprune.Ratio(0.7)).report
     assert report.objects == {"found": 4, "samples": 40, "kept": 32} and report.calibration_samples == 32
+    few = Compressor(onnx.load(path), ArraySet({"images": calib[:LEAST]}, np.arange(LEAST), {"images": np.float32}),
+                     options_from(onnxprune.Ratio(0.7), provider="cpu"))
+    few.keep_objects(scanned.append)  # no more than 32: every sample is kept, nothing runs
+    assert few.objects is None and scanned == [40] and len(few.inputs["images"]) == LEAST
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 

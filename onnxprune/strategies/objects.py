@@ -83,12 +83,13 @@ def may_detect(graph: gs.Graph) -> bool:
 
 def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
                    ) -> tuple[np.ndarray, ObjectSamples] | None:
-    """For a detector: the calibration samples to keep (sorted) and the count; None for another task. ``on_scan(n)``
-    once the outputs read as a detector's, before the original runs on the rest of the n samples."""
+    """For a detector: the calibration samples to keep (sorted) and the count; None for another task, and where
+    there are no more than ``LEAST`` samples (all of them kept: nothing runs). ``on_scan(n)`` once the outputs read
+    as a detector's, before the original runs on the rest of the n samples."""
     floats = float_outputs(ctx.original)
-    if not floats or not may_detect(ctx.original):
-        return None
     n = len(next(iter(ctx.inputs.values())))
+    if n <= LEAST or not floats or not may_detect(ctx.original):
+        return None
     first = np.arange(min(n, SCAN))
     reference = outputs(ctx, first, floats)
     task = task_of(ctx, reference, first)

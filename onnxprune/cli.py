@@ -24,13 +24,14 @@ from onnxprune.errors import ModelError, OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, CalibOpt,
-    CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt, DistillSegmentsOpt,
-    DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt,
-    ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt, LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt,
-    MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt,
-    RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt,
-    SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt,
-    TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt,
+    CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt,
+    DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt,
+    HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
+    LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
+    ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt,
+    ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt,
+    StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt,
+    TrainBatchOpt, TrainOpt,
 )
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random

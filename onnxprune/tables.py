@@ -139,8 +139,8 @@ def kept_note(found: int, samples: int, kept: int) -> str:
     if found == samples:
         return f"detector: the original finds objects in all {samples} calibration samples"
     if not found:
-        return (f"[yellow]detector: the original finds no object in any of the {samples} calibration samples, pruned on "
-                "all of them; give it images like those it will see in use, with objects (docs/usage.md)[/]")
+        return (f"[yellow]detector: the original finds no object in any of the {samples} calibration samples, pruned "
+                "on all of them; give it images like those it will see in use, with objects (docs/usage.md)[/]")
     others = f" and {kept - found} without, evenly spaced" if kept > found else ""
     return (f"detector: the original finds objects in {found} of the {samples} calibration samples: pruned on those "
             f"{found}{others} (--empty-samples: on all)")

@@ -117,8 +117,8 @@ class Compressor:
 
     def keep_objects(self, on_scan: Callable[[int], None] | None = None) -> None:
         """A detector fits and probes on the calibration samples where the original finds an object, with others
-        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``); ``on_scan(n)``
-        as it starts looking through the n samples."""
+        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``);
+        ``on_scan(n)`` as it starts looking through the n samples."""
         if self.options.empty_samples:
             return
         found = object_samples(self, on_scan)

@@ -74,11 +74,10 @@ def with_objects(ctx: Context, task: Detect, samples: np.ndarray, floats: list[s
                                                        for i in range(0, len(samples), SCAN)])
 
 
-def may_detect(graph: gs.Graph) -> bool:
-    """Whether the graph's outputs could be a detector's: some float output not known to have fewer than 3 axes (a
-    classifier's logits are decided without running it)."""
-    shapes = [t.shape for t in graph.outputs if t.name in set(float_outputs(graph))]
-    return any(shape is None or len(shape) >= 3 for shape in shapes)
+def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
+    """Whether the graph's outputs could be a detector's: some of its float outputs ``floats`` not known to have
+    fewer than 3 axes (a classifier's logits are decided without running it)."""
+    return any(t.shape is None or len(t.shape) >= 3 for t in graph.outputs if t.name in floats)
 
 
 def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
@@ -88,7 +87,7 @@ def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
     as a detector's, before the original runs on the rest of the n samples."""
     floats = float_outputs(ctx.original)
     n = len(next(iter(ctx.inputs.values())))
-    if n <= LEAST or not floats or not may_detect(ctx.original):
+    if n <= LEAST or not may_detect(ctx.original, floats):
         return None
     first = np.arange(min(n, SCAN))
     reference = outputs(ctx, first, floats)

@@ -283,16 +283,22 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 
-def test_a_classifier_keeps_every_calibration_sample_without_running_for_objects(tiny) -> None:
+def test_a_classifier_keeps_every_calibration_sample_without_running_for_objects(tiny, monkeypatch) -> None:
     """Logits (two axes) are not a detector's: nothing runs, nothing is dropped."""
     from onnxprune.calib.sources import load_calibration
     from onnxprune.ir.ort import model_input_specs
     from onnxprune.pipeline import Compressor
-    from onnxprune.strategies import Ratio, options_from
+    from onnxprune.strategies import Ratio, objects, options_from
 
     run_ = Compressor(tiny.model, load_calibration(str(tiny.calib), model_input_specs(tiny.model)),
                       options_from(Ratio(0.6), provider="cpu"))
+    assert len(next(iter(run_.inputs.values()))) > objects.LEAST  # enough samples that a detector's would be scanned
     before = run_.inputs
     scanned = []
+
+    def no_run(*_):
+        raise AssertionError("the original ran to look for objects")
+
+    monkeypatch.setattr(objects, "outputs", no_run)
     run_.keep_objects(scanned.append)
     assert run_.objects is None and run_.inputs is before and scanned == []

@@ -25,6 +25,7 @@ EXPORTS: dict[str, tuple[str, dict]] = {
     "ul_yolo11n_det_640_static.onnx": ("yolo11n.yaml", dict(imgsz=640)),
     "ul_yolo11n_det_320_opset11.onnx": ("yolo11n.yaml", dict(imgsz=320, opset=11)),
     "ul_yolo11n_seg_320_static.onnx": ("yolo11n-seg.yaml", dict(imgsz=320)),
+    "ul_yolo11n_seg_640_static.onnx": ("yolo11n-seg.yaml", dict(imgsz=640)),
     "ul_yolo11n_pose_320_dynamic.onnx": ("yolo11n-pose.yaml", dict(imgsz=320, dynamic=True)),
     "ul_yolo11n_obb_320_static.onnx": ("yolo11n-obb.yaml", dict(imgsz=320)),
     "ul_yolo11n_cls_224_dynamic.onnx": ("yolo11n-cls.yaml", dict(imgsz=224, dynamic=True)),

@@ -81,6 +81,7 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
                            ("ul_yolo11n_det_640_static.onnx", "1x3x640x640"),
                            ("ul_yolo11n_det_320_opset11.onnx", "1x3x320x320"),
                            ("ul_yolo11n_seg_320_static.onnx", "1x3x320x320"),
+                           ("ul_yolo11n_seg_640_static.onnx", "1x3x640x640"),
                            ("ul_yolo11n_pose_320_dynamic.onnx", "1x3x320x320"),
                            ("ul_yolo11n_obb_320_static.onnx", "1x3x320x320"),
                            ("ul_yolo11n_cls_224_dynamic.onnx", "1x3x224x224"),

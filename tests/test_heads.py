@@ -283,6 +283,23 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 
+def test_a_detectors_probes_read_which_kept_samples_show_objects(tmp_path, monkeypatch) -> None:
+    """Where the run looked for objects already (more than 32 samples), the probes take the kept samples it found
+    objects on without running the original over their half again: of the 32 kept, the bright ones sit at 2, 14,
+    24 and 27, three of them on the probing side (sample // 2 odd), where the evenly spaced probes hold one."""
+    import onnxprune
+    from onnxprune.strategies import Output, sensitivity
+
+    def no_run(*_):
+        raise AssertionError("the probes ran the original to look for objects again")
+
+    monkeypatch.setattr(sensitivity, "with_objects", no_run)
+    path, calib = _dim(tmp_path)
+    report = onnxprune.compress(path, calib, budget=onnxprune.Ratio(0.7), allocate=Output(probe_samples=4)).report
+    assert report.calibration_samples == 32 and report.allocation["probe_samples"] == 4
+    assert report.allocation["with_objects"] == 3 and tuple(report.allocation["scanned"]) == (3, 16)
+
+
 def test_a_classifier_keeps_every_calibration_sample_without_running_for_objects(tiny, monkeypatch) -> None:
     """Logits (two axes) are not a detector's: nothing runs, nothing is dropped."""
     from onnxprune.calib.sources import load_calibration

@@ -57,6 +57,8 @@ class Context(Protocol):
     fixed_batch: FixedBatch | None  # the batch the graph fixes, if it does
     run_batch: int  # the batch the graph runs at
     stats_bytes: int  # a statistics chunk's unfolded inputs and targets hold at most this
+    found: np.ndarray | None  # a detector's: whether the original finds an object on each calibration sample (None
+    # where the run did not look)
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors ``values`` of ``graph`` to those live at ``cut`` (in place)."""

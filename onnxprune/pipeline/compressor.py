@@ -93,6 +93,7 @@ class Compressor:
         self.select = options.select  # the selector of this run (``Selector.bind``)
         self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
         self.objects: ObjectSamples | None = None  # a detector's calibration samples with objects, those kept
+        self.found: np.ndarray | None = None  # per calibration sample: whether the original finds an object there
 
     def _check_room(self, n: int, need: int) -> None:
         """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
@@ -124,7 +125,7 @@ class Compressor:
         found = object_samples(self, on_scan)
         if found is None:
             return
-        keep, self.objects = found
+        keep, self.found, self.objects = found
         if len(keep) < self.objects.samples:
             self.inputs = {name: self.store.copy(array, keep) for name, array in self.inputs.items()}
             self.values_p, self.values_o = dict(self.inputs), dict(self.inputs)

@@ -81,10 +81,11 @@ def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
 
 
 def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
-                   ) -> tuple[np.ndarray, ObjectSamples] | None:
-    """For a detector: the calibration samples to keep (sorted) and the count; None for another task, and where
-    there are no more than ``LEAST`` samples (all of them kept: nothing runs). ``on_scan(n)`` once the outputs read
-    as a detector's, before the original runs on the rest of the n samples."""
+                   ) -> tuple[np.ndarray, np.ndarray, ObjectSamples] | None:
+    """For a detector: the calibration samples to keep (sorted), whether the original finds an object on each of
+    them, and the count; None for another task, and where there are no more than ``LEAST`` samples (all of them
+    kept: nothing runs). ``on_scan(n)`` once the outputs read as a detector's, before the original runs on the rest
+    of the n samples."""
     floats = float_outputs(ctx.original)
     n = len(next(iter(ctx.inputs.values())))
     if n <= LEAST or not may_detect(ctx.original, floats):
@@ -100,4 +101,4 @@ def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
     samples = np.arange(n)
     keep = samples if not found.any() else np.sort(np.concatenate(
         [samples[found], evenly(samples[~found], LEAST - int(found.sum()))]))
-    return keep, ObjectSamples(int(found.sum()), n, len(keep))
+    return keep, found[keep], ObjectSamples(int(found.sum()), n, len(keep))

@@ -56,6 +56,7 @@ class SweepResult:
     seconds: float
     keep: dict | None = None  # {"floor", "chosen" (target or None), "judged", "metric"}
     objects: tuple[int, int] | None = None  # a detector's probe samples with an object to the original, of how many
+    kept: dict | None = None  # a detector's calibration samples with objects and those each run kept (``objects``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,6 +117,7 @@ def sweep(
     judged: dict[str, SweepRow] = {}
     original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report
     probed: list[tuple[int, int] | None] = []  # each report's count of the shared probes' samples with objects
+    kept: list[dict | None] = []  # each report's calibration samples with objects and kept (the same in every run)
 
     def judge(label: str, budget: Budget) -> SweepRow:
         t0 = time.perf_counter()
@@ -133,6 +135,7 @@ def sweep(
         metric, value = fidelity(scores)
         r = result.report
         probed.append(objects_seen(r.allocation))
+        kept.append(r.objects)
         original.update(macs=int(r.macs_before), params=int(r.params_before))
         row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
                        scores.agreement, scores.kl, path=str(path), seconds=seconds)
@@ -151,7 +154,7 @@ def sweep(
         for row, t in zip(rows, timed[1:]):
             row.latency_ms, row.speedup = t.median_ms, timed[0].median_ms / t.median_ms
     result = SweepResult(rows, original, f"{held_dir} ({held_subset or 'all'})", time.perf_counter() - start,
-                         objects=probed[0] if probed else None)
+                         objects=probed[0] if probed else None, kept=kept[0] if kept else None)
     if keep is not None:
         result.keep = {"floor": keep, "chosen": chosen, "judged": len(judged), "metric": rows[0].metric}
     atomic_write(out / "sweep.json", lambda tmp: tmp.write_text(_json(result.to_dict())))

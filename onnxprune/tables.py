@@ -277,7 +277,9 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
     console.print(format_sweep_table(result))
     console.print(f"wrote {len(result.rows)} models, sweep.json and sweep.png to {folder}; judged on {result.held}, "
                   f"{result.seconds:.0f} s in all")
-    if result.objects is not None:
+    if result.kept is not None:
+        console.print(kept_note(**result.kept))
+    elif result.objects is not None:
         console.print(objects_note(*result.objects, PROBED))
     if result.keep is not None:
         chosen = next(r for r in result.rows if r.target == result.keep["chosen"])

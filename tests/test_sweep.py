@@ -119,3 +119,22 @@ def test_a_detector_sweep_counts_the_probe_samples_with_objects(photos: Path, tm
     result = sweep(tmp_path / "e2e.onnx", photos, {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
     alone = api.compress(tmp_path / "e2e.onnx", photos, budget=Ratio(0.7), subset="!0%5").report.allocation
     assert alone["task"] == "detect" and result.objects == (alone["with_objects"], alone["probe_samples"])
+
+
+def test_a_detector_sweep_reports_the_samples_with_objects_each_run_kept(tmp_path: Path, capsys) -> None:
+    """Past 32 calibration images each run keeps the samples with objects as compress does: the sweep reports and
+    prints compress's count of them, not the shared probes'."""
+    from onnxprune.tables import print_sweep
+    from tests.test_heads import _nms_free
+
+    rng = np.random.default_rng(1)
+    (tmp_path / "many").mkdir()
+    for i in range(50):
+        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "many" / f"{i:03d}_x.png")
+    _nms_free(tmp_path / "e2e.onnx")
+    result = sweep(tmp_path / "e2e.onnx", tmp_path / "many", {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
+    alone = api.compress(tmp_path / "e2e.onnx", tmp_path / "many", budget=Ratio(0.7), subset="!0%5").report
+    assert alone.objects is not None and alone.objects["samples"] == 40 and result.kept == alone.objects
+    print_sweep(result, tmp_path / "out")
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "40 calibration samples" in printed and "calibration samples the probes looked at" not in printed

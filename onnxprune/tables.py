@@ -111,11 +111,7 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     if result.fixed_batch is not None:
         console.print(f"the graph fixes its batch ({result.fixed_batch['reason']}): calibration ran "
                       f"{result.fixed_batch['size']} sample(s) at a time")
-    seen = objects_seen(result.allocation)
-    if result.objects is not None:
-        console.print(kept_note(**result.objects))
-    elif seen is not None:
-        console.print(objects_note(*seen, PROBED))
+    _print_objects(result.objects, objects_seen(result.allocation))
     if result.requested_macs is not None:
         console.print(f"--best-effort: the budget of {mmacs(result.requested_macs)} MACs is below the lowest "
                       f"reachable {mmacs(result.target_macs)}: pruned to the lowest reachable MACs instead")
@@ -132,6 +128,15 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         f"{result.params_after / 1e6:.2f}M, {result.calibration_samples} calibration samples, "
         f"{result.seconds:.1f}s on {result.provider}; wrote {output}"
     )
+
+
+def _print_objects(kept: dict | None, probed: tuple[int, int] | None) -> None:
+    """A detector's note: the samples the object filter kept (``kept``, a report's ``objects``), else the probes'
+    count of samples with objects (``probed``), else nothing."""
+    if kept is not None:
+        console.print(kept_note(**kept))
+    elif probed is not None:
+        console.print(objects_note(*probed, PROBED))
 
 
 def kept_note(found: int, samples: int, kept: int) -> str:
@@ -277,10 +282,7 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
     console.print(format_sweep_table(result))
     console.print(f"wrote {len(result.rows)} models, sweep.json and sweep.png to {folder}; judged on {result.held}, "
                   f"{result.seconds:.0f} s in all")
-    if result.kept is not None:
-        console.print(kept_note(**result.kept))
-    elif result.objects is not None:
-        console.print(objects_note(*result.objects, PROBED))
+    _print_objects(result.kept, result.objects)
     if result.keep is not None:
         chosen = next(r for r in result.rows if r.target == result.keep["chosen"])
         console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} is "

@@ -30,10 +30,14 @@ def _digest(model: onnx.ModelProto) -> str:
 
 @pytest.fixture()
 def photos(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    folder = tmp_path / "photos"
+    return _noise_photos(tmp_path / "photos", 40, seed=0)
+
+
+def _noise_photos(folder: Path, n: int, seed: int) -> Path:
+    """``n`` random 40×48 images in ``folder`` (created)."""
+    rng = np.random.default_rng(seed)
     folder.mkdir()
-    for i in range(40):
+    for i in range(n):
         Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(folder / f"{i:03d}_x.png")
     return folder
 
@@ -127,13 +131,10 @@ def test_a_detector_sweep_reports_the_samples_with_objects_each_run_kept(tmp_pat
     from onnxprune.tables import print_sweep
     from tests.test_heads import _nms_free
 
-    rng = np.random.default_rng(1)
-    (tmp_path / "many").mkdir()
-    for i in range(50):
-        Image.fromarray(rng.integers(0, 256, (40, 48, 3), dtype=np.uint8)).save(tmp_path / "many" / f"{i:03d}_x.png")
+    many = _noise_photos(tmp_path / "many", 50, seed=1)
     _nms_free(tmp_path / "e2e.onnx")
-    result = sweep(tmp_path / "e2e.onnx", tmp_path / "many", {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
-    alone = api.compress(tmp_path / "e2e.onnx", tmp_path / "many", budget=Ratio(0.7), subset="!0%5").report
+    result = sweep(tmp_path / "e2e.onnx", many, {"0.7": Ratio(0.7)}, tmp_path / "out", bench=False)
+    alone = api.compress(tmp_path / "e2e.onnx", many, budget=Ratio(0.7), subset="!0%5").report
     assert alone.objects is not None and alone.objects["samples"] == 40 and result.kept == alone.objects
     print_sweep(result, tmp_path / "out")
     printed = " ".join(capsys.readouterr().out.split())

@@ -18,7 +18,7 @@ from onnxprune.strategies.objects import run_chunks
 from onnxprune.strategies.sensitivity import _probe, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy
 from onnxprune.strategies import Output, Ratio, options_from
-from tests.onnx_builders import run
+from tests.onnx_builders import GraphBuilder, run
 
 
 def _calib(tiny):
@@ -185,3 +185,32 @@ def test_probe_samples_are_sized_to_a_budget_of_forward_passes() -> None:
     assert probe_count(240, 32, [3] * 20, [0.5] * 20) == PROBE_PASSES * 240 // 30
     assert probe_count(16, 32, [3] * 20, [0.5] * 20) == MIN_PROBE_SAMPLES
     assert probe_count(16, 32, [], []) == 32
+
+
+def test_a_probes_session_runs_only_what_its_consumers_change() -> None:
+    """A head the consumer does not feed is computed once when the session is made (``segments.settle``), not in
+    every candidate's run: the session reads the tensors at the frontier, and each candidate's outputs are the ones
+    of the whole cut run every time."""
+    import onnx_graphsurgeon as gs
+
+    from onnxprune.analysis import consumers
+    from onnxprune.strategies.downstream import FedCut
+
+    b = GraphBuilder({"x": ["N", 3, 8, 8]})
+    stem = b.op("Relu", [b.conv("x", "stem", 3, 8)], "stem_relu")
+    hidden = b.op("Relu", [b.conv(stem, "a", 8, 8)], "a_relu")
+    graph = gs.import_onnx(b.model([b.conv(hidden, "b", 8, 4, 1), b.conv(stem, "other_head", 8, 5)]))
+    x = {"x": np.random.default_rng(0).standard_normal((3, 3, 8, 8)).astype(np.float32)}
+    outputs = [t.name for t in graph.outputs]
+    whole = FedCut(graph, x, ["b"], outputs, provider="cpu", settle_once=False)
+    settled = FedCut(graph, x, ["b"], outputs, provider="cpu")
+    assert set(whole.at_cut) == {"x"} and set(settled.at_cut) == {"a_relu_out", "other_head_out"}
+    nodes = {n.name: n for n in graph.nodes}
+    base = consumers.matrix(nodes["b"])
+    for scale in (1.0, 0.5, -2.0):
+        linears = [consumers.Linear(scale * base.weight, base.bias + scale, base.k)]
+        ran = [whole.run(linears, whole.at_cut, 2), settled.run(linears, settled.at_cut, 2)]
+        for before, after in zip(*ran, strict=True):
+            assert before.keys() == after.keys()
+            for name in before:
+                np.testing.assert_array_equal(before[name], after[name])

@@ -8,7 +8,7 @@ as an onnxruntime sub-model.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -138,6 +138,37 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
         g.outputs.append(tensor)
     g.cleanup(remove_unused_graph_inputs=True, recurse_subgraphs=False)  # bodies keep their inputs
     return g.toposort(recurse_subgraphs=False)
+
+
+def settle(graph: gs.Graph, values: dict[str, Array], changing: Collection[str], *, provider: str, batch_size: int,
+           exact: bool = False) -> dict[str, Array]:
+    """The tensors ``graph`` (a ``cut_graph`` on ``values``) must be fed when only the nodes named ``changing`` and
+    those that read them give something new from run to run: the tensors of ``values`` those nodes read, and the ones
+    the other nodes give them (or give as graph outputs), computed here once. ``cut_graph(graph, settled, outputs)``
+    then runs only what changes: a detector's other heads, a network's other branches, are not run again for every
+    candidate. ``values`` itself where every node changes, or where a settled tensor has no batch axis to cache."""
+    readers: dict[str, list[gs.Node]] = {}
+    for node in graph.nodes:
+        for t in {t.name for t in [*node.inputs, *outer_reads(node)] if t.name}:
+            readers.setdefault(t, []).append(node)
+    moving: set[int] = set()
+    stack = [n for n in graph.nodes if n.name in set(changing)]
+    while stack:
+        node = stack.pop()
+        if id(node) not in moving:
+            moving.add(id(node))
+            stack.extend(r for t in node.outputs for r in readers.get(t.name, []))
+    if len(moving) == len(graph.nodes):
+        return values
+    read = {t.name for n in graph.nodes if id(n) in moving for t in [*n.inputs, *outer_reads(n)] if t.name}
+    given = {t.name for n in graph.nodes if id(n) not in moving for t in n.outputs}
+    settled = sorted(given & (read | {t.name for t in graph.outputs}))
+    try:
+        computed, _ = run_segment(graph, values, settled, provider=provider, batch_size=batch_size, exact=exact)
+    except AnalysisError:  # a tensor without a batch axis: run the whole cut every time, as before
+        return values
+    outputs = {t.name for t in graph.outputs}
+    return {**{k: v for k, v in values.items() if k in read | outputs}, **computed}
 
 
 def _needed(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:

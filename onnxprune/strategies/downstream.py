@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 from onnxprune.analysis import consumers
 from onnxprune.errors import ModelError
 from onnxprune.ir.ort import graph_session
-from onnxprune.runtime.segments import cut_graph, run_chunks
+from onnxprune.runtime.segments import cut_graph, run_chunks, settle
 from onnxprune.runtime.store import Array
 from onnxprune.tasks import raw_discrepancy
 
@@ -32,7 +32,8 @@ class FedCut:
     a session that runs a few candidates."""
 
     def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str], outputs: Sequence[str],
-                 *, provider: str, exact_batch: int | None = None, prepack: bool = True) -> None:
+                 *, provider: str, exact_batch: int | None = None, prepack: bool = True, settle_once: bool = True
+                 ) -> None:
         cut = cut_graph(graph, dict(at_cut), outputs)
         mine = {n.name: n for n in cut.nodes}
         missing = [name for name in nodes if name not in mine]
@@ -42,6 +43,12 @@ class FedCut:
             lin = consumers.matrix(mine[name])
             consumers.write(cut, mine[name], consumers.Linear(lin.weight, np.ones_like(lin.bias), lin.k))
         cut.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
+        if settle_once:
+            rows = exact_batch or len(next(iter(at_cut.values())))
+            settled = settle(cut, dict(at_cut), nodes, provider=provider, batch_size=rows, exact=exact_batch is not None)
+            if settled.keys() != at_cut.keys():
+                at_cut, cut = settled, cut_graph(cut, settled, outputs)
+                mine = {n.name: n for n in cut.nodes}
         self._scratch = cut.copy()  # candidates are written here, in each op's layout, then fed
         self._nodes = list(nodes)
         feeds = []
@@ -52,7 +59,7 @@ class FedCut:
                     user.inputs[user.inputs.index(tensor)] = var
                 feeds.append(var)
         cut.inputs = [*cut.inputs, *feeds]
-        self.session, self.provider = graph_session(cut, provider, arena=False, prepack=prepack)
+        self.session, self.provider = graph_session(cut, provider, arena=True, prepack=prepack)
         self._outputs = [t.name for t in cut.outputs]
         self.at_cut = {t.name: at_cut[t.name] for t in cut.inputs if t.name in at_cut}
         self.exact_batch = exact_batch
@@ -87,7 +94,8 @@ class ConsumerDownstream(FedCut):
 
     def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str],
                  reference: Mapping[str, Array], *, provider: str, exact_batch: int | None = None) -> None:
-        super().__init__(graph, at_cut, nodes, list(reference), provider=provider, exact_batch=exact_batch)
+        super().__init__(graph, at_cut, nodes, list(reference), provider=provider, exact_batch=exact_batch,
+                         settle_once=False)  # its tensors at the cut are the whole set's: what settles would be held
         self._reference = reference
 
     def samples(self, idx: np.ndarray) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:

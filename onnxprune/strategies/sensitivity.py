@@ -30,7 +30,7 @@ from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.strategies.downstream import FedCut
 from onnxprune.strategies.objects import evenly, float_outputs, outputs, task_of, with_objects
-from onnxprune.tasks import Detect, Task
+from onnxprune.tasks import Detect, Judge, Task
 
 
 PROBE_PASSES = 4  # the probes' budget, in forward passes of the calibration set
@@ -143,7 +143,7 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
     values = {name: np.ascontiguousarray(np.concatenate([v[fit], v[probe]])) for name, v in ctx.inputs.items()}
     report = Sensitivity(fit_samples=len(fit), probe_samples=len(probe), task=task.name, scanned=scanned,
                          with_objects=int(task.with_objects(reference).sum()) if isinstance(task, Detect) else None)
-    curves = {}
+    curves, judge = {}, task.judge(reference)
     for i, (cut, group) in enumerate(order):
         if on_layer is not None:
             on_layer(i, len(order), f"probing {group.name}")
@@ -151,7 +151,7 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
         ahead = ctx.peek(ctx.original, values, {use.tensor for use in group.consumers})
         fitted = {k: v[: len(fit)] for k, v in ahead.items()}
         at_cut = {k: v[len(fit):] for k, v in values.items()}
-        probes = _probe(ctx, group, fitted, at_cut, reference, plans[i], task)
+        probes = _probe(ctx, group, fitted, at_cut, reference, plans[i], judge)
         report.probes[group.name] = probes
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
@@ -177,11 +177,13 @@ def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: lis
 
 
 def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
-           reference: list[dict[str, np.ndarray]], widths: list[int], task: Task = Task("raw")) -> dict[int, float]:
+           reference: list[dict[str, np.ndarray]], widths: list[int], judge: Judge | None = None) -> dict[int, float]:
     """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``; width 0:
-    only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples."""
+    only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples; ``judge``: the task's
+    discrepancy against ``reference`` (``Task.judge``; None: the raw one)."""
     if not widths:
         return {}
+    judge = judge or Task("raw").judge(reference)
     data = ctx.collect(group, fitted, fitted)
     top = max(widths)
     path = stats_omp([d.stats for d in data], [d.current.k for d in data], top, work=PROBE_WORK) if top else None
@@ -207,6 +209,6 @@ def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: di
             else:  # the columns stay cleared: the consumer writes its bias alone, as the removed block does
                 w, bias = np.zeros((len(base.base.weight), 0)), d.stats.st / max(d.stats.count, 1)
             linears.append(base.with_group(cols, w, bias))
-        out[width] = task.discrepancy(reference, downstream.run(linears, downstream.at_cut, ctx.run_batch))
+        out[width] = judge(downstream.run(linears, downstream.at_cut, ctx.run_batch))
     return out
 

@@ -8,7 +8,7 @@ the task has them) and ``discrepancy(reference, outputs)`` (the objective the ou
 
 from __future__ import annotations
 
-from onnxprune.tasks.base import Metric, Task, log_probs, raw_discrepancy
+from onnxprune.tasks.base import Judge, Metric, Task, log_probs, raw_discrepancy
 from onnxprune.tasks.ctc import CTC
 from onnxprune.tasks.detect import CONF, NMS_IOU, Detect, HeatDetect, SetDetect
 from onnxprune.tasks.detection import box_iou
@@ -17,5 +17,5 @@ from onnxprune.tasks.mask import Mask
 from onnxprune.tasks.seq import Seq
 from onnxprune.tasks.textdet import TextRegions
 
-__all__ = ["CONF", "NMS_IOU", "TASKS", "CTC", "Detect", "HeatDetect", "Mask", "Metric", "Seq", "SetDetect", "Task",
+__all__ = ["CONF", "NMS_IOU", "TASKS", "CTC", "Detect", "HeatDetect", "Judge", "Mask", "Metric", "Seq", "SetDetect", "Task",
            "TextRegions", "box_iou", "image_hw", "infer_task", "log_probs", "raw_discrepancy", "task_named"]

@@ -3,13 +3,16 @@ error otherwise) that a task without one of its own uses."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
 from onnxprune.ir.ort import zero_pad
 from onnxprune.tasks.detection import Truth
+
+Judge = Callable[[Sequence[Mapping[str, np.ndarray]]], float]  # candidates' outputs -> discrepancy to a fixed reference
 
 
 class Metric:
@@ -38,6 +41,11 @@ class Task:
         """The output discrepancy over chunks of samples (output name -> array): KL for a classifier's 2-D
         logits, the squared error's energy over the reference's for other outputs, summed over outputs."""
         return raw_discrepancy(reference, outputs)
+
+    def judge(self, reference: Sequence[Mapping[str, np.ndarray]]) -> Judge:
+        """``discrepancy`` against a fixed ``reference``, for many candidates' outputs (a task may read the
+        reference once)."""
+        return partial(self.discrepancy, reference)
 
 
 def raw_discrepancy(reference: Sequence[Mapping[str, np.ndarray]], outputs: Sequence[Mapping[str, np.ndarray]]

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
-from onnxprune.tasks.base import Metric, Task
+from onnxprune.tasks.base import Judge, Metric, Task
 from onnxprune.tasks.detection import (DENSE_STRIDES, STRIDES, APAccumulator, DetectionLayout, Detections, Truth,
                                       cells)
 from onnxprune.tasks.maps import HeatLayout
@@ -40,26 +41,38 @@ class Detect(Task):
 
     def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
                     outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+        """``judge(reference)(outputs)``: each kind of head reads its reference its own way."""
+        return self.judge(reference)(outputs)
+
+    def judge(self, reference: Sequence[Mapping[str, np.ndarray]]) -> Judge:
         """The class scores' squared error over the reference's, on every anchor, plus the boxes' squared error
         in units of each box's size, weighted by the reference's best class score where it is at least
-        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise). The reference's
-        chunks hold the outputs in the order the layout counts them by."""
-        err = energy = box_err = weight = 0.0
-        for ref_chunk, out_chunk in zip(reference, outputs, strict=True):
-            ref, ys = list(ref_chunk.values()), [out_chunk[k] for k in ref_chunk]
-            rb, rs, rc = self.layout.candidates(ref)
-            yb, ys_, yc = self.layout.candidates(ys)
-            err += float(np.sum(np.square(ys_ - rs)))
-            energy += float(np.sum(np.square(rs)))
+        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise); the reference's
+        candidates, weights and energy decoded once. Its chunks hold the outputs in the order the layout counts
+        them by."""
+        chunks = []
+        energy = weight = 0.0
+        for ref_chunk in reference:
+            rb, rs, rc = self.layout.candidates(list(ref_chunk.values()))
             w = rs.max(axis=2)
             w = np.where(w >= BOX_WEIGHT_FLOOR, w, 0.0)
             size = np.maximum(np.maximum(rb[..., 2] - rb[..., 0], rb[..., 3] - rb[..., 1]), 1.0)
-            box_err += float(np.sum(w * np.sum(np.square(yb - rb), axis=2) / np.square(size)))
-            if rc is not None:
-                box_err += float(np.sum(w * np.mean(np.square(yc - rc), axis=2) / np.maximum(
-                    np.mean(np.square(rc), axis=2), 1e-12)))
+            coef = None if rc is None else np.maximum(np.mean(np.square(rc), axis=2), 1e-12)
+            chunks.append((list(ref_chunk), rb, rs, rc, w, np.square(size), coef))
+            energy += float(np.sum(np.square(rs)))
             weight += float(w.sum())
-        return err / max(energy, 1e-30) + box_err / max(weight, 1e-30)
+
+        def against(outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
+            err = box_err = 0.0
+            for (names, rb, rs, rc, w, area, coef), out_chunk in zip(chunks, outputs, strict=True):
+                yb, ys, yc = self.layout.candidates([out_chunk[k] for k in names])
+                err += float(np.sum(np.square(ys - rs)))
+                box_err += float(np.sum(w * np.sum(np.square(yb - rb), axis=2) / area))
+                if rc is not None:
+                    box_err += float(np.sum(w * np.mean(np.square(yc - rc), axis=2) / coef))
+            return err / max(energy, 1e-30) + box_err / max(weight, 1e-30)
+
+        return against
 
 
 @dataclass(frozen=True)
@@ -67,18 +80,16 @@ class SetDetect(Detect):
     """A detector whose outputs are a set of detections (NMS in the graph, or NMS-free; ``tasks.sets``): its sets
     matched to the reference's for the objective, its mAP against the reference's for ``eval``."""
 
-    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
-                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
-        return set_discrepancy(self.layout, reference, outputs)
+    def judge(self, reference: Sequence[Mapping[str, np.ndarray]]) -> Judge:
+        return partial(set_discrepancy, self.layout, reference)
 
 
 @dataclass(frozen=True)
 class HeatDetect(Detect):
     """A CenterNet-style detector (``tasks.maps.HeatLayout``): its heat map's peaks as detections."""
 
-    def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
-                    outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
-        return self.layout.discrepancy(reference, outputs)
+    def judge(self, reference: Sequence[Mapping[str, np.ndarray]]) -> Judge:
+        return partial(self.layout.discrepancy, reference)
 
 
 class DetectionMetric(Metric):

@@ -251,26 +251,27 @@ def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> Non
     assert result.objects is None and result.calibration_samples == 40
 
 
-def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tmp_path) -> None:
+def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tmp_path, monkeypatch) -> None:
     """Of 40 samples, the 4 with an object and 28 of the others, evenly spaced (32 at least), calibrate; the report
-    and the printed note count them."""
+    and the printed note count them; the scan reports each chunk it looked through (16 at a time here)."""
     import onnx
 
     import onnxprune
     from onnxprune.calib.sources import ArraySet
     from onnxprune.pipeline import Compressor
-    from onnxprune.strategies import options_from
+    from onnxprune.strategies import objects, options_from
     from onnxprune.strategies.objects import LEAST, evenly
     from onnxprune.tables import kept_note
 
     path, calib = _dim(tmp_path)
+    monkeypatch.setattr(objects, "SCAN", 16)
     run_ = Compressor(onnx.load(path), ArraySet({"images": calib}, np.arange(40), {"images": np.float32}),
                       options_from(onnxprune.Ratio(0.7), provider="cpu"))
     scanned = []
-    run_.keep_objects(scanned.append)
+    run_.keep_objects(lambda done, n: scanned.append((done, n)))
     dim = np.setdiff1d(np.arange(40), BRIGHT)
     kept = np.sort(np.concatenate([BRIGHT, evenly(dim, LEAST - len(BRIGHT))]))
-    assert scanned == [40] and len(kept) == LEAST == 32
+    assert scanned == [(16, 40), (32, 40), (40, 40)] and len(kept) == LEAST == 32
     np.testing.assert_array_equal(run_.inputs["images"], calib[kept])
     assert run_.values_p["images"] is run_.inputs["images"]
     assert (run_.objects.found, run_.objects.samples, run_.objects.kept) == (4, 40, 32)
@@ -278,8 +279,8 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     assert report.objects == {"found": 4, "samples": 40, "kept": 32} and report.calibration_samples == 32
     few = Compressor(onnx.load(path), ArraySet({"images": calib[:LEAST]}, np.arange(LEAST), {"images": np.float32}),
                      options_from(onnxprune.Ratio(0.7), provider="cpu"))
-    few.keep_objects(scanned.append)  # no more than 32: every sample is kept, nothing runs
-    assert few.objects is None and scanned == [40] and len(few.inputs["images"]) == LEAST
+    few.keep_objects(lambda done, n: scanned.append((done, n)))  # no more than 32: every sample is kept, nothing runs
+    assert few.objects is None and scanned[3:] == [] and len(few.inputs["images"]) == LEAST
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 
@@ -317,5 +318,5 @@ def test_a_classifier_keeps_every_calibration_sample_without_running_for_objects
         raise AssertionError("the original ran to look for objects")
 
     monkeypatch.setattr(objects, "outputs", no_run)
-    run_.keep_objects(scanned.append)
+    run_.keep_objects(lambda done, n: scanned.append((done, n)))
     assert run_.objects is None and run_.inputs is before and scanned == []

@@ -116,10 +116,10 @@ class Compressor:
             raise CalibrationError("the calibration set is empty: give a folder or file with samples")
         return self.store.stack(calib.batches(self.options.batch_size), len(calib))
 
-    def keep_objects(self, on_scan: Callable[[int], None] | None = None) -> None:
+    def keep_objects(self, on_scan: Callable[[int, int], None] | None = None) -> None:
         """A detector fits and probes on the calibration samples where the original finds an object, with others
         evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``);
-        ``on_scan(n)`` as it starts looking through the n samples."""
+        ``on_scan(done, n)`` as it looks through the n samples, ``done`` of them so far."""
         if self.options.empty_samples:
             return
         found = object_samples(self, on_scan)

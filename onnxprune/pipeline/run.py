@@ -39,8 +39,8 @@ def compress(
     checked = preflight(run.analysis.graph, [g for _, g in candidates],
                         on_status=None if on_layer is None else lambda text: on_layer(0, len(candidates), text))
     run.exclude_batchless(candidates)
-    run.keep_objects(None if on_layer is None else lambda n: on_layer(
-        0, len(candidates), f"a detector: looking for objects in {n} calibration samples"))
+    run.keep_objects(None if on_layer is None else lambda done, n: on_layer(
+        done, n, "scanning the calibration samples for objects (a detector)"))
     order, skipped = schedule(run.analysis, run.live, options.residual_streams)
     spend = options.budget.resolve(run, [g for _, g in order], on_layer)
     widths, target, requested = _allocate(run, order, spend, on_layer)

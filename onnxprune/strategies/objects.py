@@ -68,10 +68,16 @@ def evenly(samples: np.ndarray, most: int) -> np.ndarray:
         else samples[:0]
 
 
-def with_objects(ctx: Context, task: Detect, samples: np.ndarray, floats: list[str]) -> np.ndarray:
-    """Whether the original finds an object on each of ``samples``, ``SCAN`` of them at a time."""
-    return np.concatenate([np.zeros(0, dtype=bool)] + [task.with_objects(outputs(ctx, samples[i:i + SCAN], floats))
-                                                       for i in range(0, len(samples), SCAN)])
+def with_objects(ctx: Context, task: Detect, samples: np.ndarray, floats: list[str],
+                 on_chunk: Callable[[int], None] | None = None) -> np.ndarray:
+    """Whether the original finds an object on each of ``samples``, ``SCAN`` of them at a time; ``on_chunk(done)``
+    after each chunk, with the count of ``samples`` looked at so far."""
+    found = [np.zeros(0, dtype=bool)]
+    for i in range(0, len(samples), SCAN):
+        found.append(task.with_objects(outputs(ctx, samples[i:i + SCAN], floats)))
+        if on_chunk is not None:
+            on_chunk(min(i + SCAN, len(samples)))
+    return np.concatenate(found)
 
 
 def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
@@ -80,12 +86,12 @@ def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
     return any(t.shape is None or len(t.shape) >= 3 for t in graph.outputs if t.name in floats)
 
 
-def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
+def object_samples(ctx: Context, on_scan: Callable[[int, int], None] | None = None
                    ) -> tuple[np.ndarray, np.ndarray, ObjectSamples] | None:
     """For a detector: the calibration samples to keep (sorted), whether the original finds an object on each of
     them, and the count; None for another task, and where there are no more than ``LEAST`` samples (all of them
-    kept: nothing runs). ``on_scan(n)`` once the outputs read as a detector's, before the original runs on the rest
-    of the n samples."""
+    kept: nothing runs). ``on_scan(done, n)`` once the outputs read as a detector's, and after each chunk of the n
+    samples the original runs on, ``done`` of them looked at."""
     floats = float_outputs(ctx.original)
     n = len(next(iter(ctx.inputs.values())))
     if n <= LEAST or not may_detect(ctx.original, floats):
@@ -95,9 +101,11 @@ def object_samples(ctx: Context, on_scan: Callable[[int], None] | None = None
     task = task_of(ctx, reference, first)
     if not isinstance(task, Detect):
         return None
-    if on_scan is not None:
-        on_scan(n)
-    found = np.concatenate([task.with_objects(reference), with_objects(ctx, task, np.arange(len(first), n), floats)])
+    chunk = None if on_scan is None else lambda done: on_scan(len(first) + done, n)
+    if chunk is not None:
+        chunk(0)
+    found = np.concatenate([task.with_objects(reference),
+                            with_objects(ctx, task, np.arange(len(first), n), floats, chunk)])
     samples = np.arange(n)
     keep = samples if not found.any() else np.sort(np.concatenate(
         [samples[found], evenly(samples[~found], LEAST - int(found.sum()))]))

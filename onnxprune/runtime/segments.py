@@ -152,7 +152,8 @@ def settle(graph: gs.Graph, values: dict[str, Array], changing: Collection[str],
         for t in {t.name for t in [*node.inputs, *outer_reads(node)] if t.name}:
             readers.setdefault(t, []).append(node)
     moving: set[int] = set()
-    stack = [n for n in graph.nodes if n.name in set(changing)]
+    names = set(changing)
+    stack = [n for n in graph.nodes if n.name in names]
     while stack:
         node = stack.pop()
         if id(node) not in moving:

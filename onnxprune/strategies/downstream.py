@@ -29,7 +29,9 @@ class FedCut:
     out) with the consumers ``nodes``' weights and biases as graph inputs, so that one onnxruntime session runs
     every candidate weighting of them. ``exact_batch``: the batch a graph that fixes it runs at (short runs are
     padded), else None. ``prepack=False``: onnxruntime does not pre-pack the weights (``ir.ort.make_session``), for
-    a session that runs a few candidates."""
+    a session that runs a few candidates. ``settle_once``: the nodes that neither are the consumers nor read them run
+    once here (``runtime.segments.settle``: a detector's other heads), not in every candidate's run. The session keeps
+    onnxruntime's memory arena: it runs several candidates on the same samples."""
 
     def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str], outputs: Sequence[str],
                  *, provider: str, exact_batch: int | None = None, prepack: bool = True, settle_once: bool = True

@@ -37,6 +37,11 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_vgg11_224_static_op11.onnx": (lambda: build("vgg11"), (1, 3, 224, 224), dict(opset=11)),
     "pt_resnet50_224_dynamo_op18.onnx": (lambda: build("resnet50"), (1, 3, 224, 224), dict(opset=18, dynamo=True)),
     "pt_u2net_like_320_dynamo_op18.onnx": (corpus.SkipSizedUNet, (1, 3, 320, 320), dict(opset=18, dynamo=True)),
+    "pt_convnext_like_224_dynamic_op17.onnx": (corpus.ConvNeXtLike, (1, 3, 224, 224), dict(opset=17, dynamic=True)),
+    "pt_shufflenet_like_224_static_op13.onnx": (corpus.ShuffleNetLike, (1, 3, 224, 224), dict(opset=13)),
+    "pt_densenet_like_224_dynamic_op15.onnx": (corpus.DenseNetLike, (1, 3, 224, 224), dict(opset=15, dynamic=True)),
+    "pt_regnet_like_224_static_op12.onnx": (corpus.RegNetLike, (1, 3, 224, 224), dict(opset=12)),
+    "pt_inception_like_224_dynamo_op18.onnx": (corpus.InceptionLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
 }
 
 

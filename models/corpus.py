@@ -1,6 +1,7 @@
 """Architectures of the export classes the third-party corpus makes here (random weights, for structure, time and
-memory): the way U-Nets, CenterNet-style face detectors, NMS-free heads, dense per-stride face heads and CRNN
-readers are written in PyTorch, so that ``torch.onnx.export`` writes what their users' exports hold."""
+memory): the way U-Nets, CenterNet-style face detectors, NMS-free heads, dense per-stride face heads, CRNN readers,
+and the ConvNeXt, ShuffleNetV2, DenseNet, RegNetY and GoogLeNet layouts are written in PyTorch, so that
+``torch.onnx.export`` writes what their users' exports hold."""
 
 from __future__ import annotations
 
@@ -134,3 +135,181 @@ class CRNN(nn.Module):
         y = self.cnn(x).squeeze(2).permute(2, 0, 1)  # [T, N, 128]
         y, _ = self.rnn(y)
         return self.fc(y).log_softmax(-1)
+
+
+class _ConvNeXtBlock(nn.Module):
+    """Depthwise 7×7, then channels-last: LayerNorm over the channels and a Linear MLP, a layer scale, the residual."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 7, padding=3, groups=c)
+        self.norm = nn.LayerNorm(c)
+        self.mlp = nn.Sequential(nn.Linear(c, 4 * c), nn.GELU(), nn.Linear(4 * c, c))
+        self.gamma = nn.Parameter(torch.full((c,), 0.5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (self.mlp(self.norm(self.dw(x).permute(0, 2, 3, 1))) * self.gamma).permute(0, 3, 1, 2)
+
+
+class _ChannelNorm(nn.LayerNorm):
+    """ConvNeXt's LayerNorm of an NCHW map over its channels (through channels-last)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+class ConvNeXtLike(nn.Module):
+    """ConvNeXt's layout: a 4×4 patch stem, stages of ``_ConvNeXtBlock`` joined by LayerNorm + 2×2 strided convs,
+    a pooled LayerNorm head (the MLPs are MatMuls on channels-last tensors)."""
+
+    def __init__(self, dims: tuple[int, ...] = (48, 96, 192, 384), depths: tuple[int, ...] = (2, 2, 4, 2)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [nn.Conv2d(3, dims[0], 4, stride=4), _ChannelNorm(dims[0])]
+        for i, (d, n) in enumerate(zip(dims, depths)):
+            if i:
+                layers += [_ChannelNorm(dims[i - 1]), nn.Conv2d(dims[i - 1], d, 2, stride=2)]
+            layers += [_ConvNeXtBlock(d) for _ in range(n)]
+        self.features = nn.Sequential(*layers)
+        self.head = nn.Sequential(nn.LayerNorm(dims[-1]), nn.Linear(dims[-1], 1000))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean((2, 3)))
+
+
+class _ShuffleUnit(nn.Module):
+    """ShuffleNetV2's unit: half the channels through a 1×1 / depthwise 3×3 / 1×1 branch (all of them, and a second
+    branch, where it strides), concatenated and shuffled across the two halves."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        half = c_out // 2
+        self.stride = stride
+        self.main = nn.Sequential(conv_norm_act(c_in if stride > 1 else c_in // 2, half, 1),
+                                  conv_norm_act(half, half, stride=stride, groups=half, act=None),
+                                  conv_norm_act(half, half, 1))
+        self.side = nn.Sequential(conv_norm_act(c_in, c_in, stride=stride, groups=c_in, act=None),
+                                  conv_norm_act(c_in, half, 1)) if stride > 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.side is None:
+            keep, x = x.chunk(2, dim=1)
+            y = torch.cat((keep, self.main(x)), 1)
+        else:
+            y = torch.cat((self.side(x), self.main(x)), 1)
+        n, c, h, w = y.shape
+        return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+class ShuffleNetLike(nn.Module):
+    """ShuffleNetV2 1.0×: channel split, concatenation and the channel shuffle's Reshape / Transpose / Reshape."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        widths = (24, 116, 232, 464)
+        units: list[nn.Module] = [conv_norm_act(3, 24, stride=2), nn.MaxPool2d(3, 2, 1)]
+        for c_in, c_out, n in zip(widths, widths[1:], (4, 8, 4)):
+            units += [_ShuffleUnit(c_in, c_out, 2), *(_ShuffleUnit(c_out, c_out, 1) for _ in range(n - 1))]
+        self.features = nn.Sequential(*units, conv_norm_act(464, 1024, 1))
+        self.fc = nn.Linear(1024, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _DenseLayer(nn.Module):
+    """DenseNet's layer: BN-ReLU-1×1 to 4·growth, BN-ReLU-3×3 to growth, concatenated to everything before it."""
+
+    def __init__(self, c_in: int, growth: int) -> None:
+        super().__init__()
+        self.f = nn.Sequential(nn.BatchNorm2d(c_in), nn.ReLU(), nn.Conv2d(c_in, 4 * growth, 1, bias=False),
+                               nn.BatchNorm2d(4 * growth), nn.ReLU(), nn.Conv2d(4 * growth, growth, 3, padding=1,
+                                                                                bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([x, self.f(x)], 1)
+
+
+class DenseNetLike(nn.Module):
+    """DenseNet's layout: dense blocks (every layer reads all the earlier ones' channels), transitions halving the
+    channels with a 1×1 conv and average pooling, pre-activation BatchNorms."""
+
+    def __init__(self, growth: int = 16, blocks: tuple[int, ...] = (4, 6, 8)) -> None:
+        super().__init__()
+        c = 32
+        layers: list[nn.Module] = [conv_norm_act(3, c, 7, stride=2), nn.MaxPool2d(3, 2, 1)]
+        for i, n in enumerate(blocks):
+            for _ in range(n):
+                layers.append(_DenseLayer(c, growth))
+                c += growth
+            if i < len(blocks) - 1:
+                layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2)]
+                c //= 2
+        self.features = nn.Sequential(*layers, nn.BatchNorm2d(c), nn.ReLU())
+        self.fc = nn.Linear(c, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _XBlock(nn.Module):
+    """RegNetY's block: 1×1, a grouped 3×3 (groups of 8 channels), squeeze-excitation, 1×1, the residual."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.a = conv_norm_act(c_in, c_out, 1)
+        self.b = conv_norm_act(c_out, c_out, stride=stride, groups=c_out // 8)
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(c_out, c_out // 4, 1), nn.ReLU(),
+                                nn.Conv2d(c_out // 4, c_out, 1), nn.Sigmoid())
+        self.c = conv_norm_act(c_out, c_out, 1, act=None)
+        self.proj = conv_norm_act(c_in, c_out, 1, stride=stride, act=None) if stride > 1 or c_in != c_out else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.b(self.a(x))
+        return F.relu(self.c(y * self.se(y)) + (x if self.proj is None else self.proj(x)))
+
+
+class RegNetLike(nn.Module):
+    """RegNetY-400MF's layout: stages of ``_XBlock`` with grouped convolutions and squeeze-excitation."""
+
+    def __init__(self, widths: tuple[int, ...] = (48, 104, 208, 440), depths: tuple[int, ...] = (1, 3, 6, 2)) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [conv_norm_act(3, 32, stride=2)]
+        c = 32
+        for w, d in zip(widths, depths):
+            layers += [_XBlock(c if i == 0 else w, w, 2 if i == 0 else 1) for i in range(d)]
+            c = w
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _Inception(nn.Module):
+    """GoogLeNet's block: 1×1, 1×1→3×3, 1×1→3×3→3×3 and pool→1×1 branches concatenated."""
+
+    def __init__(self, c_in: int, c1: int, c3: tuple[int, int], c5: tuple[int, int], pool: int) -> None:
+        super().__init__()
+        self.branches = nn.ModuleList([
+            conv_norm_act(c_in, c1, 1),
+            nn.Sequential(conv_norm_act(c_in, c3[0], 1), conv_norm_act(c3[0], c3[1])),
+            nn.Sequential(conv_norm_act(c_in, c5[0], 1), conv_norm_act(c5[0], c5[1]), conv_norm_act(c5[1], c5[1])),
+            nn.Sequential(nn.MaxPool2d(3, 1, 1), conv_norm_act(c_in, pool, 1))])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([branch(x) for branch in self.branches], 1)
+
+
+class InceptionLike(nn.Module):
+    """GoogLeNet's stem and three inception blocks (multi-branch Concats read by the next block's 1×1s)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            conv_norm_act(3, 64, 7, stride=2), nn.MaxPool2d(3, 2, 1), conv_norm_act(64, 192), nn.MaxPool2d(3, 2, 1),
+            _Inception(192, 64, (96, 128), (16, 32), 32), _Inception(256, 128, (128, 192), (32, 96), 64),
+            nn.MaxPool2d(3, 2, 1), _Inception(480, 192, (96, 208), (16, 48), 64))
+        self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))

@@ -105,6 +105,21 @@ def test_a_batch_fixed_by_constant_nodes_is_freed(tmp_path: Path, monkeypatch: p
     same_outputs(pruned, model, (1, 3, 8, 8))
 
 
+def test_a_batch_one_copy_is_checked_in_one_run_at_batch_two(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At batch 1 the verdict's run at batch 2 (does any tensor lose the samples?) is the copy's run at twice the
+    batch: one onnxruntime run of the copy serves both, the fixed graph runs on each sample alone once, and a copy
+    that mixes samples is still refused."""
+    import onnxprune.ir.batch as batch
+
+    runs = []
+    real = batch.run_all_tensors
+    monkeypatch.setattr(batch, "run_all_tensors", lambda *a, **k: (runs.append(a[1]), real(*a, **k))[1])
+    assert batch.free_batch(_exported_static(1)) is not None
+    assert len(runs) == 1 and {"boxes_out", "logits_out", "flat_out"} <= set(runs[0])
+    runs.clear()
+    assert batch.free_batch(_detector(1, [-1])) is None and len(runs) == 1  # [-1] folds the batch away
+
+
 def test_a_free_batch_copy_is_judged_up_to_the_rounding_of_its_outputs_scale() -> None:
     """The copy's outputs at batch 2 match the fixed graph's on each sample alone up to a rounding that grows with
     the output (VGG-11's wide Gemm: 1.5e-5 near 0 where outputs reach 16, refused by a fixed 1e-5 before); samples

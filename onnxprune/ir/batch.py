@@ -8,7 +8,8 @@ from onnx import numpy_helper
 
 from onnxprune.ir.graph import export_model
 from onnxprune.ir.load import import_graph
-from onnxprune.ir.probe import fixed_batch, random_feed, real_inputs, run_all_tensors, run_each, static_batch
+from onnxprune.ir.probe import (batch_verdict, fixed_batch, node_outputs, random_feed, real_inputs, run_all_tensors,
+                                run_each, static_batch)
 
 
 def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
@@ -32,10 +33,15 @@ def free_batch(model: onnx.ModelProto) -> onnx.ModelProto | None:
         if dims and dims[0].dim_value > 0:
             dims[0].dim_param = "N"
     feed = random_feed(real_inputs(model), fixed.size * 2)
-    if fixed_batch(free, feed) is not None:
-        return None
     names = [o.name for o in model.graph.output]
-    both = run_all_tensors(free, names, feed)
+    if fixed.size == 1:  # the verdict's run at batch 2 is the copy's run at twice the batch: one run serves both
+        both = run_all_tensors(free, list(dict.fromkeys([*node_outputs(free), *names])), feed)
+        if batch_verdict(free, both, feed) is not None:
+            return None
+    elif fixed_batch(free, feed) is not None:
+        return None
+    else:
+        both = run_all_tensors(free, names, feed)
     halves = [{k: v[half * fixed.size:(half + 1) * fixed.size] for k, v in feed.items()} for half in range(2)]
     alone = run_each(model, names, halves)
     if both is None or None in alone or any(

@@ -120,8 +120,18 @@ def fixed_batch(model: onnx.ModelProto, feed: dict[str, np.ndarray] | None = Non
         feed = random_feed(inputs, 2)
     else:
         feed = {k: np.concatenate([v[:2]] * (2 if len(v) < 2 else 1))[:2] for k, v in feed.items()}
-    names = [o for n in model.graph.node for o in n.output if o]
-    arrays = run_all_tensors(model, names, feed, weights)
+    return batch_verdict(model, run_all_tensors(model, node_outputs(model), feed, weights), feed, weights)
+
+
+def node_outputs(model: onnx.ModelProto) -> list[str]:
+    """Every tensor a node of ``model`` writes (what ``batch_verdict`` reads a run of)."""
+    return [o for n in model.graph.node for o in n.output if o]
+
+
+def batch_verdict(model: onnx.ModelProto, arrays: dict[str, np.ndarray] | None, feed: dict[str, np.ndarray],
+                  weights: Mapping[str, np.ndarray] | None = None) -> FixedBatch | None:
+    """``fixed_batch``'s verdict on a graph whose batch is not static, from its run on ``feed`` (two samples):
+    ``arrays``, the tensors ``node_outputs`` names (None: onnxruntime could not run it)."""
     if arrays is None:
         return FixedBatch(1, "onnxruntime cannot run the graph at batch 2")
     read = {name for node in model.graph.node for name in node.input} | {o.name for o in model.graph.output}

@@ -280,7 +280,7 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     few = Compressor(onnx.load(path), ArraySet({"images": calib[:LEAST]}, np.arange(LEAST), {"images": np.float32}),
                      options_from(onnxprune.Ratio(0.7), provider="cpu"))
     few.keep_objects(lambda done, n: scanned.append((done, n)))  # no more than 32: every sample is kept, nothing runs
-    assert few.objects is None and scanned[3:] == [] and len(few.inputs["images"]) == LEAST
+    assert few.objects is None and len(scanned) == 3 and len(few.inputs["images"]) == LEAST
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 

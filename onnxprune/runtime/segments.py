@@ -168,8 +168,8 @@ def settle(graph: gs.Graph, values: dict[str, Array], changing: Collection[str],
         computed, _ = run_segment(graph, values, settled, provider=provider, batch_size=batch_size, exact=exact)
     except AnalysisError:  # a tensor without a batch axis: run the whole cut every time, as before
         return values
-    outputs = {t.name for t in graph.outputs}
-    return {**{k: v for k, v in values.items() if k in read | outputs}, **computed}
+    kept = read | {t.name for t in graph.outputs}
+    return {**{k: v for k, v in values.items() if k in kept}, **computed}
 
 
 def _needed(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str]) -> gs.Graph:

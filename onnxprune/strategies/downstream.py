@@ -47,7 +47,8 @@ class FedCut:
         cut.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
         if settle_once:
             rows = exact_batch or len(next(iter(at_cut.values())))
-            settled = settle(cut, dict(at_cut), nodes, provider=provider, batch_size=rows, exact=exact_batch is not None)
+            settled = settle(cut, dict(at_cut), nodes, provider=provider, batch_size=rows,
+                             exact=exact_batch is not None)
             if settled.keys() != at_cut.keys():
                 at_cut, cut = settled, cut_graph(cut, settled, outputs)
                 mine = {n.name: n for n in cut.nodes}

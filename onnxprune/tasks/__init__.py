@@ -17,5 +17,5 @@ from onnxprune.tasks.mask import Mask
 from onnxprune.tasks.seq import Seq
 from onnxprune.tasks.textdet import TextRegions
 
-__all__ = ["CONF", "NMS_IOU", "TASKS", "CTC", "Detect", "HeatDetect", "Judge", "Mask", "Metric", "Seq", "SetDetect", "Task",
-           "TextRegions", "box_iou", "image_hw", "infer_task", "log_probs", "raw_discrepancy", "task_named"]
+__all__ = ["CONF", "NMS_IOU", "TASKS", "CTC", "Detect", "HeatDetect", "Judge", "Mask", "Metric", "Seq", "SetDetect",
+           "Task", "TextRegions", "box_iou", "image_hw", "infer_task", "log_probs", "raw_discrepancy", "task_named"]

@@ -485,6 +485,18 @@ def test_write_back_round_trip() -> None:
     assert all(t.data_type == TensorProto.FLOAT for t in new64.graph.initializer)
 
 
+def test_write_back_keeps_scalars_scalar() -> None:
+    """A 0-d initializer (Clip's bounds: ReLU6 as exported) is written back 0-d, as the ONNX spec asks of them."""
+    lo, hi = (numpy_helper.from_array(np.array(v, np.float32), name) for v, name in ((0.0, "lo"), (6.0, "hi")))
+    node = helper.make_node("Clip", ["x", "lo", "hi"], ["y"], "clip")
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])], [lo, hi])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    new = write_back(model, TorchGraph(model))
+    assert [list(t.dims) for t in new.graph.initializer] == [[], []]
+    onnx.checker.check_model(new, full_check=True)
+
+
 def test_write_back_rejects_shape_change() -> None:
     model = _small_net()
     graph = TorchGraph(model)

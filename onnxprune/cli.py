@@ -23,8 +23,8 @@ from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write, check_output
 from onnxprune.flags import (
-    DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, CalibOpt,
-    CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt,
+    DEFAULT_MEAN, DEFAULT_STD, MACS_HELP, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, BlockWindowOpt,
+    CalibOpt, CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt,
     DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt,
     HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
     LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
@@ -271,6 +271,7 @@ def recover_cmd(
     method: RecoverMethodOpt = RECOVER.method.value,
     steps: StepsOpt = None,
     lr: LrOpt = RECOVER.lr,
+    block_window: BlockWindowOpt = RECOVER.block_window,
     distill_steps: DistillStepsOpt = None,
     distill_lr: DistillLrOpt = RECOVER.distill_lr,
     distill_segments: DistillSegmentsOpt = RECOVER.distill_segments,

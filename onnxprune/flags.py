@@ -185,6 +185,9 @@ StepsOpt = Annotated[Optional[int], typer.Option(
     help="Block stage: Adam steps per segment whose weights differ from the teacher's (200 where left out). Given "
          "without --time, step counts bound the run instead of the time.")]
 LrOpt = Annotated[float, typer.Option(help="Block stage: Adam learning rate (cosine decay).")]
+BlockWindowOpt = Annotated[int, typer.Option(
+    help="Block stage: train N consecutive changed segments together, to the original's tensor at the last one's "
+         "end (a segment then corrects what the next cannot represent); 1 = each on its own.")]
 DistillStepsOpt = Annotated[Optional[int], typer.Option(
     help="Distill stage: Adam steps (600 where left out). Given without --time, step counts bound the run instead of "
          "the time.")]
@@ -377,9 +380,10 @@ def recover_job(values: Values) -> RecoverJob:
     v = values
     student, teacher = api.load(v["model"], v["input_shape"]), api.load(v["teacher"], v["input_shape"])
     prep = preprocess(teacher, v)
-    options = RecoverOptions(method=v["method"], steps=v["steps"], lr=v["lr"], distill_steps=v["distill_steps"],
-                             distill_lr=v["distill_lr"], distill_segments=v["distill_segments"],
-                             distill_views=v["distill_views"], distill_features=v["distill_features"], mix=v["mix"],
+    options = RecoverOptions(method=v["method"], steps=v["steps"], lr=v["lr"], block_window=v["block_window"],
+                             distill_steps=v["distill_steps"], distill_lr=v["distill_lr"],
+                             distill_segments=v["distill_segments"], distill_views=v["distill_views"],
+                             distill_features=v["distill_features"], mix=v["mix"],
                              layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))

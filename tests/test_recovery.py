@@ -13,7 +13,7 @@ from onnxprune.pipeline import compress
 import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
-from onnxprune.recovery.segments import Segment, find_segments, head_start
+from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import run
@@ -243,6 +243,32 @@ def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:
     assert first == len(segments) - 3 and "head.bias" in segments[first].weights
     _, report = recover(student, teacher, data, RecoverOptions(**FAST))
     assert report.distill.parameters > 0 and report.after <= report.before
+
+
+def test_windows_join_runs_of_changed_segments() -> None:
+    """Every run of k changed segments, with the unchanged ones between them, becomes one from the first's start to
+    the last's end; what follows the last changed segment stays as it was."""
+    seg = lambda name, changed: Segment([name + "_in"], [name + "_out"], [name], [name] * changed, [name])  # noqa: E731
+    segments = [seg("a", 1), seg("b", 0), seg("c", 1), seg("d", 1), seg("e", 0), seg("f", 0)]
+    two = windows(segments, 2)
+    assert [w.nodes for w in two] == [["a", "b", "c"], ["d"], ["e"], ["f"]]
+    assert (two[0].start, two[0].end) == (["a_in"], ["c_out"])
+    assert (two[0].changed, two[0].weights) == (["a", "c"], ["a", "b", "c"])
+    assert two[1:] == segments[3:]
+    assert windows(segments, 1) == segments
+    assert [w.nodes for w in windows(segments, 5)] == [["a", "b", "c", "d"], ["e"], ["f"]]
+
+
+def test_the_block_stage_trains_a_window_of_segments_together(tiny, student) -> None:
+    """block_window=2: the three changed segments of the tiny model train as two, each to the teacher's tensor at its
+    last segment's end, and the model still improves and is written back exactly."""
+    changed = [s.end for s in find_segments(import_graph(student), import_graph(tiny.model)) if s.trainable]
+    assert len(changed) == 3
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block", block_window=2))
+    assert [s.end for s in report.segments] == [changed[1], changed[2]]
+    assert report.improved and report.writeback_error <= 1e-5
+    with pytest.raises(OptionError, match="block_window 0 must be at least 1"):
+        RecoverOptions(block_window=0)
 
 
 def test_head_start_reaches_back_to_weights() -> None:

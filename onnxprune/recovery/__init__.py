@@ -3,9 +3,10 @@
 Two stages, run in this order by the default method ``block+distill``:
 
 - ``block``: block-wise reconstruction. The student is cut at the tensors it shares with the
-  teacher (see ``segments``); going from the input, each segment whose weights were changed by
-  pruning is trained to reproduce the teacher's tensor at its end from the student's own tensor at
-  its start, so it also corrects the error of the segments before it.
+  teacher (see ``segments``); going from the input, the segments whose weights were changed by
+  pruning, ``block_window`` of them together (``segments.windows``), are trained to reproduce the
+  teacher's tensor at their end from the student's own tensor at their start, so they also correct
+  the error of the segments before them.
 - ``distill``: distillation towards the teacher's outputs (KL for classifiers, relative MSE
   otherwise) on consistently augmented inputs: both networks see the same randomly cropped,
   flipped and mixed images (see ``augment``). By default only the last ``distill_segments``

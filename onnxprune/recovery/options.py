@@ -78,6 +78,7 @@ class RecoverOptions:
     method: Method | str = Method.BLOCK_DISTILL
     steps: int | None = None  # Adam steps per trainable segment (block stage; None: STEPS when steps bound the run)
     lr: float = 1e-3
+    block_window: int = 3  # changed segments the block stage trains together, to the tensor at the last one's end
     distill_steps: int | None = None  # Adam steps of the distillation stage (None: DISTILL_STEPS)
     distill_lr: float = 1e-4
     distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
@@ -112,7 +113,8 @@ class RecoverOptions:
         self.distill_steps = DISTILL_STEPS if self.distill_steps is None else self.distill_steps
         if self.time is not None and not self.time > 0:
             raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
-        for name, least in (("steps", 1), ("distill_steps", 1), ("distill_views", 1), ("distill_segments", 0)):
+        for name, least in (("steps", 1), ("block_window", 1), ("distill_steps", 1), ("distill_views", 1),
+                            ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
         if not self.distill_features >= 0:

@@ -95,6 +95,24 @@ def find_segments(student: gs.Graph, teacher: gs.Graph) -> list[Segment]:
     return segments
 
 
+def windows(segments: list[Segment], k: int) -> list[Segment]:
+    """The segments with every run of ``k`` changed ones (and the unchanged ones between them) made one, ending at
+    the last one's end: the block stage trains a window's weights together, so a segment can correct what the
+    next one cannot represent. The segments after the last changed one stay as they are."""
+    changed = [i for i, s in enumerate(segments) if s.trainable]
+    if k <= 1 or not changed:
+        return list(segments)
+    groups: list[list[Segment]] = [[]]
+    for i, seg in enumerate(segments[: changed[-1] + 1]):
+        groups[-1].append(seg)
+        if seg.trainable and sum(s.trainable for s in groups[-1]) == k and i != changed[-1]:
+            groups.append([])
+    merged = [Segment(g[0].start, g[-1].end, [n for s in g for n in s.nodes],
+                      sorted({w for s in g for w in s.changed}), sorted({w for s in g for w in s.weights}))
+              for g in groups]
+    return merged + segments[changed[-1] + 1 :]
+
+
 def head_start(segments: list[Segment], n: int, changed_only: bool) -> int | None:
     """The index of the first segment of a distilled head: the last ``n`` segments, reaching back to the last
     segment that holds a weight to train (a changed one with ``changed_only``) when those hold none (a Softmax or

@@ -15,7 +15,7 @@ from onnxprune.recovery.objective import objective, with_features
 from onnxprune.recovery.options import BLOCK_SHARE, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
-from onnxprune.recovery.segments import Segment, head_start
+from onnxprune.recovery.segments import Segment, head_start, windows
 from onnxprune.recovery.train import distill, evaluate_net, fit
 from onnxprune.runtime.segments import run_segment
 from onnxprune.runtime.store import Array, Store
@@ -27,13 +27,18 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
                  values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
                  options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store,
                  clock: Clock) -> tuple[onnx.ModelProto, dict[str, Array]]:
-    """Train every changed segment in turn, but one that the distillation trains whole (``left_to_distill``); the
-    written model and the trained nets' outputs. Under a time budget the stage gets ``BLOCK_SHARE`` of it (all of
-    it without distillation), split among the segments left."""
+    """Train every changed segment in turn, ``block_window`` of them together (``windows``), but one that the
+    distillation trains whole (``left_to_distill``); the written model and the trained nets' outputs. Under a time
+    budget the stage gets ``BLOCK_SHARE`` of it (all of it without distillation), split among the segments left."""
     n = len(next(iter(values.values())))
     skip = left_to_distill(segments, options)
     if skip is not None:
         report.block_skipped = segments[skip].end
+    if skip is None:
+        segments = windows(segments, options.block_window)
+    else:  # the segment left to the distillation stays whole
+        before = windows(segments[:skip], options.block_window)
+        segments, skip = before + segments[skip:], len(before)
     train = [i for i, s in enumerate(segments) if s.trainable and i != skip]
     share = BLOCK_SHARE if options.method.distill else 1.0
     stage = clock.loop(share) if train else None

@@ -32,11 +32,10 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     budget the stage gets ``BLOCK_SHARE`` of it (all of it without distillation), split among the segments left."""
     n = len(next(iter(values.values())))
     skip = left_to_distill(segments, options)
-    if skip is not None:
-        report.block_skipped = segments[skip].end
     if skip is None:
         segments = windows(segments, options.block_window)
     else:  # the segment left to the distillation stays whole
+        report.block_skipped = segments[skip].end
         before = windows(segments[:skip], options.block_window)
         segments, skip = before + segments[skip:], len(before)
     train = [i for i, s in enumerate(segments) if s.trainable and i != skip]

@@ -367,9 +367,7 @@ def write_back(model: onnx.ModelProto, torch_graph: TorchGraph, *, inplace: bool
         else:
             np_dtype = helper.tensor_dtype_to_np_dtype(proto.data_type)
             arr = t.numpy() if t.dtype != torch.bfloat16 else t.float().numpy()
-            # ascontiguousarray makes a 0-d array 1-d (Clip's scalar bounds would come back as [1])
-            arr = np.ascontiguousarray(arr.astype(np_dtype, copy=False)).reshape(dims)
-            new = numpy_helper.from_array(arr, onnx_name)
+            new = numpy_helper.from_array(arr.astype(np_dtype, copy=False), onnx_name)
         doc = proto.doc_string
         proto.CopyFrom(new)
         if doc:

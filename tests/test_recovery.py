@@ -324,6 +324,20 @@ def test_recover_keeps_to_its_time(tiny, student) -> None:
         RecoverOptions(time=-1)
 
 
+@pytest.mark.parametrize(("window", "share"), [(3, 1 / 2), (1, 3 / 4)])
+def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: pytest.MonkeyPatch, window: int,
+                                                   share: float) -> None:
+    """Under a time, the block stage's loops (one window of the tiny model's three changed segments, or three) get
+    as much of what is left each as the distillation's one loop after them, not a fixed share."""
+    from onnxprune.recovery.options import Clock
+
+    shares: list[float] = []
+    real = Clock.loop
+    monkeypatch.setattr(Clock, "loop", lambda self, share=1.0: shares.append(share) or real(self, share))
+    recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu", block_window=window))
+    assert shares == [share, 1.0]  # the block stage, then the distillation: all that is left
+
+
 def test_time_bounds_by_default_and_given_steps_bound_instead() -> None:
     """No bound given: DEFAULT_TIME; steps or distill_steps without a time: the counts (the other one its default);
     a time given wins over steps."""

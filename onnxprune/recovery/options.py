@@ -127,7 +127,6 @@ class RecoverOptions:
         return Store(default_budget() if self.memory is None else self.memory, self.spill_dir)
 
 
-BLOCK_SHARE = 0.4  # of a time budget, what the block stage's loops get when distillation follows
 RESERVE = 0.05  # of a time budget, kept for the written model's check and the verdict
 
 

@@ -12,7 +12,7 @@ import torch
 
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
-from onnxprune.recovery.options import BLOCK_SHARE, Augment, Clock, Progress, RecoverOptions
+from onnxprune.recovery.options import Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
@@ -29,7 +29,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
                  clock: Clock) -> tuple[onnx.ModelProto, dict[str, Array]]:
     """Train every changed segment in turn, ``block_window`` of them together (``windows``), but one that the
     distillation trains whole (``left_to_distill``); the written model and the trained nets' outputs. Under a time
-    budget the stage gets ``BLOCK_SHARE`` of it (all of it without distillation), split among the segments left."""
+    budget every loop gets an equal share, the distillation's loop counted (``block_share``)."""
     n = len(next(iter(values.values())))
     skip = left_to_distill(segments, options)
     if skip is None:
@@ -39,8 +39,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
         before = windows(segments[:skip], options.block_window)
         segments, skip = before + segments[skip:], len(before)
     train = [i for i, s in enumerate(segments) if s.trainable and i != skip]
-    share = BLOCK_SHARE if options.method.distill else 1.0
-    stage = clock.loop(share) if train else None
+    stage = clock.loop(block_share(len(train), options.method.distill)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
@@ -75,6 +74,13 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
         cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
     return model, cur
+
+
+def block_share(loops: int, distill: bool) -> float:
+    """Of the time left, what the block stage's ``loops`` get: as much each as the distillation's one loop that
+    follows them (all of it without one). A fixed share gave MobileNetV2's distillation 60% of the time, where it
+    never improved on the block stage's output."""
+    return loops / (loops + 1) if distill else 1.0
 
 
 def left_to_distill(segments: list[Segment], options: RecoverOptions) -> int | None:

@@ -31,6 +31,14 @@ def restore_subgraphs(model: onnx.ModelProto, original: onnx.ModelProto) -> onnx
     return model
 
 
+def with_metadata(model: onnx.ModelProto, source: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with ``source``'s metadata (an exporter's class names, stride, image size: graph-surgeon's round
+    trip drops them); mutated in place and returned."""
+    del model.metadata_props[:]
+    model.metadata_props.extend(source.metadata_props)
+    return model
+
+
 def rebuilt(model: onnx.ModelProto, initializer: list[onnx.TensorProto],
             inputs: list[onnx.ValueInfoProto] | None = None) -> onnx.ModelProto:
     """``model`` (its opsets, functions, producer and metadata, the graph's nodes, inputs, outputs and values) with

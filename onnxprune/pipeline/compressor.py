@@ -24,7 +24,8 @@ from onnxprune.core.statistics import collect
 from onnxprune.errors import CalibrationError, ResourceError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
-from onnxprune.ir.graph import export_model, loaded, restore_subgraphs
+from onnxprune.ir.graph import export_model, loaded, restore_subgraphs, with_metadata
+from onnxprune.ir.kept import narrow, read_kept, write_kept
 from onnxprune.ir.ort import CPU, first_provider, light_export
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
@@ -94,6 +95,7 @@ class Compressor:
         self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
         self.objects: ObjectSamples | None = None  # a detector's calibration samples with objects, those kept
         self.found: np.ndarray | None = None  # per calibration sample: whether the original finds an object there
+        self.kept = read_kept(model)  # tensor -> (axis, the original channels it holds): the output's metadata
 
     def _check_room(self, n: int, need: int) -> None:
         """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
@@ -270,6 +272,7 @@ class Compressor:
         self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
     ) -> tuple[float, float, list[float]]:
         """Slice the group, then let the reconstruction set its consumers. Returns (error_fold, error, ridges)."""
+        narrow(self.kept, kept_entries(self.graph, group, keep), {n: a for n, (a, _) in group.tensors.items()})
         self.graph = slice_channels(self.graph, group, keep)
         energy = sum(centred_energy(d.stats) for d in data) or 1.0
         fold_err = sum(reconstruct.fold_loss(d, keep, fold) for d in data) / energy
@@ -304,5 +307,5 @@ class Compressor:
             model = restore_batch(model, self.model)
         model.ir_version = self.model.ir_version
         model.producer_name = "onnxprune"
-        return restore_subgraphs(infer_shapes(model), self.model)
+        return write_kept(with_metadata(restore_subgraphs(infer_shapes(model), self.model), self.model), self.kept)
 

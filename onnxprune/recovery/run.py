@@ -12,7 +12,7 @@ import torch
 
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import OnnxPruneError
-from onnxprune.ir.graph import export_model
+from onnxprune.ir.graph import export_model, with_metadata
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
@@ -46,7 +46,7 @@ def recover(
         model, report = _recover(s_free or student, t_free or teacher, calib, options, on_progress, held)
     if not report.improved:
         return student, report
-    return (model if s_free is None else restore_batch(model, student)), report
+    return with_metadata(model if s_free is None else restore_batch(model, student), student), report
 
 
 def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:

@@ -32,8 +32,8 @@ def test_narrow_composes_and_the_map_survives_the_metadata() -> None:
 
 
 class LongSkip(torch.nn.Module):
-    """A stem whose output stays alive past four 3x3 convs, to a Concat with them: a U-Net's or an FPN's skip,
-    with no single tensor alive in between."""
+    """A stem whose output reaches a Concat past four 3x3 convs (a U-Net's or an FPN's skip): the Concat's tensor
+    holds two groups' channels side by side, so its entry's indices run past the first group's."""
 
     def __init__(self) -> None:
         super().__init__()

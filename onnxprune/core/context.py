@@ -59,6 +59,7 @@ class Context(Protocol):
     stats_bytes: int  # a statistics chunk's unfolded inputs and targets hold at most this
     found: np.ndarray | None  # a detector's: whether the original finds an object on each calibration sample (None
     # where the run did not look)
+    weights: np.ndarray | None  # a detector's position weights per calibration sample (``strategies.objects``)
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors ``values`` of ``graph`` to those live at ``cut`` (in place)."""
@@ -67,9 +68,10 @@ class Context(Protocol):
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
 
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
-                uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+                uses: list[ConsumerUse] | None = None, samples: np.ndarray | None = None) -> list[ConsumerData]:
         """Streamed statistics of the group's consumers (or ``uses``): inputs on ``prefix``, targets on the
-        original network's tensors ``reference``."""
+        original network's tensors ``reference``; ``samples``: which calibration samples these tensors hold (None:
+        all, in order), for a detector's position weights."""
 
     def note(self, group: Group, info: dict[str, Any]) -> None:
         """Record what the selector did on ``group`` (its layer report's ``selection``)."""

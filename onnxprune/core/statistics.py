@@ -29,7 +29,8 @@ STATS_BYTES = 2 << 30  # a statistics chunk's unfolded inputs and targets, at mo
 
 def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str, np.ndarray],
             reference: dict[str, np.ndarray], batch_size: int, kept_rows: dict[str, np.ndarray],
-            uses: list[ConsumerUse] | None = None, chunk_bytes: int = STATS_BYTES) -> list[ConsumerData]:
+            uses: list[ConsumerUse] | None = None, chunk_bytes: int = STATS_BYTES,
+            weights: np.ndarray | None = None) -> list[ConsumerData]:
     """Streamed statistics of every consumer of ``group`` (or of ``uses``): inputs on the ``prefix`` network
     (``graph``, the pruned one) vs outputs of the ``original`` network (its cached tensors ``reference``),
     ``batch_size`` samples a chunk, unfolded a few samples at a time so that a chunk's unfolded inputs and targets
@@ -37,7 +38,9 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
     the sums only by float rounding. ``kept_rows``: a stream producer's original output rows still there.
 
     A consumer that also reads other groups' channels (a Concat) is seen through the group's
-    columns only; the other columns' contribution, with their current weights, leaves the target."""
+    columns only; the other columns' contribution, with their current weights, leaves the target. ``weights``: a
+    map per sample (``strategies.objects.object_weights``) that weighs each output position of a consumer whose
+    positions form a grid of the map's shape (``position_weights``); the others' positions weigh alike."""
     nodes_p = {n.name: n for n in graph.nodes}
     nodes_o = {n.name: n for n in original.nodes}
     out = []
@@ -68,6 +71,9 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
         sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
                                 chunk_bytes)
+        if weights is not None and len(weights) != len(x_p):
+            raise ValueError(f"{len(weights)} weight maps for {len(x_p)} samples: name the samples (collect's samples)")
+        grid = None if weights is None else grid_of(length, weights.shape[1:])
         targets, operands = Scratch(), Scratch()  # reused by every chunk (see Scratch)
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
@@ -84,12 +90,33 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
                 ref = reference[partner][s:e]
                 shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
                 t += consumers.thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
-            folds[(s // bs) % 2].update(x, t, operands)
+            weight = None if grid is None else position_weights(weights[s:e], grid, stride, first)
+            folds[(s // bs) % 2].update(x, t, operands, weight)
         stats = ConsumerStats(*current.weight.shape[::-1])
         for fold in folds:
             stats.merge(fold)
         out.append(ConsumerData(use, folds, stats, current, target))
     return out
+
+
+def grid_of(positions: int, shape: tuple[int, ...]) -> tuple[int, int] | None:
+    """The (height, width) of ``positions`` output positions laid out as a map of ``shape``'s proportions (a
+    conv's output of an image, at any stride), or None where they do not form one."""
+    h = max(1, round(math.sqrt(positions * shape[0] / shape[1])))
+    w = positions // h
+    if h * w != positions or abs(h / w - shape[0] / shape[1]) > 1 / min(h, w):
+        return None
+    return h, w
+
+
+def position_weights(maps: np.ndarray, grid: tuple[int, int], stride: int, first: int) -> torch.Tensor:
+    """The weight of each kept position (every ``stride``-th from ``first``, counted across the samples, as
+    ``consumers.thin`` keeps them) of outputs laid out as ``grid``: the samples' ``maps`` averaged over the cells
+    of a coarser grid, the nearest cell's of a finer one."""
+    m = torch.from_numpy(np.ascontiguousarray(maps, dtype=np.float32))[:, None]
+    finer = grid[0] * grid[1] > m.shape[2] * m.shape[3]
+    m = torch.nn.functional.interpolate(m, size=grid, mode="nearest" if finer else "area")
+    return consumers.thin(m.reshape(len(m), 1, -1), stride, first)[:, 0]
 
 
 def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progress | None = None

@@ -124,7 +124,8 @@ def _moved(sums: Sums, n: int, dx: torch.Tensor, dt: torch.Tensor) -> Sums:
 class ConsumerStats:
     """Streaming float64 sums over positions p: xx = Σ x xᵀ, xt = Σ x tᵀ, sx = Σ x, st = Σ t, tt = Σ ||t||².
 
-    `count` is the number of positions.
+    `count` is the number of positions, or with weights (``update``'s) their sum: every sum then weighs position p
+    by w_p, as if it were repeated w_p times (a weighted least squares).
 
     Products are taken in float32 on chunks of at most `CHUNK_ROWS` rows (on the inputs' device when
     given torch tensors) and accumulated in float64, of x and t less a shift (a column's mean over the first chunk,
@@ -163,11 +164,12 @@ class ConsumerStats:
             if self._shift is not None:
                 self._shift = (self._shift[0].to(device), self._shift[1].to(device))
 
-    def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor, scratch: Scratch | None = None
-               ) -> None:
+    def update(self, x: np.ndarray | torch.Tensor, t: np.ndarray | torch.Tensor, scratch: Scratch | None = None,
+               weight: torch.Tensor | None = None) -> None:
         """Add positions given as rows, x (P, D) and t (P, O), or channel-major, x (B, D, L) and
         t (B, O, L) with positions b·L + l (what im2col and NCHW tensors give without a copy). ``scratch``: where the
-        chunks' GEMM operand is built (a loop's chunks reuse one)."""
+        chunks' GEMM operand is built (a loop's chunks reuse one). ``weight``: each position's, (P,) or (B, L),
+        non-negative (the positions themselves are then not kept: ``rows`` is for unweighted sums)."""
         xf, tf = _as_float32_tensor(x), _as_float32_tensor(t)
         if xf.ndim == 2 and tf.ndim == 2:
             xf, tf = xf.T.unsqueeze(0), tf.T.unsqueeze(0)
@@ -183,27 +185,31 @@ class ConsumerStats:
         b, _, length = xf.shape
         if b * length == 0:  # a chunk that thinning left empty
             return
-        kept = self._rows is not None and self.count + b * length < self.d
+        kept = weight is None and self._rows is not None and self.count + b * length < self.d
         self._keep_rows([(xf.permute(1, 0, 2).reshape(self.d, b * length).clone(),
                           tf.permute(1, 0, 2).reshape(self.o, b * length).clone())] if kept else None, b * length)
         with torch.no_grad():
             if self._shift is None:
                 self._shift = (_shift(xf), _shift(tf))
                 self._shifted = (bool(self._shift[0].any()), bool(self._shift[1].any()))
+            wf = None if weight is None else _as_float32_tensor(weight).to(xf.device).reshape(b, length).sqrt()
             if length >= CHUNK_ROWS // 16:
                 for i in range(b):  # long positions axis: one GEMM per image and slice
                     for s in range(0, length, CHUNK_ROWS):
-                        self._add(xf[i : i + 1, :, s : s + CHUNK_ROWS], tf[i : i + 1, :, s : s + CHUNK_ROWS], scratch)
+                        self._add(xf[i : i + 1, :, s : s + CHUNK_ROWS], tf[i : i + 1, :, s : s + CHUNK_ROWS], scratch,
+                                  None if wf is None else wf[i : i + 1, s : s + CHUNK_ROWS])
             else:
                 per = max(1, CHUNK_ROWS // length)
                 for i in range(0, b, per):
-                    self._add(xf[i : i + per], tf[i : i + per], scratch)
-        self.count += b * length
+                    self._add(xf[i : i + per], tf[i : i + per], scratch, None if wf is None else wf[i : i + per])
+        self.count += b * length if wf is None else float((wf.double() ** 2).sum())
 
-    def _add(self, x: torch.Tensor, t: torch.Tensor, scratch: Scratch | None) -> None:
+    def _add(self, x: torch.Tensor, t: torch.Tensor, scratch: Scratch | None, root: torch.Tensor | None = None
+             ) -> None:
         """Accumulate one chunk, x (B, D, L) and t (B, O, L) (positions b·L + l), shifted, with a single float32 GEMM
-        [x; 1]·[x; 1; t]ᵀ (tall-skinny products are dominated by call overhead; the ones give the sums, and tᵀt,
-        which no caller needs, is never formed). The chunk is copied once, into the GEMM's operand (``scratch``'s
+        [x; 1]·[x; 1; t]ᵀ, each position's column times ``root`` (B, L), the square root of its weight, where given
+        (tall-skinny products are dominated by call overhead; the ones give the sums, and tᵀt, which no caller needs,
+        is never formed). The chunk is copied once, into the GEMM's operand (``scratch``'s
         buffer where given)."""
         d, o = self.d, self.o
         b, _, length = x.shape
@@ -215,6 +221,8 @@ class ConsumerStats:
             z[:d] -= self._shift[0][:, None, None]
         if self._shifted[1]:
             z[d + 1 :] -= self._shift[1][:, None, None]
+        if root is not None:
+            z *= root[None]
         z = z.view(d + 1 + o, b * length)
         xx, xt, sx, st, tt = self._sums
         for r in range(0, d, GRAM_ROWS):  # xx's blocks on and above the diagonal; ``_mirrored`` fills the rest

@@ -37,7 +37,7 @@ from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
-from onnxprune.strategies.objects import ObjectSamples, object_samples
+from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights
 
 
 @dataclass
@@ -95,6 +95,7 @@ class Compressor:
         self.notes: dict[str, dict] = {}  # group name -> what the selector noted of it
         self.objects: ObjectSamples | None = None  # a detector's calibration samples with objects, those kept
         self.found: np.ndarray | None = None  # per calibration sample: whether the original finds an object there
+        self.weights: np.ndarray | None = None  # a detector's position weights per calibration sample
         self.kept = read_kept(model)  # tensor -> (axis, the original channels it holds): the output's metadata
 
     def _check_room(self, n: int, need: int) -> None:
@@ -120,17 +121,16 @@ class Compressor:
 
     def keep_objects(self, on_scan: Callable[[int, int], None] | None = None) -> None:
         """A detector fits and probes on the calibration samples where the original finds an object, with others
-        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``);
-        ``on_scan(done, n)`` as it looks through the n samples, ``done`` of them so far."""
-        if self.options.empty_samples:
-            return
-        found = object_samples(self, on_scan)
-        if found is None:
-            return
-        keep, self.found, self.objects = found
-        if len(keep) < self.objects.samples:
-            self.inputs = {name: self.store.copy(array, keep) for name, array in self.inputs.items()}
-            self.values_p, self.values_o = dict(self.inputs), dict(self.inputs)
+        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``), each
+        position of each layer weighted by where the original sees objects (``object_weights``); ``on_scan(done,
+        n)`` as it looks through the n samples, ``done`` of them so far."""
+        found = None if self.options.empty_samples else object_samples(self, on_scan)
+        if found is not None:
+            keep, self.found, self.objects = found
+            if len(keep) < self.objects.samples:
+                self.inputs = {name: self.store.copy(array, keep) for name, array in self.inputs.items()}
+                self.values_p, self.values_o = dict(self.inputs), dict(self.inputs)
+        self.weights = object_weights(self)
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
@@ -168,11 +168,13 @@ class Compressor:
         return {**values, **new}
 
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
-                uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+                uses: list[ConsumerUse] | None = None, samples: np.ndarray | None = None) -> list[ConsumerData]:
         """Streamed statistics of the group's consumers (or ``uses``): inputs on ``prefix`` (the pruned network's
-        cached tensors) vs outputs of the original network (its cached tensors ``reference``)."""
+        cached tensors) vs outputs of the original network (its cached tensors ``reference``); ``samples``: the
+        calibration samples they hold (None: all), whose position weights apply."""
+        weights = self.weights if self.weights is None or samples is None else self.weights[samples]
         return collect(self.graph, self.original, group, prefix, reference, self.options.batch_size, self.kept_rows,
-                       uses, self.stats_bytes)
+                       uses, self.stats_bytes, weights)
 
     def note(self, group: Group, info: dict) -> None:
         """What the selector did on ``group``, for its layer report."""

@@ -24,6 +24,7 @@ from onnxprune.tasks import Detect, Task, image_hw, task_named
 SCAN = 64  # samples the original runs on at once while looking for objects (their outputs held meanwhile: YOLO11n
 # at 640, 2.8 MB a sample)
 LEAST = 32  # calibration samples a detector keeps at least: those with objects, then evenly spaced others
+MAP_STRIDE = 8  # input pixels per cell of a detector's object map (the finest stride of the usual heads)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,36 @@ def with_objects(ctx: Context, task: Detect, samples: np.ndarray, floats: list[s
         if on_chunk is not None:
             on_chunk(min(i + SCAN, len(samples)))
     return np.concatenate(found)
+
+
+def object_weights(ctx: Context) -> np.ndarray | None:
+    """A detector's weight for each position of each calibration sample, on a grid of ``MAP_STRIDE`` pixels: 1 plus
+    its object map (``Detect.object_map``) over the maps' mean, so that the few positions where the original's
+    anchors see objects weigh as much in all as the whole images do; None for another task, a head that does not
+    list its anchors, or where the original sees no object at all. The original runs once more on the samples.
+
+    Every layer's fit is then a least squares weighted towards the objects, not the background of most of the
+    image: nudenet's YOLOv8n 320 at 0.70×, calibrated on 58 photos with objects, keeps mAP50-95 0.742 instead of
+    0.675 on 59 others, and 0.753 instead of 0.653 with the two sets swapped (the notebook's "Fitting a detector
+    where it sees objects")."""
+    floats = float_outputs(ctx.original)
+    if not may_detect(ctx.original, floats):
+        return None
+    n = len(next(iter(ctx.inputs.values())))
+    task: Task | None = None
+    maps = []
+    for start in range(0, n, SCAN):
+        samples = np.arange(start, min(start + SCAN, n))
+        reference = outputs(ctx, samples, floats)
+        task = task or task_of(ctx, reference, samples)
+        for chunk in reference:
+            found = task.object_map(list(chunk.values()), MAP_STRIDE) if isinstance(task, Detect) else None
+            if found is None:
+                return None
+            maps.append(found)
+    weights = np.concatenate(maps)
+    mean = float(weights.mean())
+    return None if mean <= 0 else 1.0 + weights / mean
 
 
 def may_detect(graph: gs.Graph, floats: list[str]) -> bool:

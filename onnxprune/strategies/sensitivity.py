@@ -151,7 +151,7 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
         ahead = ctx.peek(ctx.original, values, {use.tensor for use in group.consumers})
         fitted = {k: v[: len(fit)] for k, v in ahead.items()}
         at_cut = {k: v[len(fit):] for k, v in values.items()}
-        probes = _probe(ctx, group, fitted, at_cut, reference, plans[i], judge)
+        probes = _probe(ctx, group, fitted, at_cut, reference, plans[i], judge, fit)
         report.probes[group.name] = probes
         curves[group.id] = curve_of(group.channels, probes)
     report.seconds = time.perf_counter() - t0
@@ -177,14 +177,15 @@ def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: lis
 
 
 def _probe(ctx: Context, group: Group, fitted: dict[str, np.ndarray], at_cut: dict[str, np.ndarray],
-           reference: list[dict[str, np.ndarray]], widths: list[int], judge: Judge | None = None) -> dict[int, float]:
-    """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``; width 0:
-    only the bias, the mean target), run from the tensors ``at_cut`` of the probe samples; ``judge``: the task's
-    discrepancy against ``reference`` (``Task.judge``; None: the raw one)."""
+           reference: list[dict[str, np.ndarray]], widths: list[int], judge: Judge | None = None,
+           samples: np.ndarray | None = None) -> dict[int, float]:
+    """{width: output discrepancy} of ``group`` alone pruned to each width (OMP + refit on ``fitted``, the
+    calibration ``samples``; width 0: only the bias, the mean target), run from the tensors ``at_cut`` of the probe
+    samples; ``judge``: the task's discrepancy against ``reference`` (``Task.judge``; None: the raw one)."""
     if not widths:
         return {}
     judge = judge or Task("raw").judge(reference)
-    data = ctx.collect(group, fitted, fitted)
+    data = ctx.collect(group, fitted, fitted, samples=samples)
     top = max(widths)
     path = stats_omp([d.stats for d in data], [d.current.k for d in data], top, work=PROBE_WORK) if top else None
     # one session for every width, the consumers' weights its inputs; it runs each width once, on a few samples,

@@ -39,6 +39,24 @@ class Detect(Task):
         return np.array([len(d) > 0 for chunk in reference
                          for d in self.layout.decode(list(chunk.values()), self.conf, self.iou)], dtype=bool)
 
+    def object_map(self, outputs: Sequence[np.ndarray], stride: int) -> np.ndarray | None:
+        """Per image of ``outputs`` (the model's, in the order the layout counts them by), a map on a grid of
+        ``stride`` pixels: at the cell of each anchor's box centre, the best class score of the anchors scoring at
+        least ``BOX_WEIGHT_FLOOR`` there (the objective's objects), 0 elsewhere; None for a head that does not list
+        its anchors (a set of detections, a heat map)."""
+        if not isinstance(self.layout, DetectionLayout):
+            return None
+        boxes, scores, _ = self.layout.candidates(list(outputs))
+        best = scores.max(axis=2)
+        h, w = -(-self.layout.hw[0] // stride), -(-self.layout.hw[1] // stride)
+        out = np.zeros((len(best), h, w), np.float32)
+        for i, (b, s) in enumerate(zip(boxes, best)):
+            on = np.flatnonzero(s >= BOX_WEIGHT_FLOOR)
+            x = np.clip(np.floor((b[on, 0] + b[on, 2]) / (2 * stride)), 0, w - 1).astype(np.int64)
+            y = np.clip(np.floor((b[on, 1] + b[on, 3]) / (2 * stride)), 0, h - 1).astype(np.int64)
+            np.maximum.at(out[i], (y, x), s[on].astype(np.float32))
+        return out
+
     def discrepancy(self, reference: Sequence[Mapping[str, np.ndarray]],
                     outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
         """``judge(reference)(outputs)``: each kind of head reads its reference its own way."""

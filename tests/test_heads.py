@@ -253,7 +253,8 @@ def test_a_detectors_probes_take_the_samples_with_objects_first(tmp_path) -> Non
 
 def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tmp_path, monkeypatch) -> None:
     """Of 40 samples, the 4 with an object and 28 of the others, evenly spaced (32 at least), calibrate; the report
-    and the printed note count them; the scan reports each chunk it looked through (16 at a time here)."""
+    and the printed note count them; the scan reports each chunk it looked through (16 at a time here), of a set
+    of 32 too, where every sample is kept."""
     import onnx
 
     import onnxprune
@@ -279,8 +280,10 @@ def test_a_detector_is_pruned_on_the_samples_where_the_original_finds_objects(tm
     assert report.objects == {"found": 4, "samples": 40, "kept": 32} and report.calibration_samples == 32
     few = Compressor(onnx.load(path), ArraySet({"images": calib[:LEAST]}, np.arange(LEAST), {"images": np.float32}),
                      options_from(onnxprune.Ratio(0.7), provider="cpu"))
-    few.keep_objects(lambda done, n: scanned.append((done, n)))  # no more than 32: every sample is kept, nothing runs
-    assert few.objects is None and len(scanned) == 3 and len(few.inputs["images"]) == LEAST
+    few.keep_objects(lambda done, n: scanned.append((done, n)))  # no more than 32: every sample is kept, and the
+    # original still runs over them, for where it finds objects (the probes read it without running again)
+    assert few.objects is None and scanned[3:] == [(16, 32), (32, 32)] and len(few.inputs["images"]) == LEAST
+    assert few.found.sum() == sum(i < LEAST for i in BRIGHT)
     assert "objects in 4 of the 40 calibration samples: pruned on those 4 and 28 without" in kept_note(**report.objects)
 
 

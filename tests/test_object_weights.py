@@ -85,12 +85,12 @@ def test_a_detector_is_fitted_where_its_original_sees_objects(tmp_path, monkeypa
     calib = np.random.default_rng(0).random((12, *spec.input_shape[1:]), dtype=np.float32)
     seen = []
     real = compressor.object_weights
-    monkeypatch.setattr(compressor, "object_weights", lambda ctx: seen.append(real(ctx)) or seen[-1])
+    monkeypatch.setattr(compressor, "object_weights", lambda maps: seen.append(real(maps)) or seen[-1])
     weighted = onnxprune.compress(str(path), calib, budget=onnxprune.Ratio(0.7)).model
     (weights,) = seen
     assert weights.shape == (12, 8, 8) and weights.min() >= 1.0
     np.testing.assert_allclose(weights.mean(), 2.0, rtol=1e-5)
-    monkeypatch.setattr(compressor, "object_weights", lambda ctx: None)
+    monkeypatch.setattr(compressor, "object_weights", lambda maps: None)
     plain = onnxprune.compress(str(path), calib, budget=onnxprune.Ratio(0.7)).model
     differ = [a.name for a, b in zip(weighted.graph.initializer, plain.graph.initializer)
               if a.raw_data != b.raw_data]

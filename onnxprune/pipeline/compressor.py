@@ -37,7 +37,7 @@ from onnxprune.pipeline.schedule import is_gate
 from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
-from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights
+from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights, scan
 
 
 @dataclass
@@ -121,16 +121,22 @@ class Compressor:
 
     def keep_objects(self, on_scan: Callable[[int, int], None] | None = None) -> None:
         """A detector fits and probes on the calibration samples where the original finds an object, with others
-        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``), each
-        position of each layer weighted by where the original sees objects (``object_weights``); ``on_scan(done,
-        n)`` as it looks through the n samples, ``done`` of them so far."""
-        found = None if self.options.empty_samples else object_samples(self, on_scan)
-        if found is not None:
-            keep, self.found, self.objects = found
+        evenly spaced up to ``strategies.objects.LEAST`` (on every sample with ``options.empty_samples``, or where
+        there are no more), each position of each layer weighted by where the original sees objects
+        (``object_weights``); ``on_scan(done, n)`` as the original looks through the n samples, ``done`` of them so
+        far (a detector's only)."""
+        scanned = scan(self, on_scan)
+        if scanned is None:
+            return
+        kept = None if self.options.empty_samples else object_samples(scanned.found)
+        keep = np.arange(len(scanned.found)) if kept is None else kept[0]
+        if kept is not None:
+            self.objects = kept[1]
             if len(keep) < self.objects.samples:
                 self.inputs = {name: self.store.copy(array, keep) for name, array in self.inputs.items()}
                 self.values_p, self.values_o = dict(self.inputs), dict(self.inputs)
-        self.weights = object_weights(self)
+        self.found = scanned.found[keep]
+        self.weights = object_weights(None if scanned.maps is None else scanned.maps[keep])
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""

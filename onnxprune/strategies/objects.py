@@ -70,45 +70,37 @@ def evenly(samples: np.ndarray, most: int) -> np.ndarray:
 
 
 def with_objects(ctx: Context, task: Detect, samples: np.ndarray, floats: list[str],
-                 on_chunk: Callable[[int], None] | None = None) -> np.ndarray:
-    """Whether the original finds an object on each of ``samples``, ``SCAN`` of them at a time; ``on_chunk(done)``
-    after each chunk, with the count of ``samples`` looked at so far."""
-    found = [np.zeros(0, dtype=bool)]
+                 on_chunk: Callable[[int], None] | None = None) -> tuple[np.ndarray, list[np.ndarray | None]]:
+    """Whether the original finds an object on each of ``samples``, and their object maps chunk by chunk
+    (``object_maps``), ``SCAN`` samples at a time; ``on_chunk(done)`` after each chunk, with the count of
+    ``samples`` looked at so far."""
+    found, maps = [np.zeros(0, dtype=bool)], []
     for i in range(0, len(samples), SCAN):
-        found.append(task.with_objects(outputs(ctx, samples[i:i + SCAN], floats)))
+        reference = outputs(ctx, samples[i:i + SCAN], floats)
+        found.append(task.with_objects(reference))
+        maps += object_maps(task, reference)
         if on_chunk is not None:
             on_chunk(min(i + SCAN, len(samples)))
-    return np.concatenate(found)
+    return np.concatenate(found), maps
 
 
-def object_weights(ctx: Context) -> np.ndarray | None:
-    """A detector's weight for each position of each calibration sample, on a grid of ``MAP_STRIDE`` pixels: 1 plus
-    its object map (``Detect.object_map``) over the maps' mean, so that the few positions where the original's
-    anchors see objects weigh as much in all as the whole images do; None for another task, a head that does not
-    list its anchors, or where the original sees no object at all. The original runs once more on the samples.
+def object_maps(task: Detect, reference: list[dict[str, np.ndarray]]) -> list[np.ndarray | None]:
+    """Each chunk's object maps (``Detect.object_map`` on a ``MAP_STRIDE`` grid; None for a head that does not list
+    its anchors)."""
+    return [task.object_map(list(chunk.values()), MAP_STRIDE) for chunk in reference]
+
+
+def object_weights(maps: np.ndarray | None) -> np.ndarray | None:
+    """A detector's weight for each position of each calibration sample, from their object ``maps``: 1 plus the
+    map over the maps' mean, so that the few positions where the original's anchors see objects weigh as much in
+    all as the whole images do; None without maps, or where the original sees no object at all.
 
     Every layer's fit is then a least squares weighted towards the objects, not the background of most of the
     image: nudenet's YOLOv8n 320 at 0.70×, calibrated on 58 photos with objects, keeps mAP50-95 0.742 instead of
     0.675 on 59 others, and 0.753 instead of 0.653 with the two sets swapped (the notebook's "Fitting a detector
     where it sees objects")."""
-    floats = float_outputs(ctx.original)
-    if not may_detect(ctx.original, floats):
-        return None
-    n = len(next(iter(ctx.inputs.values())))
-    task: Task | None = None
-    maps = []
-    for start in range(0, n, SCAN):
-        samples = np.arange(start, min(start + SCAN, n))
-        reference = outputs(ctx, samples, floats)
-        task = task or task_of(ctx, reference, samples)
-        for chunk in reference:
-            found = task.object_map(list(chunk.values()), MAP_STRIDE) if isinstance(task, Detect) else None
-            if found is None:
-                return None
-            maps.append(found)
-    weights = np.concatenate(maps)
-    mean = float(weights.mean())
-    return None if mean <= 0 else 1.0 + weights / mean
+    mean = 0.0 if maps is None or not maps.size else float(maps.mean())
+    return None if mean <= 0 else (1.0 + maps / mean).astype(np.float32)
 
 
 def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
@@ -117,15 +109,22 @@ def may_detect(graph: gs.Graph, floats: list[str]) -> bool:
     return any(t.shape is None or len(t.shape) >= 3 for t in graph.outputs if t.name in floats)
 
 
-def object_samples(ctx: Context, on_scan: Callable[[int, int], None] | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, ObjectSamples] | None:
-    """For a detector: the calibration samples to keep (sorted), whether the original finds an object on each of
-    them, and the count; None for another task, and where there are no more than ``LEAST`` samples (all of them
-    kept: nothing runs). ``on_scan(done, n)`` once the outputs read as a detector's, and after each chunk of the n
-    samples the original runs on, ``done`` of them looked at."""
+@dataclass(frozen=True)
+class Scan:
+    """What the original shows on each calibration sample of a detector: whether it finds an object (score ≥ the
+    task's ``conf``), and its object map (None for a head that does not list its anchors)."""
+
+    found: np.ndarray
+    maps: np.ndarray | None
+
+
+def scan(ctx: Context, on_scan: Callable[[int, int], None] | None = None) -> Scan | None:
+    """For a detector, the original run over every calibration sample (``Scan``); None for another task (decided
+    from the outputs' shapes without running, or from the first chunk's outputs). ``on_scan(done, n)`` once the
+    outputs read as a detector's, and after each chunk of the n samples, ``done`` of them looked at."""
     floats = float_outputs(ctx.original)
     n = len(next(iter(ctx.inputs.values())))
-    if n <= LEAST or not may_detect(ctx.original, floats):
+    if not may_detect(ctx.original, floats):
         return None
     first = np.arange(min(n, SCAN))
     reference = outputs(ctx, first, floats)
@@ -135,9 +134,19 @@ def object_samples(ctx: Context, on_scan: Callable[[int, int], None] | None = No
     chunk = None if on_scan is None else lambda done: on_scan(len(first) + done, n)
     if chunk is not None:
         chunk(0)
-    found = np.concatenate([task.with_objects(reference),
-                            with_objects(ctx, task, np.arange(len(first), n), floats, chunk)])
+    found, maps = with_objects(ctx, task, np.arange(len(first), n), floats, chunk)
+    maps = object_maps(task, reference) + maps
+    return Scan(np.concatenate([task.with_objects(reference), found]),
+                None if any(m is None for m in maps) else np.concatenate(maps))
+
+
+def object_samples(found: np.ndarray) -> tuple[np.ndarray, ObjectSamples] | None:
+    """The calibration samples a detector keeps (sorted), given where the original ``found`` an object, and the
+    count; None where there are no more than ``LEAST`` samples (all of them kept)."""
+    n = len(found)
+    if n <= LEAST:
+        return None
     samples = np.arange(n)
     keep = samples if not found.any() else np.sort(np.concatenate(
         [samples[found], evenly(samples[~found], LEAST - int(found.sum()))]))
-    return keep, found[keep], ObjectSamples(int(found.sum()), n, len(keep))
+    return keep, ObjectSamples(int(found.sum()), n, len(keep))

@@ -170,7 +170,7 @@ def _objects_first(ctx: Context, task: Detect, probe: np.ndarray, reference: lis
     if task.with_objects(reference).all():
         return probe, reference, None
     side = _sides(len(next(iter(ctx.inputs.values()))))[1]
-    found = with_objects(ctx, task, side, floats) if ctx.found is None else ctx.found[side]
+    found = with_objects(ctx, task, side, floats)[0] if ctx.found is None else ctx.found[side]
     some = evenly(side[found], len(probe))
     chosen = np.sort(np.concatenate([some, evenly(side[~found], len(probe) - len(some))]))
     return chosen, outputs(ctx, chosen, floats), (int(found.sum()), len(side))

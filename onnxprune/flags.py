@@ -20,6 +20,8 @@ from onnxprune import api
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.errors import OnnxPruneError, TargetError
 from onnxprune.recovery import RecoverOptions
+from onnxprune.recovery.options import DISTILL_LRS
+from onnxprune.recovery.train import LR_TRIAL
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import (ALLOCATORS, RECONSTRUCTORS, SELECTORS, Budget, CompressOptions, Latency, MACs, Ratio,
                                   named)
@@ -191,7 +193,10 @@ BlockWindowOpt = Annotated[int, typer.Option(
 DistillStepsOpt = Annotated[Optional[int], typer.Option(
     help="Distill stage: Adam steps (600 where left out). Given without --time, step counts bound the run instead of "
          "the time.")]
-DistillLrOpt = Annotated[float, typer.Option(help="Distill stage: Adam learning rate (cosine decay).")]
+DistillLrOpt = Annotated[Optional[float], typer.Option(
+    help="Distill stage: Adam learning rate (cosine decay). Left out: each of "
+         f"{', '.join(f'{lr:.0e}' for lr in DISTILL_LRS)} trains for {LR_TRIAL:.0%} of the stage from the same "
+         "weights, and the one with the lowest held-out loss trains the rest.")]
 DistillSegmentsOpt = Annotated[int, typer.Option(
     help="Distill stage: train only the last N segments (the head; back to the last one with weights when those "
          "have none, e.g. a Softmax at the end), on their inputs cached for --distill-views augmented views of "

@@ -209,7 +209,9 @@ def print_recovery(r: RecoverReport) -> None:
     if r.distill is not None:
         d = r.distill
         part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
-        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment})", f"{d.parameters:,}",
+        trials = ", ".join(f"{lr:.0e}: {held:.4f}" for lr, held in d.lr_trials)
+        lr = f"lr {d.lr:.0e}" + (f", the best held-out loss of trials at {trials}" if trials else "")
+        table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment}; {lr})", f"{d.parameters:,}",
                       f"{d.held_before:.4f}", f"{d.held_after:.4f}", str(d.best_step), f"{d.seconds:.1f}")
     console.print(table)
     if r.block_skipped:

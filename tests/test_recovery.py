@@ -14,6 +14,7 @@ import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
+from onnxprune.recovery.options import DISTILL_LRS
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import run
@@ -316,10 +317,38 @@ def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPa
     assert result.held_after == min(helds) < helds[0] and float(w.detach()[0] ** 2) == result.held_after
 
 
+def test_the_learning_rate_is_chosen_by_short_trials_from_the_same_start() -> None:
+    """Given candidate rates, each trains ``LR_TRIAL`` of the steps from the same weights, the one leaving the lowest
+    held-out loss trains the rest from the start again: on w² from w = 4, Adam at 1 gets near 0 in 5 steps, 1e-3
+    barely moves, 20 overshoots."""
+    import onnxprune.recovery.train as train
+
+    def run(lr):
+        w = torch.nn.Parameter(torch.tensor([4.0]))
+        helds = []
+
+        def held() -> float:
+            helds.append(float(w.detach()[0] ** 2))
+            return helds[-1]
+
+        return train.train_loop([w], lambda gen: (w**2).sum(), held, steps=100, lr=lr, pull=0.0, seed=0), helds
+
+    result, helds = run((20.0, 1.0, 1e-3))
+    assert [lr for lr, _ in result.trials] == [20.0, 1.0, 1e-3] and result.lr == 1.0
+    assert result.trials[1][1] < 1.0 < min(result.trials[0][1], result.trials[2][1])
+    assert helds[1:4] == [held for _, held in result.trials]  # measured once each, after the start
+    assert result.held_before == 16.0 and result.steps == 100
+    fixed, _ = run(1.0)
+    assert (fixed.held_after, fixed.lr, fixed.trials) == (result.held_after, 1.0, [])  # the start was restored
+
+
 def test_recover_keeps_to_its_time(tiny, student) -> None:
-    """A recovery given a time runs its loops by the clock (and says so in its options)."""
+    """A recovery given a time runs its loops by the clock (and says so in its options); the distillation's rate
+    is the best of its trials."""
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"))
     assert report.options["time"] == 3.0 and report.segments and report.distill is not None
+    trials = report.distill.lr_trials
+    assert [lr for lr, _ in trials] == list(DISTILL_LRS) and report.distill.lr == min(trials, key=lambda t: t[1])[0]
     with pytest.raises(OptionError, match="time -1 must be a positive number of seconds"):
         RecoverOptions(time=-1)
 

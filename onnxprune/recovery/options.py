@@ -64,6 +64,10 @@ def writeback_tolerance(device: torch.device) -> float:
 
 DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a few hundred photos (docs/results.md)
 STEPS, DISTILL_STEPS = 200, 600  # the step counts where steps bound the run and one of them is left out
+# the distillation's candidate learning rates where none is given: MobileNetV2's head gains at 1e-4, YOLOv8n's neck
+# and head (2M weights, one segment) lose mAP within ten steps there and gain at 3e-6 (the notebook's "Choosing the
+# distillation's learning rate")
+DISTILL_LRS = (1e-4, 3e-5, 1e-5, 3e-6)
 
 
 @dataclass
@@ -80,7 +84,7 @@ class RecoverOptions:
     lr: float = 1e-3
     block_window: int = 3  # changed segments the block stage trains together, to the tensor at the last one's end
     distill_steps: int | None = None  # Adam steps of the distillation stage (None: DISTILL_STEPS)
-    distill_lr: float = 1e-4
+    distill_lr: float | None = None  # None: the best of ``DISTILL_LRS`` after a short trial each (``train.choose_lr``)
     distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
     distill_views: int = 8  # augmented views of every training sample cached for a head distillation
     distill_features: float = 1.0  # whole-model distillation: weight of the block outputs' relative squared error
@@ -117,6 +121,9 @@ class RecoverOptions:
                             ("distill_segments", 0)):
             if getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
+        if self.distill_lr is not None and not self.distill_lr >= 0:
+            raise OptionError(f"distill_lr {self.distill_lr} must be a non-negative learning rate",
+                              option="distill_lr")
         if not self.distill_features >= 0:
             raise OptionError(f"distill_features {self.distill_features} must be a non-negative weight",
                               option="distill_features")

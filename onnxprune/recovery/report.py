@@ -26,6 +26,9 @@ class DistillReport:
     held_after: float
     best_step: int
     seconds: float
+    lr: float = 0.0  # the learning rate trained with
+    lr_trials: list[tuple[float, float]] = field(default_factory=list)  # (lr, held-out loss after its trial) where
+    # the rate was chosen among candidates
 
 
 @dataclass

@@ -12,7 +12,7 @@ import torch
 
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
-from onnxprune.recovery.options import Augment, Clock, Progress, RecoverOptions
+from onnxprune.recovery.options import DISTILL_LRS, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
@@ -131,7 +131,8 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         return [p for name, p in net.named_initializers()
                 if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
 
-    loop = {"steps": options.distill_steps, "lr": options.distill_lr, "pull": options.pull, "seed": options.seed,
+    lr = DISTILL_LRS if options.distill_lr is None else options.distill_lr
+    loop = {"steps": options.distill_steps, "lr": lr, "pull": options.pull, "seed": options.seed,
             "on_step": step}
     if first is not None:
         start = segments[first].start
@@ -164,7 +165,8 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         held_out = evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs))
         samples = result.steps * options.batch_size
     report = DistillReport(sum(p.numel() for p in params), first is None, list(start), samples, augment,
-                           result.held_before, result.held_after, result.best_step, time.perf_counter() - t0)
+                           result.held_before, result.held_after, result.best_step, time.perf_counter() - t0,
+                           result.lr, result.trials)
     return write_back(model, net), held_out, report
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from onnxprune.runtime.store import Array, Store
 from onnxprune.runtime.torch_eval import TorchGraph
 
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
+LR_TRIAL = 0.05  # of a loop's steps or seconds, each candidate learning rate's trial (``choose_lr``)
 
 
 @dataclass
@@ -22,6 +23,9 @@ class FitResult:
     held_after: float  # held-out loss of the weights kept (never above held_before)
     best_step: int  # step of the kept checkpoint (0: the starting weights)
     steps: int
+    lr: float = 0.0  # the learning rate trained with
+    trials: list[tuple[float, float]] = field(default_factory=list)  # (lr, held-out loss after its trial) where
+    # the rate was chosen among candidates
 
 
 def relative_mse(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
@@ -106,13 +110,58 @@ def log_probs(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x.clamp_min(1e-12)) if probabilities else torch.log_softmax(x, 1)
 
 
+def _pulled(value: torch.Tensor, params: list[torch.nn.Parameter], start: list[torch.Tensor], scale: list[float],
+            pull: float) -> torch.Tensor:
+    """``value`` plus pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start)."""
+    if pull <= 0:
+        return value
+    return value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
+
+
+def choose_lr(
+    params: list[torch.nn.Parameter],
+    batch_loss: Callable[[torch.Generator], torch.Tensor],
+    held: Callable[[], float],
+    lrs: Sequence[float],
+    *,
+    steps: int,
+    seconds: float | None,
+    pull: float,
+    seed: int,
+    on_step: Callable[[int, float], None] | None = None,
+) -> list[tuple[float, float]]:
+    """Each of ``lrs`` trained from the same weights on the same batches, at a constant rate for ``steps`` Adam steps
+    (for ``seconds`` where given), then measured by ``held()``; the weights are restored after each. Returns (lr,
+    held-out loss) per candidate. ``on_step(step, train_loss)`` counts the steps of all trials."""
+    start = [p.detach().clone() for p in params]
+    scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
+    trials, done = [], 0
+    for lr in lrs:
+        gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
+        begin, step = time.monotonic(), 0
+        while step < steps if seconds is None else step == 0 or time.monotonic() - begin < seconds:
+            step += 1
+            value = _pulled(batch_loss(gen), params, start, scale, pull)
+            opt.zero_grad(set_to_none=True)
+            value.backward()
+            opt.step()
+            if on_step is not None:
+                on_step(done + step, value.item())
+        done += step
+        trials.append((lr, held()))
+        with torch.no_grad():
+            for p, p0 in zip(params, start):
+                p.copy_(p0)
+    return trials
+
+
 def train_loop(
     params: list[torch.nn.Parameter],
     batch_loss: Callable[[torch.Generator], torch.Tensor],
     held: Callable[[], float],
     *,
     steps: int,
-    lr: float,
+    lr: float | Sequence[float],
     pull: float,
     seed: int,
     evals: int = 5,
@@ -125,13 +174,25 @@ def train_loop(
     ``on_step(step, train_loss, best_held)`` reports progress.
 
     With ``seconds``, the loop runs for that long instead of ``steps`` steps: the cosine and the checkpoints
-    follow the share of the time spent (a held-out measure's time counted), the last one at the end."""
-    gen = torch.Generator().manual_seed(seed)
+    follow the share of the time spent (a held-out measure's time counted), the last one at the end.
+
+    ``lr`` a sequence: the rate is the one whose trial (``choose_lr``, ``LR_TRIAL`` of the steps or seconds each)
+    left the lowest held-out loss; under ``seconds`` the trials' time is the loop's."""
     begin = time.monotonic()
     start = [p.detach().clone() for p in params]
     scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
     best = held()
-    result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps)
+    trials = []
+    if not isinstance(lr, (int, float)):
+        trials = choose_lr(params, batch_loss, held, lr, steps=max(1, round(steps * LR_TRIAL)),
+                           seconds=None if seconds is None else seconds * LR_TRIAL, pull=pull, seed=seed,
+                           on_step=None if on_step is None else lambda k, value: on_step(k, value, best))
+        lr = min(trials, key=lambda trial: trial[1])[0]
+        if seconds is not None:
+            seconds = max(1.0, seconds - (time.monotonic() - begin))
+            begin = time.monotonic()
+    gen = torch.Generator().manual_seed(seed)
+    result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps, lr=float(lr), trials=trials)
     best_state = [p0.clone() for p0 in start]
     opt = torch.optim.Adam(params, lr=lr)
     sched = None if seconds is not None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
@@ -143,9 +204,7 @@ def train_loop(
             share = min(1.0, (time.monotonic() - begin) / seconds)
             for group in opt.param_groups:
                 group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * share))
-        value = batch_loss(gen)
-        if pull > 0:
-            value = value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
+        value = _pulled(batch_loss(gen), params, start, scale, pull)
         opt.zero_grad(set_to_none=True)
         value.backward()
         opt.step()

@@ -36,6 +36,18 @@ from third_party import wheel_file
 RESULTS = Path("benchmarks/results/detectors_recover")
 
 
+def adam_cosine(params: list[torch.nn.Parameter], lr: float, steps: int):
+    """Adam on ``params`` with its cosine decay over ``steps``."""
+    opt = torch.optim.Adam(params, lr=lr)
+    return opt, torch.optim.lr_scheduler.CosineAnnealingLR(opt, steps)
+
+
+def views(train: np.ndarray, batch: int, mix: str, gen: torch.Generator) -> torch.Tensor:
+    """A batch drawn from ``train``, cropped, flipped and mixed (``mix`` 'off': as it is)."""
+    x = torch.from_numpy(train[torch.randint(len(train), (batch,), generator=gen).numpy()])
+    return x if mix == "off" else augment_images(x, gen, mix)
+
+
 def images(folder: Path, model: onnx.ModelProto, pre: onnxprune.Preprocess) -> np.ndarray:
     return np.concatenate([b["images"] for b in onnxprune.calibration(folder, model, pre).batches(64)])
 
@@ -129,12 +141,10 @@ def main() -> None:
     history = [measure()]
     print(f"{sum(w.numel() for w in params)} weights train; start mAP50-95 {history[0][0]:.3f} mAP50 "
           f"{history[0][1]:.3f} objective {history[0][2]:.4f}", flush=True)
-    opt = torch.optim.Adam(params, lr=a.lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.steps)
+    opt, sched = adam_cosine(params, a.lr, a.steps)
     gen, t0 = torch.Generator().manual_seed(0), time.perf_counter()
     for step in range(1, a.steps + 1):
-        x = torch.from_numpy(train[torch.randint(len(train), (a.batch,), generator=gen).numpy()])
-        x = x if a.mix == "off" else augment_images(x, gen, a.mix)
+        x = views(train, a.batch, a.mix, gen)
         with torch.no_grad():
             t = t_net(x)[0]
         value = loss(s_net(x)[0], t)

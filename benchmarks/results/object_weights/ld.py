@@ -4,12 +4,11 @@ from pathlib import Path
 import numpy as np, onnx, torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import onnxprune
-from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import DetectLoss
 from onnxprune.runtime.torch_eval import TorchGraph
 from onnxprune.tasks import infer_task
 from third_party import wheel_file
-from detector_distill import images, layer, iou
+from detector_distill import adam_cosine, images, iou, layer, views
 
 DFL = [f"/model.22/cv2.{i}/cv2.{i}.2/Conv_output_0" for i in range(3)]
 p = argparse.ArgumentParser()
@@ -75,12 +74,10 @@ for name, w in s_net.named_initializers():
         params += [w] if on else []
 print(vars(a), flush=True)
 print("start", measure(), flush=True)
-opt = torch.optim.Adam(params, lr=a.lr)
-sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, a.steps)
+opt, sched = adam_cosine(params, a.lr, a.steps)
 gen, t0 = torch.Generator().manual_seed(0), time.perf_counter()
 for step in range(1, a.steps + 1):
-    x = torch.from_numpy(train[torch.randint(len(train), (a.batch,), generator=gen).numpy()])
-    x = x if a.mix == "off" else augment_images(x, gen, a.mix)
+    x = views(train, a.batch, a.mix, gen)
     with torch.no_grad():
         t = t_net(x)
     y = s_net(x)

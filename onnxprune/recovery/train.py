@@ -110,12 +110,22 @@ def log_probs(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x.clamp_min(1e-12)) if probabilities else torch.log_softmax(x, 1)
 
 
-def _pulled(value: torch.Tensor, params: list[torch.nn.Parameter], start: list[torch.Tensor], scale: list[float],
-            pull: float) -> torch.Tensor:
-    """``value`` plus pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start)."""
-    if pull <= 0:
-        return value
-    return value + pull * sum(((p - p0) ** 2).sum() / s for p, p0, s in zip(params, start, scale))
+def _adam_step(opt: torch.optim.Adam, value: torch.Tensor, params: list[torch.nn.Parameter],
+               start: list[torch.Tensor], pull: float) -> torch.Tensor:
+    """One step of ``opt`` on ``value`` plus pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the ``start``); the loss."""
+    if pull > 0:
+        value = value + pull * sum(((p - p0) ** 2).sum() / (p0**2).sum().clamp_min(1e-12)
+                                   for p, p0 in zip(params, start))
+    opt.zero_grad(set_to_none=True)
+    value.backward()
+    opt.step()
+    return value
+
+
+def _load(params: list[torch.nn.Parameter], weights: list[torch.Tensor]) -> None:
+    with torch.no_grad():
+        for p, w in zip(params, weights):
+            p.copy_(w)
 
 
 def choose_lr(
@@ -123,6 +133,7 @@ def choose_lr(
     batch_loss: Callable[[torch.Generator], torch.Tensor],
     held: Callable[[], float],
     lrs: Sequence[float],
+    start: list[torch.Tensor],
     *,
     steps: int,
     seconds: float | None,
@@ -130,28 +141,22 @@ def choose_lr(
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
 ) -> list[tuple[float, float]]:
-    """Each of ``lrs`` trained from the same weights on the same batches, at a constant rate for ``steps`` Adam steps
-    (for ``seconds`` where given), then measured by ``held()``; the weights are restored after each. Returns (lr,
-    held-out loss) per candidate. ``on_step(step, train_loss)`` counts the steps of all trials."""
-    start = [p.detach().clone() for p in params]
-    scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
+    """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
+    rate for ``steps`` Adam steps (for ``seconds`` where given), then measured by ``held()``; ``start`` is loaded back
+    after each. Returns (lr, held-out loss) per candidate. ``on_step(step, train_loss)`` counts the steps of all
+    trials."""
     trials, done = [], 0
     for lr in lrs:
         gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
         begin, step = time.monotonic(), 0
         while step < steps if seconds is None else step == 0 or time.monotonic() - begin < seconds:
             step += 1
-            value = _pulled(batch_loss(gen), params, start, scale, pull)
-            opt.zero_grad(set_to_none=True)
-            value.backward()
-            opt.step()
+            value = _adam_step(opt, batch_loss(gen), params, start, pull)
             if on_step is not None:
                 on_step(done + step, value.item())
         done += step
         trials.append((lr, held()))
-        with torch.no_grad():
-            for p, p0 in zip(params, start):
-                p.copy_(p0)
+        _load(params, start)
     return trials
 
 
@@ -180,11 +185,10 @@ def train_loop(
     left the lowest held-out loss; under ``seconds`` the trials' time is the loop's."""
     begin = time.monotonic()
     start = [p.detach().clone() for p in params]
-    scale = [float((p0**2).sum().clamp_min(1e-12)) for p0 in start]
     best = held()
     trials = []
     if not isinstance(lr, (int, float)):
-        trials = choose_lr(params, batch_loss, held, lr, steps=max(1, round(steps * LR_TRIAL)),
+        trials = choose_lr(params, batch_loss, held, lr, start, steps=max(1, round(steps * LR_TRIAL)),
                            seconds=None if seconds is None else seconds * LR_TRIAL, pull=pull, seed=seed,
                            on_step=None if on_step is None else lambda k, value: on_step(k, value, best))
         lr = min(trials, key=lambda trial: trial[1])[0]
@@ -204,10 +208,7 @@ def train_loop(
             share = min(1.0, (time.monotonic() - begin) / seconds)
             for group in opt.param_groups:
                 group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * share))
-        value = _pulled(batch_loss(gen), params, start, scale, pull)
-        opt.zero_grad(set_to_none=True)
-        value.backward()
-        opt.step()
+        value = _adam_step(opt, batch_loss(gen), params, start, pull)
         if sched is not None:
             sched.step()
         if seconds is None:
@@ -227,9 +228,7 @@ def train_loop(
         if last:
             break
     result.steps = step
-    with torch.no_grad():
-        for p, v in zip(params, best_state):
-            p.copy_(v)
+    _load(params, best_state)
     result.held_after = best
     return result
 

@@ -196,7 +196,7 @@ DistillStepsOpt = Annotated[Optional[int], typer.Option(
 DistillLrOpt = Annotated[Optional[float], typer.Option(
     help="Distill stage: Adam learning rate (cosine decay). Left out: each of "
          f"{', '.join(f'{lr:.0e}' for lr in DISTILL_LRS)} trains for {LR_TRIAL:.0%} of the stage from the same "
-         "weights, and the one with the lowest held-out loss trains the rest.")]
+         "weights, and the one with the lowest held-out loss trains the rest, from where its trial ended.")]
 DistillSegmentsOpt = Annotated[int, typer.Option(
     help="Distill stage: train only the last N segments (the head; back to the last one with weights when those "
          "have none, e.g. a Softmax at the end), on their inputs cached for --distill-views augmented views of "

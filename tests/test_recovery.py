@@ -319,8 +319,8 @@ def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPa
 
 def test_the_learning_rate_is_chosen_by_short_trials_from_the_same_start() -> None:
     """Given candidate rates, each trains ``LR_TRIAL`` of the steps from the same weights, the one leaving the lowest
-    held-out loss trains the rest from the start again: on w² from w = 4, Adam at 1 gets near 0 in 5 steps, 1e-3
-    barely moves, 20 overshoots."""
+    held-out loss trains the rest from where its trial ended: on w² from w = 4, Adam at 1 gets near 0 in 5 steps,
+    1e-3 barely moves, 20 overshoots."""
     import onnxprune.recovery.train as train
 
     def run(lr):
@@ -338,8 +338,28 @@ def test_the_learning_rate_is_chosen_by_short_trials_from_the_same_start() -> No
     assert result.trials[1][1] < 1.0 < min(result.trials[0][1], result.trials[2][1])
     assert helds[1:4] == [held for _, held in result.trials]  # measured once each, after the start
     assert result.held_before == 16.0 and result.steps == 100
-    fixed, _ = run(1.0)
-    assert (fixed.held_after, fixed.lr, fixed.trials) == (result.held_after, 1.0, [])  # the start was restored
+    alone, _ = run((1.0,))
+    assert alone.trials == result.trials[1:2]  # the start was restored after the trial at 20
+
+
+def test_the_loop_goes_on_from_the_winning_trial_whose_weights_are_no_checkpoint() -> None:
+    """The loop's first step starts where the winning trial ended, each trial from the start; the trial's own
+    weights are not kept (their held-out loss is the least of several, biased low): training on w² from 4 while the
+    held-out loss is (w - 3.5)², the trial at 0.1 ends near 3.5, the loop goes past it, and the start is kept."""
+    import onnxprune.recovery.train as train
+
+    w = torch.nn.Parameter(torch.tensor([4.0]))
+    seen = []
+
+    def batch_loss(gen: torch.Generator) -> torch.Tensor:
+        seen.append(float(w.detach()[0]))
+        return (w**2).sum()
+
+    result = train.train_loop([w], batch_loss, lambda: float((w.detach()[0] - 3.5) ** 2), steps=100, lr=(0.1, 1e-3),
+                              pull=0.0, seed=0)
+    assert result.lr == 0.1 and result.trials[0][1] < 0.01 and len(seen) == 5 + 5 + 100
+    assert seen[0] == seen[5] == 4.0 and abs(seen[10] - 3.5) < 0.1  # trials from the start, the loop from the winner
+    assert result.best_step == 0 and float(w.detach()[0]) == 4.0 and result.held_after == 0.25
 
 
 def test_recover_keeps_to_its_time(tiny, student) -> None:

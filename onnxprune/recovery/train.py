@@ -140,12 +140,12 @@ def choose_lr(
     pull: float,
     seed: int,
     on_step: Callable[[int, float], None] | None = None,
-) -> tuple[list[tuple[float, float]], list[torch.Tensor]]:
+) -> tuple[list[tuple[float, float]], float, list[torch.Tensor]]:
     """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
     rate for ``steps`` Adam steps (for ``seconds`` where given), then measured by ``held()``; ``start`` is loaded back
-    after each. Returns (lr, held-out loss) per candidate and the weights the winning (lowest) trial left.
-    ``on_step(step, train_loss)`` counts the steps of all trials."""
-    trials, done, kept = [], 0, start
+    after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
+    left. ``on_step(step, train_loss)`` counts the steps of all trials."""
+    trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
     for lr in lrs:
         gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
         begin, step = time.monotonic(), 0
@@ -156,10 +156,10 @@ def choose_lr(
                 on_step(done + step, value.item())
         done += step
         trials.append((lr, held()))
-        if trials[-1][1] < min((h for _, h in trials[:-1]), default=math.inf):
-            kept = [p.detach().clone() for p in params]
+        if trials[-1][1] < best:
+            best, chosen, kept = trials[-1][1], lr, [p.detach().clone() for p in params]
         _load(params, start)
-    return trials, kept
+    return trials, chosen, kept
 
 
 def train_loop(
@@ -191,10 +191,9 @@ def train_loop(
     best = held()
     trials, kept = [], start
     if not isinstance(lr, (int, float)):
-        trials, kept = choose_lr(params, batch_loss, held, lr, start, steps=max(1, round(steps * LR_TRIAL)),
-                                 seconds=None if seconds is None else seconds * LR_TRIAL, pull=pull, seed=seed,
-                                 on_step=None if on_step is None else lambda k, value: on_step(k, value, best))
-        lr = min(trials, key=lambda trial: trial[1])[0]
+        trials, lr, kept = choose_lr(params, batch_loss, held, lr, start, steps=max(1, round(steps * LR_TRIAL)),
+                                     seconds=None if seconds is None else seconds * LR_TRIAL, pull=pull, seed=seed,
+                                     on_step=None if on_step is None else lambda k, value: on_step(k, value, best))
         if seconds is not None:
             seconds = max(1.0, seconds - (time.monotonic() - begin))
             begin = time.monotonic()

@@ -224,7 +224,8 @@ def print_recovery(r: RecoverReport) -> None:
     held = "given apart" if r.held_unseen else "split off the calibration set"
     picked = r.samples_held - r.samples_verdict
     if r.with_objects is not None:
-        console.print(objects_note(r.with_objects, r.samples_held, "held-out samples"))
+        console.print(objects_note(r.with_objects, r.samples_held, f"held-out samples ({r.verdict_with_objects} of "
+                                   f"them among the {r.samples_verdict} that judge)"))
     console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
                   f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")

@@ -16,7 +16,7 @@ from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, rec
 from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
 from onnxprune.recovery.options import DISTILL_LRS
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
+from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, Uniform, options_from
 from tests.onnx_builders import run
 
 FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16, "provider": "cpu"}
@@ -139,6 +139,46 @@ def test_held_out_samples_given_apart(tiny, student) -> None:
     wrong = ArraySet({"other": tiny.x}, np.arange(4), {"other": np.dtype(np.float32)})
     with pytest.raises(CalibrationError, match="held-out samples feed"):
         recover(student, tiny.model, calib, options, held=wrong)
+
+
+def _dim_yolo(tmp_path) -> tuple[str, np.ndarray]:
+    """The tiny YOLO (``models.yolo``) with its class scores lowered by 20: it finds objects on bright images
+    (values up to 4) and none on dim ones (up to 1); 40 images, every third bright."""
+    from onnx import numpy_helper
+
+    from models.build import Spec, export_model, randomise
+    from models.yolo import Detector
+
+    spec = Spec(lambda: Detector(classes=2, w=4), (1, 3, 64, 64), "images", "output0")
+    model = onnx.load(export_model(randomise(spec.factory(), input_shape=spec.input_shape), tmp_path / "y.onnx",
+                                   spec=spec))
+    weights = {w.name: w for w in model.graph.initializer}
+    for node in model.graph.node:  # the class branches' last convs: 2 output channels
+        bias = numpy_helper.to_array(weights[node.input[-1]]) if node.op_type == "Conv" and len(node.input) == 3 \
+            else None
+        if bias is not None and bias.shape == (2,):
+            weights[node.input[-1]].CopyFrom(numpy_helper.from_array(bias - 20, node.input[-1]))
+    onnx.save(model, tmp_path / "dim_yolo.onnx")
+    x = np.random.default_rng(0).random((40, 3, 64, 64), dtype=np.float32)
+    x[::3] *= 4
+    return str(tmp_path / "dim_yolo.onnx"), x
+
+
+def test_a_detectors_report_counts_the_verdicts_samples_with_objects(tmp_path, capsys) -> None:
+    """Every third sample shows an object: 3 of the 8 held out (every fifth) and 2 of the 4 of them that judge, as
+    the report and the printed note say (the verdict's share is what never-worse rests on)."""
+    from onnxprune.tables import print_recovery
+
+    path, x = _dim_yolo(tmp_path)
+    calib = ArraySet({"images": x}, np.arange(40), {"images": np.dtype(np.float32)})
+    teacher = onnx.load(path)
+    student = compress(teacher, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
+    _, report = recover(student, teacher, calib, RecoverOptions(method="block", steps=1, batch_size=16,
+                                                                 provider="cpu"))
+    assert (report.samples_train, report.with_objects, report.verdict_with_objects) == (32, 3, 2)
+    print_recovery(report)
+    assert "finds objects in 3 of the 8 held-out samples (2 of them among the 4 that judge)" in " ".join(
+        capsys.readouterr().out.split())
 
 
 def test_bad_inputs(tiny, zoo, student) -> None:

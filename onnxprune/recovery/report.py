@@ -52,6 +52,7 @@ class RecoverReport:
     block_skipped: list[str] = field(default_factory=list)  # the end of the segment left to the distillation
     distill: DistillReport | None = None
     with_objects: int | None = None  # a detector's held-out samples on which the teacher finds an object
+    verdict_with_objects: int | None = None  # ... of them, those that judged the result
 
     def to_dict(self) -> dict:
         return asdict(self)

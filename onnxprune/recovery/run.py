@@ -91,7 +91,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                            0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options))
     if task is not None:
         held = [dict(enumerate(t)) for t in (teacher_held, teacher_verdict)]  # two chunks of the held-out samples
-        report.with_objects = int(task.with_objects(held).sum())
+        found = task.with_objects(held)
+        report.with_objects, report.verdict_with_objects = int(found.sum()), int(found[len(held_idx):].sum())
     report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student, verdict_idx),
                                                                         teacher_verdict, task)
 

@@ -4,6 +4,8 @@ model even where never-worse would return the input (the second verdict is repor
 scored on photos `recover` never saw (``ev.sh``).
 
     python benchmarks/results/distill_lr/distill_lr.py STUDENT.onnx CALIB_FOLDER LR SECONDS OUT.onnx
+
+LR ``auto``: recover's own choice of the rate (its trials) and its own five checkpoints instead of 15.
 """
 import glob
 import sys
@@ -16,7 +18,8 @@ from onnxprune.recovery import run as recover_run
 from onnxprune.recovery import stages, train
 from onnxprune.recovery.options import RecoverOptions
 
-student, calib, lr, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4]), sys.argv[5]
+student, calib, seconds, out = sys.argv[1], sys.argv[2], float(sys.argv[4]), sys.argv[5]
+fixed = {} if sys.argv[3] == "auto" else {"lr": float(sys.argv[3]), "evals": 15}
 teacher = glob.glob(".venv/lib/python3*/site-packages/nudenet/320n.onnx")[0]
 pre = onnxprune.preprocess_for(teacher, input_shape=["1x3x320x320"], mean=(0, 0, 0), std=(1, 1, 1))
 real_fit, real_held, real_discrepancy = stages.fit, train.held_loss, recover_run.discrepancy
@@ -29,7 +32,7 @@ def fit(*args, **kwargs):
         if step % 10 == 0 or step < 5:
             print(f"step {step} train {value:.4f} best held {best:.4f} {time.time() - t0:.0f}s", flush=True)
 
-    return real_fit(*args, **{**kwargs, "on_step": on_step, "lr": lr}, evals=15)
+    return real_fit(*args, **{**kwargs, "on_step": on_step, **fixed})
 
 
 def held_loss(*args, **kwargs) -> float:

@@ -17,7 +17,7 @@ from onnxprune.recovery.segments import Segment, find_segments, head_start, wind
 from onnxprune.recovery.options import DISTILL_LRS
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, Uniform, options_from
-from tests.onnx_builders import run
+from tests.onnx_builders import export_torch, run
 
 FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16, "provider": "cpu"}
 
@@ -146,20 +146,18 @@ def _dim_yolo(tmp_path) -> tuple[str, np.ndarray]:
     (values up to 4) and none on dim ones (up to 1); 40 images, every third bright."""
     from onnx import numpy_helper
 
-    from models.build import Spec, export_model, randomise
+    from models.build import randomise
     from models.yolo import Detector
 
-    spec = Spec(lambda: Detector(classes=2, w=4), (1, 3, 64, 64), "images", "output0")
-    model = onnx.load(export_model(randomise(spec.factory(), input_shape=spec.input_shape), tmp_path / "y.onnx",
-                                   spec=spec))
+    shape = (1, 3, 64, 64)
+    model = onnx.load(export_torch(randomise(Detector(classes=2, w=4), input_shape=shape), tmp_path / "y.onnx", shape))
     weights = {w.name: w for w in model.graph.initializer}
     for node in model.graph.node:  # the class branches' last convs: 2 output channels
-        bias = numpy_helper.to_array(weights[node.input[-1]]) if node.op_type == "Conv" and len(node.input) == 3 \
-            else None
-        if bias is not None and bias.shape == (2,):
-            weights[node.input[-1]].CopyFrom(numpy_helper.from_array(bias - 20, node.input[-1]))
+        if node.op_type == "Conv" and len(node.input) == 3 and list(weights[node.input[2]].dims) == [2]:
+            bias = weights[node.input[2]]
+            bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) - 20, bias.name))
     onnx.save(model, tmp_path / "dim_yolo.onnx")
-    x = np.random.default_rng(0).random((40, 3, 64, 64), dtype=np.float32)
+    x = np.random.default_rng(0).random((40, *shape[1:]), dtype=np.float32)
     x[::3] *= 4
     return str(tmp_path / "dim_yolo.onnx"), x
 
@@ -170,7 +168,7 @@ def test_a_detectors_report_counts_the_verdicts_samples_with_objects(tmp_path, c
     from onnxprune.tables import print_recovery
 
     path, x = _dim_yolo(tmp_path)
-    calib = ArraySet({"images": x}, np.arange(40), {"images": np.dtype(np.float32)})
+    calib = ArraySet({"input": x}, np.arange(40), {"input": np.dtype(np.float32)})
     teacher = onnx.load(path)
     student = compress(teacher, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
     _, report = recover(student, teacher, calib, RecoverOptions(method="block", steps=1, batch_size=16,

@@ -16,6 +16,7 @@ The last model is the real MobileNetV2 calibrated on all the photos: its compres
     python benchmarks/detectors.py                      # every model, ratios 0.85 and 0.70
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.7 --variants default
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.85,0.7 --variants default,recover
+    python benchmarks/detectors.py --models yolov8n-320 --variants default --swap   # the second fold
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--calib", type=int, default=64, help="calibration images (with objects)")
     parser.add_argument("--held", type=int, default=64, help="held-out images (with objects)")
     parser.add_argument("--recover-time", default="15m", help="the recover variant's --time")
+    parser.add_argument("--swap", action="store_true",
+                        help="the second fold: calibrate on the held-out images and hold out the calibration ones")
     a = parser.parse_args()
     variants = a.variants.split(",")
     if "recover" in variants and "default" not in variants[:variants.index("recover")]:
@@ -128,13 +131,14 @@ def main() -> None:
         else:
             chosen = with_objects(model, pool, [*shape, *image], a.calib + a.held)
             cut = a.calib if len(chosen) == a.calib + a.held else len(chosen) // 2  # too few: half and half
-        calib, held = link(chosen[:cut], a.out / f"{name}_calib"), link(chosen[cut:], a.out / f"{name}_held")
-        unseen = set(chosen[cut:])
+        first, second = (chosen[cut:], chosen[:cut]) if a.swap else (chosen[:cut], chosen[cut:])
+        calib, held = link(first, a.out / f"{name}_calib"), link(second, a.out / f"{name}_held")
+        unseen = set(second)
         everything = link([p for p in pool if p not in unseen], a.out / f"{name}_recover") if "recover" in variants \
             else None
         flags = [*shape, *image]
         forward2, _ = timed([*CLI, "eval", str(model), "--images", str(calib), "--ref", str(model), "--json", *flags])
-        base = {"model": name, "calib": cut, "held": len(chosen) - cut, "forward_x2_s": forward2}
+        base = {"model": name, "calib": len(first), "held": len(second), "forward_x2_s": forward2}
         for ratio in map(float, a.ratios.split(",")):
             for variant in variants:
                 stem = a.out / f"{name}_{ratio:g}_{variant.replace(' ', '_')}"

@@ -322,10 +322,14 @@ def test_detection_objective_counts_scores_everywhere_and_boxes_only_on_objects(
     background = y.copy()
     background[:, :4, 10:] += 5.0  # boxes move where nothing is seen: no cost (the raw L2 would count them)
     assert det.discrepancy(ref, [{"out": background}]) == 0.0
-    moved = y.copy()
-    moved[:, 0, :10] += 0.1 * y[:, 2, :10]  # boxes moved by a tenth of their width where objects are
-    assert det.discrepancy(ref, [{"out": moved}]) == pytest.approx(0.01 * np.mean(
-        (y[:, 2, :10] / np.maximum(y[:, 2, :10], y[:, 3, :10])) ** 2) * 2, rel=1e-6)
+    def moved(by: float) -> float:  # boxes moved by ``by`` of their width where objects are: two edges move
+        out = y.copy()
+        out[:, 0, :10] += by * y[:, 2, :10]
+        return det.discrepancy(ref, [{"out": out}])
+
+    assert moved(0.1) == pytest.approx(2 * 0.1 * np.mean(y[:, 2, :10] / np.maximum(y[:, 2, :10], y[:, 3, :10])),
+                                       rel=1e-6)
+    assert moved(0.02) == pytest.approx(moved(0.1) / 5, rel=1e-6)  # linear, as 1 - IoU: small errors count
     scored = y.copy()
     scored[:, 5, 20:30] = 0.3  # false alarms: the scores' error counts on every anchor
     energy = 2 * (10 * 0.81 + (3 * y.shape[2] - 10) * 0.0001)

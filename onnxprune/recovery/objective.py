@@ -22,9 +22,9 @@ from onnxprune.tasks.detection import DetectionLayout
 @dataclass(frozen=True)
 class DetectLoss:
     """``tasks.Detect``'s objective on torch tensors: the class scores' squared error over the teacher's energy on
-    every anchor, plus the boxes' squared error in units of each teacher box's size, weighted by the teacher's best
-    score where it is at least ``BOX_WEIGHT_FLOOR`` (an object), over the weights. ``sums`` are additive over
-    batches (``train.held_loss`` accumulates them), ``combine`` turns them into the loss."""
+    every anchor, plus the boxes' absolute error (the four edges) in units of each teacher box's size, weighted by
+    the teacher's best score where it is at least ``BOX_WEIGHT_FLOOR`` (an object), over the weights. ``sums`` are
+    additive over batches (``train.held_loss`` accumulates them), ``combine`` turns them into the loss."""
 
     layout: DetectionLayout
 
@@ -34,7 +34,7 @@ class DetectLoss:
         w = tsc.max(dim=-1).values
         w = torch.where(w >= BOX_WEIGHT_FLOOR, w, torch.zeros_like(w))
         size = torch.maximum(tb[..., 2] - tb[..., 0], tb[..., 3] - tb[..., 1]).clamp_min(1.0)
-        box = (((yb - tb) / size[..., None]) ** 2).sum(dim=-1)
+        box = ((yb - tb).abs() / size[..., None]).sum(dim=-1)
         return [((ysc - tsc) ** 2).sum(), (tsc**2).sum(), (w * box).sum(), w.sum()]
 
     @staticmethod

@@ -63,11 +63,12 @@ class Detect(Task):
         return self.judge(reference)(outputs)
 
     def judge(self, reference: Sequence[Mapping[str, np.ndarray]]) -> Judge:
-        """The class scores' squared error over the reference's, on every anchor, plus the boxes' squared error
-        in units of each box's size, weighted by the reference's best class score where it is at least
-        ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients likewise); the reference's
-        candidates, weights and energy decoded once. Its chunks hold the outputs in the order the layout counts
-        them by."""
+        """The class scores' squared error over the reference's, on every anchor, plus the boxes' absolute error
+        (the four edges) in units of each box's size, weighted by the reference's best class score where it is at
+        least ``BOX_WEIGHT_FLOOR`` (an object), over the weights (the mask coefficients' squared error likewise);
+        the reference's candidates, weights and energy decoded once. Its chunks hold the outputs in the order the
+        layout counts them by. The box error is linear, as 1 - IoU is to first order: mAP50-95's thresholds up to
+        0.95 count small errors on every box, which a squared error makes negligible beside a few large ones."""
         chunks = []
         energy = weight = 0.0
         for ref_chunk in reference:
@@ -76,16 +77,16 @@ class Detect(Task):
             w = np.where(w >= BOX_WEIGHT_FLOOR, w, 0.0)
             size = np.maximum(np.maximum(rb[..., 2] - rb[..., 0], rb[..., 3] - rb[..., 1]), 1.0)
             coef = None if rc is None else np.maximum(np.mean(np.square(rc), axis=2), 1e-12)
-            chunks.append((list(ref_chunk), rb, rs, rc, w, np.square(size), coef))
+            chunks.append((list(ref_chunk), rb, rs, rc, w, size, coef))
             energy += float(np.sum(np.square(rs)))
             weight += float(w.sum())
 
         def against(outputs: Sequence[Mapping[str, np.ndarray]]) -> float:
             err = box_err = 0.0
-            for (names, rb, rs, rc, w, area, coef), out_chunk in zip(chunks, outputs, strict=True):
+            for (names, rb, rs, rc, w, size, coef), out_chunk in zip(chunks, outputs, strict=True):
                 yb, ys, yc = self.layout.candidates([out_chunk[k] for k in names])
                 err += float(np.sum(np.square(ys - rs)))
-                box_err += float(np.sum(w * np.sum(np.square(yb - rb), axis=2) / area))
+                box_err += float(np.sum(w * np.sum(np.abs(yb - rb), axis=2) / size))
                 if rc is not None:
                     box_err += float(np.sum(w * np.mean(np.square(yc - rc), axis=2) / coef))
             return err / max(energy, 1e-30) + box_err / max(weight, 1e-30)

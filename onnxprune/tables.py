@@ -221,6 +221,9 @@ def print_recovery(r: RecoverReport) -> None:
              if r.agreement_before is not None and r.agreement_after is not None else "")
     verdict = ("kept the recovered weights" if r.improved else
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
+    if r.tie_objective is not None:
+        verdict = (f"{r.metric} tied, so the objective decided there ({r.tie_objective[0]:.4f} → "
+                   f"{r.tie_objective[1]:.4f}): {verdict}")
     held = "given apart" if r.held_unseen else "split off the calibration set"
     picked = r.samples_held - r.samples_verdict
     if r.with_objects is not None:

@@ -179,6 +179,30 @@ def test_a_detectors_report_counts_the_verdicts_samples_with_objects(tmp_path, c
         capsys.readouterr().out.split())
 
 
+def test_a_detector_tied_on_its_verdict_samples_is_judged_there_by_its_objective(tmp_path, monkeypatch,
+                                                                                 capsys) -> None:
+    """Where the verdict samples give both models the same mAP50-95, the objective on those samples decides: lower
+    after training keeps the recovered weights (and says so); a tie there too returns the input."""
+    import onnxprune.recovery.run as run_module
+    from onnxprune.tables import print_recovery
+
+    path, x = _dim_yolo(tmp_path)
+    calib = ArraySet({"input": x}, np.arange(40), {"input": np.dtype(np.float32)})
+    teacher = onnx.load(path)
+    student = compress(teacher, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
+    options = RecoverOptions(method="distill", distill_steps=30, distill_lr=1e-3, distill_views=1, batch_size=16,
+                             provider="cpu")
+    monkeypatch.setattr(run_module, "discrepancy", lambda *args: ("1-mAP50-95", 0.0, None))
+    model, report = recover(student, teacher, calib, options)
+    assert report.improved and model is not student
+    assert report.tie_objective is not None and report.tie_objective[1] < report.tie_objective[0]
+    print_recovery(report)
+    assert "1-mAP50-95 tied, so the objective decided there" in " ".join(capsys.readouterr().out.split())
+    monkeypatch.setattr(run_module, "objective", lambda *args: lambda ys, ts: torch.zeros(()))
+    model, report = recover(student, teacher, calib, options)
+    assert not report.improved and model is student and report.tie_objective == (0.0, 0.0)
+
+
 def test_bad_inputs(tiny, zoo, student) -> None:
     with pytest.raises(ModelError, match="outputs|inputs"):
         recover(student, zoo.model("mobilenet_v2"), _calib(tiny), RecoverOptions(**FAST))

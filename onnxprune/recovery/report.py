@@ -53,6 +53,8 @@ class RecoverReport:
     distill: DistillReport | None = None
     with_objects: int | None = None  # a detector's held-out samples on which the teacher finds an object
     verdict_with_objects: int | None = None  # ... of them, those that judged the result
+    tie_objective: tuple[float, float] | None = None  # a detector's mAP50-95 tied on the verdict samples: the
+    # training objective there of the input and of the recovered weights, which then decides
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -17,7 +17,7 @@ from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
-from onnxprune.recovery.objective import detect_task
+from onnxprune.recovery.objective import detect_task, objective
 from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writeback_tolerance
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
@@ -35,7 +35,9 @@ def recover(
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
-    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``).
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``). A detector whose
+    verdict samples give both models the same mAP50-95 (few objects, found in place by both) is judged there by the
+    objective it trained on, as those samples picked no checkpoint.
 
     Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
     caller's state is left as it was)."""
@@ -93,8 +95,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
         held = [dict(enumerate(t)) for t in (teacher_held, teacher_verdict)]  # two chunks of the held-out samples
         found = task.with_objects(held)
         report.with_objects, report.verdict_with_objects = int(found.sum()), int(found[len(held_idx):].sum())
-    report.metric, report.before, report.agreement_before = discrepancy(outputs_of(student, verdict_idx),
-                                                                        teacher_verdict, task)
+    student_verdict = outputs_of(student, verdict_idx)
+    report.metric, report.before, report.agreement_before = discrepancy(student_verdict, teacher_verdict, task)
 
     recovered, trained_held = s_model, None
     if options.method.block:
@@ -114,8 +116,14 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              f"{report.writeback_error:.2e} (relative, onnxruntime vs torch on the held-out samples), "
                              f"past the tolerance {tolerance:.0e}: the weights were not written back faithfully, "
                              "no model is returned")
-    _, report.after, report.agreement_after = discrepancy(outputs_of(recovered, verdict_idx), teacher_verdict,
-                                                          task)
+    recovered_verdict = outputs_of(recovered, verdict_idx)
+    _, report.after, report.agreement_after = discrepancy(recovered_verdict, teacher_verdict, task)
     report.improved = report.after < report.before
+    if task is not None and report.after == report.before:
+        loss = objective(teacher_verdict, task)
+        report.tie_objective = tuple(float(loss([torch.from_numpy(a) for a in outs],
+                                                [torch.from_numpy(t) for t in teacher_verdict]))
+                                     for outs in (student_verdict, recovered_verdict))
+        report.improved = report.tie_objective[1] < report.tie_objective[0]
     report.seconds = time.perf_counter() - start_time
     return (recovered if report.improved else student), report

@@ -120,9 +120,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     _, report.after, report.agreement_after = discrepancy(recovered_verdict, teacher_verdict, task)
     report.improved = report.after < report.before
     if task is not None and report.after == report.before:
-        loss = objective(teacher_verdict, task)
-        report.tie_objective = tuple(float(loss([torch.from_numpy(a) for a in outs],
-                                                [torch.from_numpy(t) for t in teacher_verdict]))
+        loss, ts = objective(teacher_verdict, task), [torch.from_numpy(t) for t in teacher_verdict]
+        report.tie_objective = tuple(float(loss([torch.from_numpy(a) for a in outs], ts))
                                      for outs in (student_verdict, recovered_verdict))
         report.improved = report.tie_objective[1] < report.tie_objective[0]
     report.seconds = time.perf_counter() - start_time

@@ -141,9 +141,10 @@ def test_held_out_samples_given_apart(tiny, student) -> None:
         recover(student, tiny.model, calib, options, held=wrong)
 
 
-def _dim_yolo(tmp_path) -> tuple[str, np.ndarray]:
+def _dim_yolo(tmp_path) -> tuple[onnx.ModelProto, onnx.ModelProto, ArraySet]:
     """The tiny YOLO (``models.yolo``) with its class scores lowered by 20: it finds objects on bright images
-    (values up to 4) and none on dim ones (up to 1); 40 images, every third bright."""
+    (values up to 4) and none on dim ones (up to 1); the teacher, it pruned to 0.7 (local, uniform, no refit), and
+    40 images, every third bright."""
     from onnx import numpy_helper
 
     from models.build import randomise
@@ -156,10 +157,11 @@ def _dim_yolo(tmp_path) -> tuple[str, np.ndarray]:
         if node.op_type == "Conv" and len(node.input) == 3 and list(weights[node.input[2]].dims) == [2]:
             bias = weights[node.input[2]]
             bias.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(bias) - 20, bias.name))
-    onnx.save(model, tmp_path / "dim_yolo.onnx")
     x = np.random.default_rng(0).random((40, *shape[1:]), dtype=np.float32)
     x[::3] *= 4
-    return str(tmp_path / "dim_yolo.onnx"), x
+    calib = ArraySet({"input": x}, np.arange(40), {"input": np.dtype(np.float32)})
+    student = compress(model, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
+    return model, student, calib
 
 
 def test_a_detectors_report_counts_the_verdicts_samples_with_objects(tmp_path, capsys) -> None:
@@ -167,10 +169,7 @@ def test_a_detectors_report_counts_the_verdicts_samples_with_objects(tmp_path, c
     the report and the printed note say (the verdict's share is what never-worse rests on)."""
     from onnxprune.tables import print_recovery
 
-    path, x = _dim_yolo(tmp_path)
-    calib = ArraySet({"input": x}, np.arange(40), {"input": np.dtype(np.float32)})
-    teacher = onnx.load(path)
-    student = compress(teacher, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
+    teacher, student, calib = _dim_yolo(tmp_path)
     _, report = recover(student, teacher, calib, RecoverOptions(method="block", steps=1, batch_size=16,
                                                                  provider="cpu"))
     assert (report.samples_train, report.with_objects, report.verdict_with_objects) == (32, 3, 2)
@@ -186,10 +185,7 @@ def test_a_detector_tied_on_its_verdict_samples_is_judged_there_by_its_objective
     import onnxprune.recovery.run as run_module
     from onnxprune.tables import print_recovery
 
-    path, x = _dim_yolo(tmp_path)
-    calib = ArraySet({"input": x}, np.arange(40), {"input": np.dtype(np.float32)})
-    teacher = onnx.load(path)
-    student = compress(teacher, calib, options_from(Ratio(0.7), Local(), Uniform(), NoRefit(), provider="cpu"))[0]
+    teacher, student, calib = _dim_yolo(tmp_path)
     options = RecoverOptions(method="distill", distill_steps=30, distill_lr=1e-3, distill_views=1, batch_size=16,
                              provider="cpu")
     monkeypatch.setattr(run_module, "discrepancy", lambda *args: ("1-mAP50-95", 0.0, None))

@@ -20,6 +20,7 @@ from onnxprune.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.progress import Heartbeat
 from onnxprune.recovery import RecoverReport
+from onnxprune.recovery.verdict import RESAMPLES
 from onnxprune.runtime.store import show_bytes
 from onnxprune.strategies.sensitivity import objects_seen
 from onnxprune.sweep import SweepResult
@@ -221,6 +222,9 @@ def print_recovery(r: RecoverReport) -> None:
              if r.agreement_before is not None and r.agreement_after is not None else "")
     verdict = ("kept the recovered weights" if r.improved else
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
+    if r.confidence is not None:
+        verdict += (f" (better on {r.confidence:.0%} of {RESAMPLES} resamples of those samples: the fewer they are, "
+                    "the less sure)")
     if r.tie_objective is not None:
         verdict = (f"{r.metric} tied, so the objective decided there ({r.tie_objective[0]:.4f} → "
                    f"{r.tie_objective[1]:.4f}): {verdict}")

@@ -55,6 +55,8 @@ class RecoverReport:
     verdict_with_objects: int | None = None  # ... of them, those that judged the result
     tie_objective: tuple[float, float] | None = None  # a detector's mAP50-95 tied on the verdict samples: the
     # training objective there of the input and of the recovered weights, which then decides
+    confidence: float | None = None  # the share of bootstrap resamples of the verdict samples on which the
+    # recovered weights score better (``verdict.confidence``): how sure the verdict is
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -23,6 +23,7 @@ from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
 from onnxprune.recovery.segments import find_segments
 from onnxprune.recovery.stages import block_stage, distill_stage
+from onnxprune.recovery.verdict import confidence, scores
 from onnxprune.runtime.segments import run_segment
 
 
@@ -35,9 +36,10 @@ def recover(
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
-    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``). A detector whose
-    verdict samples give both models the same mAP50-95 (few objects, found in place by both) is judged there by the
-    objective it trained on, as those samples picked no checkpoint.
+    ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``); the report says on
+    what share of the judging ones' bootstrap resamples the recovered weights score better (``verdict.confidence``).
+    A detector whose verdict samples give both models the same mAP50-95 (few objects, found in place by both) is
+    judged there by the objective it trained on, as those samples picked no checkpoint.
 
     Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
     caller's state is left as it was)."""
@@ -118,11 +120,14 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              "no model is returned")
     recovered_verdict = outputs_of(recovered, verdict_idx)
     _, report.after, report.agreement_after = discrepancy(recovered_verdict, teacher_verdict, task)
-    report.improved = report.after < report.before
+    metric, report.improved = report.metric, report.after < report.before
     if task is not None and report.after == report.before:
         loss, ts = objective(teacher_verdict, task), [torch.from_numpy(t) for t in teacher_verdict]
         report.tie_objective = tuple(float(loss([torch.from_numpy(a) for a in outs], ts))
                                      for outs in (student_verdict, recovered_verdict))
-        report.improved = report.tie_objective[1] < report.tie_objective[0]
+        metric, report.improved = "objective", report.tie_objective[1] < report.tie_objective[0]
+    report.confidence = confidence(scores(metric, student_verdict, teacher_verdict, task),
+                                   scores(metric, recovered_verdict, teacher_verdict, task),
+                                   len(teacher_verdict[0]), options.seed)
     report.seconds = time.perf_counter() - start_time
     return (recovered if report.improved else student), report

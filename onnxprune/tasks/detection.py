@@ -216,6 +216,17 @@ class APAccumulator:
             self.truths[c] = self.truths.get(c, 0) + len(g)
             self.records.setdefault(c, []).append((d.scores, match(d.boxes, g)))
 
+    @classmethod
+    def pooled(cls, parts: Sequence[APAccumulator]) -> APAccumulator:
+        """The images of ``parts`` in one accumulator (a part listed twice counts twice: a bootstrap resample)."""
+        out = cls()
+        for part in parts:
+            for c, records in part.records.items():
+                out.records.setdefault(c, []).extend(records)
+            for c, n in part.truths.items():
+                out.truths[c] = out.truths.get(c, 0) + n
+        return out
+
     def result(self) -> dict[str, float | None]:
         ap = []
         for c, n in self.truths.items():

@@ -202,7 +202,8 @@ DistillSegmentsOpt = Annotated[int, typer.Option(
          "have none, e.g. a Softmax at the end), on their inputs cached for --distill-views augmented views of "
          "every training sample; 0 = the whole model, augmented on the fly (slow on CPU).")]
 DistillViewsOpt = Annotated[int, typer.Option(
-    help="Distill stage: augmented views per training sample cached for the head.")]
+    help="Distill stage: augmented views per training sample cached for the head (fewer under --time where caching "
+         "them would take more than a quarter of the stage).")]
 DistillFeaturesOpt = Annotated[float, typer.Option(
     help="Distill stage, whole model: weight of the block outputs (the tensors the segments end at) matched to the "
          "teacher's, beside the outputs' objective; 0 = the outputs only.")]

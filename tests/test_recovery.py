@@ -117,6 +117,21 @@ def test_distill_trains_the_head_on_cached_views_or_the_whole_model(tiny, studen
     assert report.writeback_error <= 1e-5
 
 
+@pytest.mark.parametrize("seconds, views", [(None, 4), (1e-9, 1)])
+def test_the_head_caches_as_many_views_as_its_time_allows(tiny, student, seconds: float | None, views: int) -> None:
+    """Without a time, every view asked for; where the next view would end past the time, no more (one at least):
+    the views are work before the training, which a short ``--time`` overran."""
+    from onnxprune.recovery.stages import _augmenter, _head_views
+
+    options = RecoverOptions(**FAST, distill_views=4)
+    start = find_segments(import_graph(student), import_graph(tiny.model))[-2].start
+    name = student.graph.input[0].name
+    held = run(tiny.model, **{name: tiny.x[40:]})
+    xs, ts, n = _head_views(student, import_graph(tiny.model), start, {name: tiny.x}, np.arange(40), np.arange(40, 64),
+                            held, _augmenter(student, options)[1], options, options.store(), seconds)
+    assert n == views * 40 and len(xs[0]) == len(ts[0]) == n + 24
+
+
 @pytest.mark.parametrize("lr", [0.0, 50.0])
 def test_never_worse_returns_the_input(tiny, student, lr: float) -> None:
     """No training (lr 0) or destructive training (lr 50): the held-out check hands back the input."""
@@ -451,14 +466,15 @@ def test_recover_keeps_to_its_time(tiny, student) -> None:
 def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: pytest.MonkeyPatch, window: int,
                                                    share: float) -> None:
     """Under a time, the block stage's loops (one window of the tiny model's three changed segments, or three) get
-    as much of what is left each as the distillation's one loop after them, not a fixed share."""
-    from onnxprune.recovery.options import Clock
+    as much of what is left each as the distillation's one loop after them, not a fixed share; the head's views are
+    cached within a quarter of the distillation's time first."""
+    from onnxprune.recovery.options import VIEWS_SHARE, Clock
 
     shares: list[float] = []
     real = Clock.loop
     monkeypatch.setattr(Clock, "loop", lambda self, share=1.0: shares.append(share) or real(self, share))
     recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu", block_window=window))
-    assert shares == [share, 1.0]  # the block stage, then the distillation: all that is left
+    assert shares == [share, VIEWS_SHARE, 1.0]  # the block stage, the views, then the distillation: all that is left
 
 
 def test_time_bounds_by_default_and_given_steps_bound_instead() -> None:

@@ -12,7 +12,7 @@ import torch
 
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
-from onnxprune.recovery.options import DISTILL_LRS, Augment, Clock, Progress, RecoverOptions
+from onnxprune.recovery.options import DISTILL_LRS, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
@@ -138,7 +138,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         start = segments[first].start
         net = TorchGraph(model, outputs=outputs, inputs_at=start)
         xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
-                                      options, store)
+                                      options, store, clock.loop(VIEWS_SHARE))
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
@@ -172,16 +172,20 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
 def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, Array],
                 train_idx: np.ndarray, held_idx: np.ndarray, teacher_held: list[np.ndarray],
-                transform: Augment | None, options: RecoverOptions, store: Store
+                transform: Augment | None, options: RecoverOptions, store: Store, seconds: float | None
                 ) -> tuple[list[Array], list[Array], int]:
     """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
-    views of the training samples, followed by the held-out samples (not augmented); the view count."""
+    views of the training samples (fewer where the next would end past ``seconds``; one at least), followed by the
+    held-out samples (not augmented); the count of views' samples."""
     names = [i.name for i in model.graph.input if i.name in values]
     outputs = [o.name for o in model.graph.output]
     s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
     bs, views, n = options.batch_size, options.distill_views if transform else 1, len(train_idx)
     parts: list[tuple[dict[str, Array], dict[str, Array]]] = []
-    for _ in range(views):  # one view of every training sample at a time
+    begin = time.monotonic()
+    for k in range(views):  # one view of every training sample at a time
+        if seconds is not None and k and (time.monotonic() - begin) * (k + 1) / k > seconds:
+            break
         feed = {n_: store.empty((n, *values[n_].shape[1:]), values[n_].dtype) for n_ in names}
         for s in range(0, n, bs):  # mixing stays within a batch
             batch = [torch.from_numpy(values[n_][train_idx[s : s + bs]]) for n_ in names]
@@ -194,4 +198,4 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
                              provider=options.provider, batch_size=bs, store=store)
     xs = [store.concat([p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]
     ts = [store.concat([p[1][n_] for p in parts] + [t]) for n_, t in zip(outputs, teacher_held)]
-    return xs, ts, views * n
+    return xs, ts, len(parts) * n

@@ -144,8 +144,8 @@ def test_never_worse_returns_the_input(tiny, student, lr: float) -> None:
 
 
 def test_the_report_says_how_sure_the_verdict_is(tiny, student, capsys) -> None:
-    """The share of the verdict samples' resamples on which the recovered weights score better: all of them where
-    nothing changed is never, some where 100 steps of whole-model distillation lower the KL on the 6 samples by a
+    """The share of the verdict samples' resamples on which the recovered weights score better: none where nothing
+    trained (lr 0), most but not all where 100 steps of whole-model distillation lower the KL on the 6 samples by a
     little; printed with the verdict."""
     from onnxprune.tables import print_recovery
 

@@ -1,4 +1,4 @@
-"""recover's verdict made sure: resampled scores, and the share of resamples a gain holds on (no graphs)."""
+"""How sure recover's verdict is: resampled scores, and the share of resamples a gain holds on (no graphs)."""
 
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
-from onnxprune.recovery.objective import detect_task, objective
+from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writeback_tolerance
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
@@ -120,14 +120,14 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              "no model is returned")
     recovered_verdict = outputs_of(recovered, verdict_idx)
     _, report.after, report.agreement_after = discrepancy(recovered_verdict, teacher_verdict, task)
-    metric, report.improved = report.metric, report.after < report.before
-    if task is not None and report.after == report.before:
-        loss, ts = objective(teacher_verdict, task), [torch.from_numpy(t) for t in teacher_verdict]
-        report.tie_objective = tuple(float(loss([torch.from_numpy(a) for a in outs], ts))
-                                     for outs in (student_verdict, recovered_verdict))
-        metric, report.improved = "objective", report.tie_objective[1] < report.tie_objective[0]
-    report.confidence = confidence(scores(metric, student_verdict, teacher_verdict, task),
-                                   scores(metric, recovered_verdict, teacher_verdict, task),
-                                   len(teacher_verdict[0]), options.seed)
+    tie = task is not None and report.after == report.before
+    metric = "objective" if tie else report.metric
+    before, after = (scores(metric, outs, teacher_verdict, task) for outs in (student_verdict, recovered_verdict))
+    n = len(teacher_verdict[0])
+    report.improved = report.after < report.before
+    if tie:  # the objective on every verdict sample once, from the per-sample parts the confidence resamples
+        report.tie_objective = (before(np.arange(n)), after(np.arange(n)))
+        report.improved = report.tie_objective[1] < report.tie_objective[0]
+    report.confidence = confidence(before, after, n, options.seed)
     report.seconds = time.perf_counter() - start_time
     return (recovered if report.improved else student), report

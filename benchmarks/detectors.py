@@ -13,16 +13,23 @@ original against itself on the calibration images (two forward passes), timed in
 
 The last model is the real MobileNetV2 calibrated on all the photos: its compress time against the bound.
 
+One split of 59 photos is a lottery (``eval``'s ± is the spread over its images: 0.017-0.024 for YOLOv8n), so
+``--splits N`` repeats everything on N splits of the same images with objects: split 0 as above, split 1 the same
+halves swapped (what ``--swap`` runs alone), split k ≥ 2 a random halving (seed k − 1); the table then gives each
+split's score and their mean and standard deviation (``detectors.md``; rows of ``detectors.json`` name their split).
+
     python benchmarks/detectors.py                      # every model, ratios 0.85 and 0.70
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.7 --variants default
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.85,0.7 --variants default,recover
     python benchmarks/detectors.py --models yolov8n-320 --variants default --swap   # the second fold
+    python benchmarks/detectors.py --models yolov8n-320 --variants default --splits 4  # four splits, their mean
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import sys
 import time
 from pathlib import Path
@@ -93,6 +100,42 @@ def link(paths: list[Path], folder: Path) -> Path:
     return folder
 
 
+def halves(chosen: list[Path], cut: int, split: int) -> tuple[list[Path], list[Path]]:
+    """Split ``split``'s calibration and held-out images of ``chosen`` (see the module's docstring)."""
+    if split == 0:
+        return chosen[:cut], chosen[cut:]
+    if split == 1:
+        return chosen[cut:], chosen[:cut]
+    order = list(chosen)
+    random.Random(split - 1).shuffle(order)
+    return order[:cut], order[cut:]
+
+
+def summary(rows: list[dict]) -> list[str]:
+    """The table of ``rows``: each run, then, where several splits ran, each model, ratio and variant's mean."""
+    lines = ["| model | split | MACs | objective / method | mAP50 vs original | mAP50-95 vs original | compress (recover) "
+             "s | 2 forward passes s | ratio | speed-up (MAC ratio) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        m = r["metrics"]
+        speed = (f"{r['speedup']:.2f}x ({r['macs_before'] / r['macs_after']:.2f}x)" if "speedup" in r else "")
+        sd = f" ± {m['mAP50-95_ref_sd']:.3f}" if "mAP50-95_ref_sd" in m else ""
+        lines.append(f"| {r['model']} | {r['split']} | {r['macs_after'] / 1e6:.0f}M ({r['ratio']:g}) | {r['variant']} | "
+                     f"{m.get('mAP50_ref', float('nan')):.3f} | {m.get('mAP50-95_ref', float('nan')):.3f}{sd} | "
+                     f"{r['compress_s']:.1f} | {r['forward_x2_s']:.1f} | {r['compress_s'] / r['forward_x2_s']:.1f}x | "
+                     f"{speed} |")
+    runs: dict[tuple, list[float]] = {}
+    for r in rows:
+        if "mAP50-95_ref" in r["metrics"]:
+            runs.setdefault((r["model"], r["ratio"], r["variant"]), []).append(r["metrics"]["mAP50-95_ref"])
+    if any(len(v) > 1 for v in runs.values()):
+        lines += ["", "| model | ratio | objective / method | splits | mAP50-95 vs original, each split | mean ± sd |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {model} | {ratio:g} | {variant} | {len(v)} | {', '.join(f'{x:.3f}' for x in v)} | "
+                  f"{np.mean(v):.3f} ± {np.std(v, ddof=1) if len(v) > 1 else 0.0:.3f} |"
+                  for (model, ratio, variant), v in runs.items()]
+    return lines
+
+
 def timed(args: list[str]) -> tuple[float, str]:
     start = time.perf_counter()
     out = run(args)
@@ -111,6 +154,9 @@ def main() -> None:
     parser.add_argument("--recover-time", default="15m", help="the recover variant's --time")
     parser.add_argument("--swap", action="store_true",
                         help="the second fold: calibrate on the held-out images and hold out the calibration ones")
+    parser.add_argument("--splits", type=int, default=1,
+                        help="run every model on this many splits of its images (0: as given, 1: swapped, k >= 2: "
+                             "a random halving) and report their mean")
     a = parser.parse_args()
     variants = a.variants.split(",")
     if "recover" in variants and "default" not in variants[:variants.index("recover")]:
@@ -131,51 +177,56 @@ def main() -> None:
         else:
             chosen = with_objects(model, pool, [*shape, *image], a.calib + a.held)
             cut = a.calib if len(chosen) == a.calib + a.held else len(chosen) // 2  # too few: half and half
-        first, second = (chosen[cut:], chosen[:cut]) if a.swap else (chosen[:cut], chosen[cut:])
-        calib, held = link(first, a.out / f"{name}_calib"), link(second, a.out / f"{name}_held")
-        unseen = set(second)
-        everything = link([p for p in pool if p not in unseen], a.out / f"{name}_recover") if "recover" in variants \
-            else None
-        flags = [*shape, *image]
-        forward2, _ = timed([*CLI, "eval", str(model), "--images", str(calib), "--ref", str(model), "--json", *flags])
-        base = {"model": name, "calib": len(first), "held": len(second), "forward_x2_s": forward2}
-        for ratio in map(float, a.ratios.split(",")):
-            for variant in variants:
-                stem = a.out / f"{name}_{ratio:g}_{variant.replace(' ', '_')}"
-                if variant == "recover":
-                    pruned = a.out / f"{name}_{ratio:g}_default.onnx"
-                    seconds, _ = timed([*CLI, "recover", str(pruned), "--teacher", str(model), "-o", f"{stem}.onnx",
-                                        "--calib", str(everything), "--time", a.recover_time, "--report",
-                                        f"{stem}.recover.json", *flags])
-                    Path(f"{stem}.json").write_text(Path(f"{pruned.with_suffix('')}.json").read_text())
-                else:
-                    seconds, _ = timed([*CLI, "compress", str(model), "-o", f"{stem}.onnx", "--calib", str(calib),
-                                        "--target-ratio", str(ratio), "--report", f"{stem}.json", *flags,
-                                        *VARIANTS[variant]])
-                scores = (json.loads(run([*CLI, "eval", f"{stem}.onnx", "--images", str(held), "--ref", str(model),
-                                          "--json", *flags])) if len(chosen) > cut else {"metrics": {}, "task": None})
-                report = json.loads(Path(f"{stem}.json").read_text())
-                row = {**base, "ratio": ratio, "variant": variant, "compress_s": seconds,
-                       "macs_before": report["macs_before"], "macs_after": report["macs_after"],
-                       "metrics": scores["metrics"], "task": scores["task"]}
-                if variant == "default":
-                    bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
-                                            "--quiet", *shape]))
-                    row["speedup"] = bench[0]["median_ms"] / bench[1]["median_ms"]
-                rows.append(row)
-                print(json.dumps(row), flush=True)
-                result.write_text(json.dumps({"args": sys.argv[1:], "rows": rows}, indent=2))
-    lines = ["| model | MACs | objective / method | mAP50 vs original | mAP50-95 vs original | compress (recover) s | "
-             "2 forward passes s | ratio | speed-up (MAC ratio) |", "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        m = r["metrics"]
-        speed = (f"{r['speedup']:.2f}x ({r['macs_before'] / r['macs_after']:.2f}x)" if "speedup" in r else "")
-        lines.append(f"| {r['model']} | {r['macs_after'] / 1e6:.0f}M ({r['ratio']:g}) | {r['variant']} | "
-                     f"{m.get('mAP50_ref', float('nan')):.3f} | {m.get('mAP50-95_ref', float('nan')):.3f} | "
-                     f"{r['compress_s']:.1f} | {r['forward_x2_s']:.1f} | {r['compress_s'] / r['forward_x2_s']:.1f}x | "
-                     f"{speed} |")
-    (a.out / "detectors.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+        splits = [0] if kind == "all photos" else [1] if a.swap else range(a.splits)  # a classifier: time only
+        for split in splits:
+            rows += run_split(a, name, model, pool, chosen, cut, split, (shape, image), variants, result, rows)
+    (a.out / "detectors.md").write_text("\n".join(summary(rows)) + "\n")
+    print("\n".join(summary(rows)))
+
+
+def run_split(a: argparse.Namespace, name: str, model: Path, pool: list[Path], chosen: list[Path], cut: int,
+              split: int, shape_image: tuple[list[str], list[str]], variants: list[str], result: Path, done: list[dict]
+              ) -> list[dict]:
+    """Every ratio and variant of ``model`` on split ``split`` of its images (``halves``), with its shape and image
+    flags (``shape_image``), each row printed and written to ``result`` with the rows ``done`` before it as it comes."""
+    rows = []
+    first, second = halves(chosen, cut, split)
+    tag = f"{name}_s{split}" if split and not a.swap else name  # split 0 (and --swap alone) keep the plain names
+    calib, held = link(first, a.out / f"{tag}_calib"), link(second, a.out / f"{tag}_held")
+    unseen = set(second)
+    everything = link([p for p in pool if p not in unseen], a.out / f"{tag}_recover") if "recover" in variants \
+        else None
+    shape, image = shape_image
+    flags = [*shape, *image]
+    forward2, _ = timed([*CLI, "eval", str(model), "--images", str(calib), "--ref", str(model), "--json", *flags])
+    base = {"model": name, "split": split, "calib": len(first), "held": len(second), "forward_x2_s": forward2}
+    for ratio in map(float, a.ratios.split(",")):
+        for variant in variants:
+            stem = a.out / f"{tag}_{ratio:g}_{variant.replace(' ', '_')}"
+            if variant == "recover":
+                pruned = a.out / f"{tag}_{ratio:g}_default.onnx"
+                seconds, _ = timed([*CLI, "recover", str(pruned), "--teacher", str(model), "-o", f"{stem}.onnx",
+                                    "--calib", str(everything), "--time", a.recover_time, "--report",
+                                    f"{stem}.recover.json", *flags])
+                Path(f"{stem}.json").write_text(Path(f"{pruned.with_suffix('')}.json").read_text())
+            else:
+                seconds, _ = timed([*CLI, "compress", str(model), "-o", f"{stem}.onnx", "--calib", str(calib),
+                                    "--target-ratio", str(ratio), "--report", f"{stem}.json", *flags,
+                                    *VARIANTS[variant]])
+            scores = (json.loads(run([*CLI, "eval", f"{stem}.onnx", "--images", str(held), "--ref", str(model),
+                                      "--json", *flags])) if len(chosen) > cut else {"metrics": {}, "task": None})
+            report = json.loads(Path(f"{stem}.json").read_text())
+            row = {**base, "ratio": ratio, "variant": variant, "compress_s": seconds,
+                   "macs_before": report["macs_before"], "macs_after": report["macs_after"],
+                   "metrics": scores["metrics"], "task": scores["task"]}
+            if variant == "default":
+                bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
+                                        "--quiet", *shape]))
+                row["speedup"] = bench[0]["median_ms"] / bench[1]["median_ms"]
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            result.write_text(json.dumps({"args": sys.argv[1:], "rows": done + rows}, indent=2))
+    return rows
 
 
 if __name__ == "__main__":

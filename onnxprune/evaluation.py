@@ -16,7 +16,7 @@ from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.ir.ort import make_session, model_input_specs, run_session, zero_pad
 from onnxprune.ir.probe import fixed_batch
-from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_probs, task_named
+from onnxprune.tasks import CONF, NMS_IOU, Metric, Task, image_hw, log_probs, task_named
 from onnxprune.tasks.labels import Labels
 
 EPS = 1e-12
@@ -126,7 +126,7 @@ def evaluate(
             metric.update(ys, refs, None if boxes is None else boxes[offset : offset + n])
         offset += n
     result = EvalResult(images=offset, provider=active, task=reader.name if reader else None,
-                        metrics=metric.result() if metric is not None else {}, padded=sorted(padded))
+                        metrics=_with_spread(metric) if metric is not None else {}, padded=sorted(padded))
     if classifier and None not in classes:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
@@ -135,6 +135,16 @@ def evaluate(
         if classifier:
             result.agreement, result.kl = agree / offset, kl / offset
     return result
+
+
+def _with_spread(metric: Metric) -> dict[str, float | None]:
+    """The metric's scores, each followed by its standard deviation over the images where it has one."""
+    spread, out = metric.spread(), {}
+    for name, value in metric.result().items():
+        out[name] = value
+        if f"{name}_sd" in spread:
+            out[f"{name}_sd"] = spread[f"{name}_sd"]
+    return out
 
 
 def _name(model: Model) -> str:

@@ -247,8 +247,10 @@ def format_table(results: dict[str, EvalResult]) -> Table:
     outputs = list(dict.fromkeys(name for r in results.values() for name in r.rel_l2))
     tasks = sorted({r.task for r in results.values() if r.task})
     table = Table(title=f"Fidelity ({', '.join(tasks)})" if tasks else "Fidelity")
-    # the task's own scores first; a classifier's columns only where some model has them
-    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
+    # the task's own scores first, each with its spread over the images (``±``) where it has one; a classifier's
+    # columns only where some model has them
+    metrics = [name for name in dict.fromkeys(name for r in results.values() for name in r.metrics)
+               if not name.endswith("_sd")]
     classifier = [(header, attr, spec) for header, attr, spec in _CLASSIFIER_COLUMNS
                   if any(getattr(r, attr) is not None for r in results.values())]
     for header in ("model", "images", *metrics, *(header for header, _, _ in classifier)):
@@ -258,7 +260,7 @@ def format_table(results: dict[str, EvalResult]) -> Table:
         table.add_column(f"rel-L2{suffix}", justify="right")
         table.add_column(f"cos{suffix}", justify="right")
     for label, r in results.items():
-        row = [label, str(r.images), *(_fmt(r.metrics.get(name), ".4g") for name in metrics),
+        row = [label, str(r.images), *(_with_sd(r.metrics, name) for name in metrics),
                *(_fmt(getattr(r, attr), spec) for _, attr, spec in classifier)]
         for name in outputs:
             row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
@@ -268,6 +270,12 @@ def format_table(results: dict[str, EvalResult]) -> Table:
         table.caption = (f"{', '.join(padded)}: length varies from image to image; compared zero-padded to the "
                          "longer of the two")
     return table
+
+
+def _with_sd(metrics: dict[str, float | None], name: str) -> str:
+    """A score, and ``± sd`` where the metrics give its standard deviation over the images."""
+    sd = metrics.get(f"{name}_sd")
+    return _fmt(metrics.get(name), ".4g") + ("" if sd is None else f" ± {sd:.2g}")
 
 
 def format_sweep_table(result: SweepResult) -> Table:

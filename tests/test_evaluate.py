@@ -177,13 +177,14 @@ def test_format_table(tmp_path: Path, labelled: Path) -> None:
 def test_a_detector_table_shows_its_metrics_not_a_classifier_s() -> None:
     """A detector's eval table leads with mAP50/mAP50-95 and has no classifier columns of '-'."""
     result = EvalResult(images=4, provider="CPUExecutionProvider", rel_l2={"output0": 0.1}, cosine={"output0": 0.99},
-                        task="detect", metrics={"mAP50_ref": 0.91, "mAP50-95_ref": 0.72})
+                        task="detect", metrics={"mAP50_ref": 0.91, "mAP50-95_ref": 0.72, "mAP50-95_ref_sd": 0.0241})
     console = Console(record=True, width=200)
     console.print(format_table({"pruned": result}))
     text = console.export_text()
     header = next(line for line in text.splitlines() if "model" in line)
     assert [w for w in header.replace("┃", " ").split() if w in ("mAP50_ref", "mAP50-95_ref", "top-1", "KL")] == [
         "mAP50_ref", "mAP50-95_ref"]
+    assert "0.72 ± 0.024" in text and "_sd" not in text  # a score's spread over the images in its own column
     assert "Fidelity (detect)" in text
 
 

@@ -14,9 +14,10 @@ from PIL import Image, ImageDraw, ImageFont
 
 from onnxprune.calib.images import Preprocess
 from onnxprune.errors import OptionError
+from onnxprune.evaluation import _with_spread
 from onnxprune.tasks import CTC, Detect, TextRegions, infer_task, task_named
-from onnxprune.tasks.detection import (APAccumulator, DetectionLayout, Detections, Truth, box_iou, cells,
-                                       grid_centres, nms)
+from onnxprune.tasks.detection import (APAccumulator, DetectionLayout, Detections, Truth, bootstrap_sd, box_iou,
+                                       cells, grid_centres, nms)
 from onnxprune.tasks.labels import Labels
 from onnxprune.tasks.text import ctc_decode, edit_distance, matched_regions, regions
 
@@ -218,6 +219,44 @@ def test_detection_metric_drops_with_moved_boxes() -> None:
     metric.update(moved, outs)
     result = metric.result()
     assert result["mAP50_ref"] > 0.5 and result["mAP50-95_ref"] < 0.9 * result["mAP50_ref"]
+
+
+def test_the_spread_over_images_is_that_of_their_bootstrap_resamples() -> None:
+    """Two images with one object each, found in place on one and missed on the other: a resample holds the found
+    one twice (mAP 1), the missed one twice (0) or one of each (51 of the 101 recall points, 0.505), with chances
+    1/4, 1/4, 1/2, so the standard deviation is 0.354; a model scored alike on every image has none."""
+    box = np.array([[10.0, 10.0, 50.0, 50.0]])
+    truth = Truth(box, np.array([0]))
+    found, missed = APAccumulator(), APAccumulator()
+    found.add(Detections(box, np.array([0.9]), np.array([0])), truth)
+    missed.add(Detections(np.zeros((0, 4)), np.zeros(0), np.zeros(0, dtype=int)), truth)
+    assert APAccumulator.pooled([found, missed]).result()["mAP50-95"] == pytest.approx(51 / 101)
+    values = np.array([1.0, 51 / 101, 0.0])
+    expected = np.sqrt(np.average((values - np.average(values, weights=[1, 2, 1])) ** 2, weights=[1, 2, 1]))
+    sd = bootstrap_sd([found, missed], resamples=2000)
+    assert sd["mAP50-95_sd"] == pytest.approx(expected, abs=0.02) and sd["mAP50_sd"] == pytest.approx(expected, abs=0.02)
+    assert bootstrap_sd([found, found, found]) == {"mAP50_sd": 0.0, "mAP50-95_sd": 0.0}
+    assert bootstrap_sd([found]) == {}
+
+
+def test_a_detectors_scores_come_with_their_spread_over_the_images() -> None:
+    """Against itself every resample scores 1 (no spread); with the boxes of one image of two moved, the resamples
+    disagree. ``evaluate`` puts each standard deviation after its score."""
+    rng = np.random.default_rng(2)
+    outs = _yolov8(rng)
+    outs[0][:, 4, :20] = 0.9
+    task = infer_task(outs, (64, 64), 2)
+    same = task.metric()
+    same.update(outs, outs)
+    assert same.spread() == {"mAP50_ref_sd": 0.0, "mAP50-95_ref_sd": 0.0}
+    moved = [o.copy() for o in outs]
+    moved[0][1, 0, :20] += 3.0  # the second image's boxes 3 pixels right
+    metric = task.metric()
+    metric.update(moved, outs)
+    assert metric.spread()["mAP50-95_ref_sd"] > 0.01
+    assert _with_spread(metric) == {**metric.result(), "mAP50_ref_sd": metric.spread()["mAP50_ref_sd"],
+                                    "mAP50-95_ref_sd": metric.spread()["mAP50-95_ref_sd"]}
+    assert list(_with_spread(metric))[:4] == ["mAP50_ref", "mAP50_ref_sd", "mAP50-95_ref", "mAP50-95_ref_sd"]
 
 
 def test_ctc_and_edit_distance() -> None:

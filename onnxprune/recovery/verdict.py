@@ -33,7 +33,7 @@ def scores(metric: str, outputs: list[np.ndarray], teacher: list[np.ndarray], ta
     per-sample parts computed once."""
     n = len(teacher[0])
     if metric == "1-mAP50-95":
-        parts = [_image_ap(task, outputs, teacher, i) for i in range(n)]
+        parts = _image_aps(task, outputs, teacher)
 
         def on_map(pick: np.ndarray) -> float | None:
             found = APAccumulator.pooled([parts[i] for i in pick]).result()["mAP50-95"]
@@ -56,10 +56,11 @@ def scores(metric: str, outputs: list[np.ndarray], teacher: list[np.ndarray], ta
     return lambda pick: float(err[pick].mean())
 
 
-def _image_ap(task: Detect, outputs: list[np.ndarray], teacher: list[np.ndarray], i: int) -> APAccumulator:
+def _image_aps(task: Detect, outputs: list[np.ndarray], teacher: list[np.ndarray]) -> list[APAccumulator]:
+    """Each sample's detections matched to the teacher's, one accumulator a sample."""
     metric = task.metric()
-    metric.update([y[i : i + 1] for y in outputs], [t[i : i + 1] for t in teacher])
-    return metric.vs_ref
+    metric.update(outputs, teacher)
+    return metric.images
 
 
 def confidence(before: Scores, after: Scores, n: int, seed: int) -> float:

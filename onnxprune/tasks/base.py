@@ -25,6 +25,11 @@ class Metric:
     def result(self) -> dict[str, float | None]:
         raise NotImplementedError
 
+    def spread(self) -> dict[str, float]:
+        """How much the scores of ``result`` owe to which images were measured: for some scores, the standard
+        deviation over bootstrap resamples of the images (``<score>_sd``); none by default."""
+        return {}
+
 
 @dataclass(frozen=True)
 class Task:

@@ -11,7 +11,7 @@ import numpy as np
 
 from onnxprune.tasks.base import Judge, Metric, Task
 from onnxprune.tasks.detection import (DENSE_STRIDES, STRIDES, APAccumulator, DetectionLayout, Detections, Truth,
-                                      cells)
+                                      bootstrap_sd, cells)
 from onnxprune.tasks.maps import HeatLayout
 from onnxprune.tasks.sets import SetLayout, set_discrepancy
 
@@ -114,7 +114,8 @@ class HeatDetect(Detect):
 class DetectionMetric(Metric):
     def __init__(self, task: Detect) -> None:
         self.task = task
-        self.vs_ref, self.vs_labels = APAccumulator(), APAccumulator()
+        self.images: list[APAccumulator] = []  # per image, against the reference's detections
+        self.vs_labels = APAccumulator()
         self.with_objects = self.found = 0
         self.compared = False  # a reference was given
         self.masks: MaskIoU | None = MaskIoU(task.layout) if task.layout.protos is not None else None
@@ -127,7 +128,8 @@ class DetectionMetric(Metric):
             self.compared = True
             seen = t.layout.decode(refs, t.conf, t.iou)
             for d, r in zip(dets, seen):
-                self.vs_ref.add(d, Truth(r.boxes, r.classes))
+                self.images.append(APAccumulator())
+                self.images[-1].add(d, Truth(r.boxes, r.classes))
                 self.with_objects += bool(len(r))
                 self.found += len(r)
             if self.masks is not None:
@@ -139,7 +141,7 @@ class DetectionMetric(Metric):
     def result(self) -> dict[str, float | None]:
         out: dict[str, float | None] = {}
         if self.compared:
-            ref = self.vs_ref.result()
+            ref = APAccumulator.pooled(self.images).result()
             out.update({"mAP50_ref": ref["mAP50"], "mAP50-95_ref": ref["mAP50-95"],
                         "ref_detections": float(self.found), "ref_images_with_objects": float(self.with_objects)})
         if self.vs_labels.truths:
@@ -148,6 +150,13 @@ class DetectionMetric(Metric):
         if self.masks is not None and self.compared:
             out["mask_iou_ref"] = self.masks.result()
         return out
+
+
+    def spread(self) -> dict[str, float]:
+        """The bootstrap standard deviation over the images of mAP50_ref and mAP50-95_ref (``bootstrap_sd``)."""
+        if not self.compared:
+            return {}
+        return {name.replace("_sd", "_ref_sd"): value for name, value in bootstrap_sd(self.images).items()}
 
 
 class MaskIoU:

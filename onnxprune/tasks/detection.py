@@ -34,6 +34,7 @@ DENSE_STRIDES = (8, 16, 32, 64, 128)
 IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
 RECALL_POINTS = np.linspace(0.0, 1.0, 101)
 MAX_DETECTIONS = 100
+SPREAD_RESAMPLES = 200  # bootstrap resamples of the images behind a score's standard deviation
 PRE_NMS = 3000  # candidates kept by score before NMS, as ultralytics' max_nms keeps a bound
 
 
@@ -240,6 +241,23 @@ class APAccumulator:
             return {"mAP50": None, "mAP50-95": None}
         table = np.asarray(ap)
         return {"mAP50": float(table[:, 0].mean()), "mAP50-95": float(table.mean())}
+
+
+def bootstrap_sd(images: Sequence[APAccumulator], resamples: int = SPREAD_RESAMPLES, seed: int = 0
+                 ) -> dict[str, float]:
+    """The standard deviation of mAP50 and mAP50-95 (``<score>_sd``) over ``resamples`` bootstrap resamples of
+    ``images`` (one accumulator each, drawn with replacement); a resample without ground truth is left out, and
+    none is given where fewer than two resamples have any. On nudenet's YOLOv8n at 0.70×, judged on 59 photos
+    whose 88 reference detections fall in 12 classes, 5 of them with at most 2, mAP50-95 0.830 has a standard
+    deviation of 0.024, as large as most changes worth measuring (the notebook's "Four splits")."""
+    gen = np.random.default_rng(seed)
+    found: dict[str, list[float]] = {"mAP50": [], "mAP50-95": []}
+    for _ in range(resamples if len(images) > 1 else 0):
+        scores = APAccumulator.pooled([images[i] for i in gen.integers(0, len(images), len(images))]).result()
+        for name, value in scores.items():
+            if value is not None:
+                found[name].append(value)
+    return {f"{name}_sd": float(np.std(values)) for name, values in found.items() if len(values) > 1}
 
 
 def match(boxes: np.ndarray, truth: np.ndarray) -> np.ndarray:

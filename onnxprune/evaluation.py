@@ -16,7 +16,7 @@ from onnxprune.calib.sources import load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.ir.ort import make_session, model_input_specs, run_session, zero_pad
 from onnxprune.ir.probe import fixed_batch
-from onnxprune.tasks import CONF, NMS_IOU, Metric, Task, image_hw, log_probs, task_named
+from onnxprune.tasks import CONF, NMS_IOU, Task, image_hw, log_probs, task_named
 from onnxprune.tasks.labels import Labels
 
 EPS = 1e-12
@@ -38,6 +38,9 @@ class EvalResult:
     cosine: dict[str, float] = field(default_factory=dict)
     task: str | None = None  # what the outputs were read as (``onnxprune.tasks``)
     metrics: dict[str, float | None] = field(default_factory=dict)  # the task's scores (mAP50_ref, ...)
+    # standard deviation over the images of a score (top1, agreement, kl, a task's mAP50-95_ref, ...): what a
+    # bootstrap of the images gives (in closed form for a mean over images)
+    spread: dict[str, float] = field(default_factory=dict)
     padded: list[str] = field(default_factory=list)  # outputs of varying length, compared zero-padded to the longer
 
     def to_dict(self) -> dict[str, Any]:
@@ -87,7 +90,7 @@ def evaluate(
     boxes = None if truth is None else truth.for_images(data.paths, preprocess)
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
-    kl = 0.0
+    kl = kl_sq = 0.0
     err = dict.fromkeys(names, 0.0)
     energy = dict.fromkeys(names, 0.0)
     cos = dict.fromkeys(names, 0.0)
@@ -121,12 +124,14 @@ def evaluate(
             if classifier:
                 agree += int((ys[0].argmax(axis=1) == refs[0].argmax(axis=1)).sum())
                 log_p, log_q = log_probs(refs[0]), log_probs(ys[0])
-                kl += float((np.exp(log_p) * (log_p - log_q)).sum())
+                per_image = (np.exp(log_p) * (log_p - log_q)).sum(axis=1)
+                kl, kl_sq = kl + float(per_image.sum()), kl_sq + float(np.square(per_image).sum())
         if metric is not None:
             metric.update(ys, refs, None if boxes is None else boxes[offset : offset + n])
         offset += n
     result = EvalResult(images=offset, provider=active, task=reader.name if reader else None,
-                        metrics=_with_spread(metric) if metric is not None else {}, padded=sorted(padded))
+                        metrics=metric.result() if metric is not None else {},
+                        spread=metric.spread() if metric is not None else {}, padded=sorted(padded))
     if classifier and None not in classes:
         result.top1, result.top5 = hits1 / offset, hits5 / offset
     if ref_session is not None:
@@ -134,17 +139,12 @@ def evaluate(
         result.cosine = {k: v / offset for k, v in cos.items()}
         if classifier:
             result.agreement, result.kl = agree / offset, kl / offset
+            result.spread["kl"] = float(np.sqrt(max(kl_sq / offset - result.kl**2, 0.0) / offset))
+    for name in ("top1", "top5", "agreement"):
+        share = getattr(result, name)
+        if share is not None:
+            result.spread[name] = float(np.sqrt(share * (1 - share) / offset))
     return result
-
-
-def _with_spread(metric: Metric) -> dict[str, float | None]:
-    """The metric's scores, each followed by its standard deviation over the images where it has one."""
-    spread, out = metric.spread(), {}
-    for name, value in metric.result().items():
-        out[name] = value
-        if f"{name}_sd" in spread:
-            out[f"{name}_sd"] = spread[f"{name}_sd"]
-    return out
 
 
 def _name(model: Model) -> str:

@@ -249,8 +249,7 @@ def format_table(results: dict[str, EvalResult]) -> Table:
     table = Table(title=f"Fidelity ({', '.join(tasks)})" if tasks else "Fidelity")
     # the task's own scores first, each with its spread over the images (``±``) where it has one; a classifier's
     # columns only where some model has them
-    metrics = [name for name in dict.fromkeys(name for r in results.values() for name in r.metrics)
-               if not name.endswith("_sd")]
+    metrics = list(dict.fromkeys(name for r in results.values() for name in r.metrics))
     classifier = [(header, attr, spec) for header, attr, spec in _CLASSIFIER_COLUMNS
                   if any(getattr(r, attr) is not None for r in results.values())]
     for header in ("model", "images", *metrics, *(header for header, _, _ in classifier)):
@@ -260,8 +259,8 @@ def format_table(results: dict[str, EvalResult]) -> Table:
         table.add_column(f"rel-L2{suffix}", justify="right")
         table.add_column(f"cos{suffix}", justify="right")
     for label, r in results.items():
-        row = [label, str(r.images), *(_with_sd(r.metrics, name) for name in metrics),
-               *(_fmt(getattr(r, attr), spec) for _, attr, spec in classifier)]
+        row = [label, str(r.images), *(_with_sd(r.metrics.get(name), r.spread.get(name), ".4g") for name in metrics),
+               *(_with_sd(getattr(r, attr), r.spread.get(attr), spec) for _, attr, spec in classifier)]
         for name in outputs:
             row += [_fmt(r.rel_l2.get(name), ".4g"), _fmt(r.cosine.get(name), ".5f")]
         table.add_row(*row)
@@ -272,10 +271,11 @@ def format_table(results: dict[str, EvalResult]) -> Table:
     return table
 
 
-def _with_sd(metrics: dict[str, float | None], name: str) -> str:
-    """A score, and ``± sd`` where the metrics give its standard deviation over the images."""
-    sd = metrics.get(f"{name}_sd")
-    return _fmt(metrics.get(name), ".4g") + ("" if sd is None else f" ± {sd:.2g}")
+def _with_sd(value: float | None, sd: float | None, spec: str) -> str:
+    """A score in ``spec``, and ``± sd`` (its standard deviation over the images, two significant digits) if known."""
+    if sd is None or value is None:
+        return _fmt(value, spec)
+    return f"{_fmt(value, spec)} ± {_fmt(sd, '.1%' if spec.endswith('%') else '.2g')}"
 
 
 def format_sweep_table(result: SweepResult) -> Table:

@@ -84,8 +84,10 @@ def test_top1_top5_and_self_reference(tmp_path: Path, labelled: Path) -> None:
     assert result.rel_l2 == pytest.approx({"logits": 0.0, "pooled": 0.0}, abs=1e-9)
     assert result.cosine == pytest.approx({"logits": 1.0, "pooled": 1.0})
     assert set(result.to_dict()) == {"images", "provider", "top1", "top5", "agreement", "kl", "rel_l2", "cosine", "task",
-                                     "metrics", "padded"}
+                                     "metrics", "spread", "padded"}
     assert result.task == "classify" and result.metrics == {}
+    third = np.sqrt(1 / 3 * 2 / 3 / 3)  # a share p of n images varies by sqrt(p (1 - p) / n) over their resamples
+    assert result.spread == pytest.approx({"top1": third, "top5": third, "agreement": 0.0, "kl": 0.0}, abs=1e-9)
 
 
 def test_different_reference(tmp_path: Path, labelled: Path) -> None:
@@ -99,6 +101,24 @@ def test_different_reference(tmp_path: Path, labelled: Path) -> None:
     assert result.rel_l2["logits"] == pytest.approx(np.linalg.norm(z - z_ref) / np.linalg.norm(z_ref), rel=1e-4)
     assert result.cosine["logits"] == pytest.approx(z @ z_ref / np.linalg.norm(z) / np.linalg.norm(z_ref), rel=1e-4)
     assert result.rel_l2["pooled"] == pytest.approx(0.0, abs=1e-9)
+
+
+def test_the_kl_varies_over_the_images_by_its_standard_error(tmp_path: Path) -> None:
+    """Two red images and two blue ones against a reference with two classes swapped: the per-image KL takes two
+    values, and the spread is their standard deviation over the square root of the image count."""
+    folder = red_images(tmp_path / "mixed", ["a.png", "b.png"])
+    for name in ("c.png", "d.png"):
+        Image.new("RGB", (40, 36), (0, 0, 255)).save(folder / name)
+    model, ref = classifier(tmp_path / "m.onnx"), classifier(tmp_path / "ref.onnx", W_SWAPPED)
+    result = evaluate(model, folder, ref=ref, preprocess=PRE)
+    blue = (np.array([0.0, 0.0, 1.0]) - IMAGENET_MEAN) / IMAGENET_STD
+    kls = []
+    for colour in (RED, blue):
+        lp, lq = log_softmax(W_SWAPPED.astype(np.float64) @ colour), log_softmax(W.astype(np.float64) @ colour)
+        kls.append(float((np.exp(lp) * (lp - lq)).sum()))
+    assert kls[0] != pytest.approx(kls[1])
+    assert result.kl == pytest.approx(np.mean(kls), rel=1e-4)
+    assert result.spread["kl"] == pytest.approx(np.std(kls) / np.sqrt(4), rel=1e-3)
 
 
 def test_rel_l2_is_the_error_energy_over_the_reference_energy_of_the_whole_set(tmp_path: Path) -> None:
@@ -165,26 +185,28 @@ def test_format_table(tmp_path: Path, labelled: Path) -> None:
     model = classifier(tmp_path / "m.onnx")
     results = {
         "original": evaluate(model, labelled, ref=model, preprocess=PRE),
-        "pruned": EvalResult(images=3, provider="CPUExecutionProvider", top1=0.25, rel_l2={"logits": 0.5}),
+        "pruned": EvalResult(images=3, provider="CPUExecutionProvider", top1=0.25, rel_l2={"logits": 0.5},
+                             spread={"top1": 0.25}),
     }
     console = Console(record=True, width=200)
     console.print(format_table(results))
     text = console.export_text()
-    for expected in ("rel-L2 logits", "cos pooled", "original", "pruned", "33.33%", "100.00%", "25.00%", "0.5"):
+    for expected in ("rel-L2 logits", "cos pooled", "original", "pruned", "33.33% ± 27.2%", "100.00% ± 0.0%",
+                     "25.00% ± 25.0%", "0.5"):
         assert expected in text
 
 
 def test_a_detector_table_shows_its_metrics_not_a_classifier_s() -> None:
     """A detector's eval table leads with mAP50/mAP50-95 and has no classifier columns of '-'."""
     result = EvalResult(images=4, provider="CPUExecutionProvider", rel_l2={"output0": 0.1}, cosine={"output0": 0.99},
-                        task="detect", metrics={"mAP50_ref": 0.91, "mAP50-95_ref": 0.72, "mAP50-95_ref_sd": 0.0241})
+                        task="detect", metrics={"mAP50_ref": 0.91, "mAP50-95_ref": 0.72}, spread={"mAP50-95_ref": 0.0241})
     console = Console(record=True, width=200)
     console.print(format_table({"pruned": result}))
     text = console.export_text()
     header = next(line for line in text.splitlines() if "model" in line)
     assert [w for w in header.replace("┃", " ").split() if w in ("mAP50_ref", "mAP50-95_ref", "top-1", "KL")] == [
         "mAP50_ref", "mAP50-95_ref"]
-    assert "0.72 ± 0.024" in text and "_sd" not in text  # a score's spread over the images in its own column
+    assert "0.72 ± 0.024" in text and "0.91 ±" not in text  # a score's spread over the images, where known
     assert "Fidelity (detect)" in text
 
 

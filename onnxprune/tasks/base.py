@@ -26,8 +26,8 @@ class Metric:
         raise NotImplementedError
 
     def spread(self) -> dict[str, float]:
-        """How much the scores of ``result`` owe to which images were measured: for some scores, the standard
-        deviation over bootstrap resamples of the images (``<score>_sd``); none by default."""
+        """How much the scores of ``result`` owe to which images were measured: for some scores (by name), the
+        standard deviation over bootstrap resamples of the images; none by default."""
         return {}
 
 

@@ -156,7 +156,7 @@ class DetectionMetric(Metric):
         """The bootstrap standard deviation over the images of mAP50_ref and mAP50-95_ref (``bootstrap_sd``)."""
         if not self.compared:
             return {}
-        return {name.replace("_sd", "_ref_sd"): value for name, value in bootstrap_sd(self.images).items()}
+        return {f"{name}_ref": value for name, value in bootstrap_sd(self.images).items()}
 
 
 class MaskIoU:

@@ -349,7 +349,8 @@ def eval_cmd(
 ) -> None:
     """Top-1/top-5 from file-name labels, agreement/KL/output error against --ref, and the task's metrics:
     mAP50 and mAP50-95 of a detector against --ref's detections (and --labels), mask IoU of a segmenter,
-    string agreement of a CTC recogniser, region F1 of a text detector."""
+    string agreement of a CTC recogniser, region F1 of a text detector. Top-1, top-5, agreement, KL and a
+    detector's mAP come with their spread over the images (± one standard deviation over resamples of them)."""
     values = dict(locals())
     try:
         if not model.is_file():

@@ -151,7 +151,6 @@ class DetectionMetric(Metric):
             out["mask_iou_ref"] = self.masks.result()
         return out
 
-
     def spread(self) -> dict[str, float]:
         """The bootstrap standard deviation over the images of mAP50_ref and mAP50-95_ref (``bootstrap_sd``)."""
         if not self.compared:

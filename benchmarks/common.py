@@ -16,6 +16,7 @@ import torch
 import onnxprune
 import onnxprune.ir.probe
 from onnxprune import flags as cli_flags
+from onnxprune.flags import deploy as deploy_flags
 from onnxprune.cli import flag_values, torch_threads
 from onnxprune.fileio import atomic_write
 
@@ -83,7 +84,7 @@ def evaluate(model: Path, original: Path, data: Path, subset: str, flags: list[s
     read by the CLI's own parser, the result built as the CLI builds it (``onnxprune.flags``)."""
     _echo("eval", model, "--images", data, "--subset", subset, "--ref", original, "--json", *flags)
     values = flag_values("eval", [str(model), "--images", str(data), "--subset", subset, "--ref", str(original), *flags])
-    return cli_flags.evaluate(values).to_dict()
+    return deploy_flags.evaluate(values).to_dict()
 
 
 def compress(original: Path, output: Path, data: Path, flags: list[str], report: Path | None = None) -> dict:
@@ -127,4 +128,4 @@ def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[
 def bench(models: list[Path], flags: list[str]) -> list[dict]:
     """`onnxprune bench *models *flags --json`, in-process (the flags read and built as the CLI does)."""
     _echo("bench", *models, *flags, "--json")
-    return [r.to_dict() for r in cli_flags.bench(flag_values("bench", [*map(str, models), *flags]))]
+    return [r.to_dict() for r in deploy_flags.bench(flag_values("bench", [*map(str, models), *flags]))]

@@ -21,6 +21,7 @@ from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
+from onnxprune.deploy.quantize import QuantizeOptions, QuantizeReport, Step, quantize as _quantize
 from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
@@ -50,7 +51,7 @@ class Result:
     continue from it (the ``recovery`` report is then set)."""
 
     model: onnx.ModelProto
-    report: CompressReport | RecoverReport
+    report: CompressReport | RecoverReport | QuantizeReport
     recovery: RecoverReport | None = None
     original: onnx.ModelProto | None = field(default=None, repr=False)
     calibration: CalibrationSet | None = field(default=None, repr=False)
@@ -299,6 +300,45 @@ def evaluate(
     return _evaluate(model, images, ref=reference, subset=subset, limit=limit, labels=labels, batch_size=batch_size,
                      preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider,
                      task=task, conf=conf, iou=iou, truth=None if truth is None else Labels.load(truth))
+
+
+def quantize(
+    model: ModelSource,
+    calib: CalibSource,
+    *,
+    held: CalibSource | None = None,
+    reference: ModelSource | None = None,
+    options: QuantizeOptions | None = None,
+    preprocess: Preprocess | None = None,
+    input_shape: Sequence[str] | None = None,
+    subset: str | None = None,
+    limit: int | None = None,
+    on_step: Step | None = None,
+) -> Result:
+    """Static INT8 quantization (QDQ, onnxruntime's tools) of ``model``, judged against ``reference``.
+
+    Arguments:
+        model: the float model (pruned or not), a path or a ModelProto; a model with quantization nodes is refused.
+        calib: the calibration samples (any source ``compress`` takes).
+        held: samples that choose the calibration method and the layers kept in float, and judge the result (read
+            like ``calib``); default: every fifth sample of ``calib`` (after ``subset``, ``limit``), which then
+            calibrates on the others.
+        reference: what the model is judged against, e.g. the original it was pruned from (default: ``model``).
+        options: the runtime's layout, the calibration methods tried, the ends kept in float, the sample count
+            (see ``QuantizeOptions``).
+        preprocess: the image preprocessing (default: ``preprocess_for(model)``).
+        input_shape, subset, limit: as for ``compress``.
+        on_step: ``on_step(i, total, label)`` is called as each candidate is calibrated and judged.
+
+    Returns a ``Result`` whose ``report`` is a ``QuantizeReport``: the method chosen, the nodes left in float, every
+    candidate's score, and the task metric of the float input and of the INT8 model against the reference."""
+    onnx_model = load(model, input_shape)
+    preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
+    data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit)
+    held_set = None if held is None else calibration(held, onnx_model, preprocess)
+    ref = None if reference is None else load(reference, input_shape)
+    quantized, report = _quantize(onnx_model, data, held_set, reference=ref, options=options, on_step=on_step)
+    return Result(quantized, report, calibration=data)  # save() runs the written model on one sample
 
 
 @dataclass

@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 
 from onnxprune.calib.images import Preprocess, label_from_name
-from onnxprune.calib.sources import load_image_folder
+from onnxprune.calib.sources import CalibrationSet, load_image_folder
 from onnxprune.errors import OnnxPruneError
 from onnxprune.ir.ort import make_session, model_input_specs, run_session, zero_pad
 from onnxprune.ir.probe import fixed_batch
@@ -21,6 +21,9 @@ from onnxprune.tasks.labels import Labels
 
 EPS = 1e-12
 SAME_ORIGIN = "compare against the model this one was pruned from"
+# the task metric a model is judged by against its original: the first ``evaluate`` reports, else a classifier's
+# agreement, else the mean cosine (``fidelity``)
+FIDELITY = ("mAP50-95_ref", "mask_iou_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref")
 Model = Union[str, Path, onnx.ModelProto]
 
 
@@ -50,7 +53,7 @@ class EvalResult:
 
 def evaluate(
     model: Model,
-    images: str | Path,
+    images: str | Path | CalibrationSet,
     *,
     ref: Model | None = None,
     preprocess: Preprocess | None = None,
@@ -63,9 +66,10 @@ def evaluate(
     conf: float = CONF,
     iou: float = NMS_IOU,
     truth: Labels | None = None,
+    simulate_qdq: bool = False,
 ) -> EvalResult:
     """Run ``model`` (a path or a ModelProto) on the images in ``images`` (after ``subset``, then the first
-    ``limit``) and measure it.
+    ``limit``), or on the samples of a ``CalibrationSet`` (labelled when it reads an image folder), and measure it.
 
     If the first output is 2-D (batch, classes) and ``labels`` gives every image's class (by default the
     leading number of its file name), top-1/top-5 accuracy; with ``ref``, top-1 agreement and mean
@@ -76,18 +80,23 @@ def evaluate(
     ``task`` ('auto': read from the outputs' layout, see ``onnxprune.tasks``) adds the task's metrics: a
     detector's mAP against the reference's detections of score ≥ ``conf`` (NMS at ``iou``) and against
     ``truth`` (boxes from label files), a segmenter's mask IoU, a CTC recogniser's string agreement, a text
-    detector's region F1.
+    detector's region F1. ``simulate_qdq``: a quantized model's Q/DQ pairs run in float (``make_session``).
     """
-    session, active = make_session(model, provider)
+    session, active = make_session(model, provider, simulate_qdq=simulate_qdq)
     ref_session = None
     if ref is not None:
         ref_session, _ = make_session(ref, provider)
         _check_compatible(session, ref_session, _name(model), _name(ref))
-    data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset, limit=limit)
+    if isinstance(images, CalibrationSet):  # an image folder's set has its paths (the labels), unless flipped
+        data, paths = images, getattr(images, "paths", None)
+        paths = paths if paths is not None and len(paths) == len(data) else None
+    else:
+        data = load_image_folder(images, model_input_specs(model), preprocess=preprocess, subset=subset, limit=limit)
+        paths = data.paths
     sample = next(data.batches(2))
     batch, ref_batch = (_batch_of(m, sample) for m in (model, ref))
-    classes = [labels(p) for p in data.paths]
-    boxes = None if truth is None else truth.for_images(data.paths, preprocess)
+    classes = [None] if paths is None else [labels(p) for p in paths]
+    boxes = None if truth is None or paths is None else truth.for_images(paths, preprocess)
     names = [o.name for o in session.get_outputs()]
     hits1 = hits5 = agree = 0
     kl = kl_sq = 0.0
@@ -145,6 +154,17 @@ def evaluate(
         if share is not None:
             result.spread[name] = float(np.sqrt(share * (1 - share) / offset))
     return result
+
+
+def fidelity(result: EvalResult) -> tuple[str, float | None]:
+    """The task metric of ``result`` against the original (see ``FIDELITY``)."""
+    for name in FIDELITY:
+        if result.metrics.get(name) is not None:
+            return name, result.metrics[name]
+    if result.agreement is not None:
+        return "agreement", result.agreement
+    cosines = list(result.cosine.values())
+    return "cosine", (sum(cosines) / len(cosines) if cosines else None)
 
 
 def _name(model: Model) -> str:

@@ -17,13 +17,11 @@ from onnxprune import api
 from onnxprune.calib.images import Preprocess
 from onnxprune.calib.sources import ArraySet, CalibrationSet
 from onnxprune.errors import OptionError, TargetError
-from onnxprune.evaluation import EvalResult
+from onnxprune.evaluation import fidelity
 from onnxprune.fileio import atomic_write, save_model
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstruction, Refit, Selector, Shared
 from onnxprune.strategies.sensitivity import objects_seen
 
-# the task metric a sweep judges by: the first ``eval`` reports, else a classifier's agreement, else the mean cosine
-FIDELITY = ("mAP50-95_ref", "mask_iou_ref", "string_agreement_ref", "sequence_agreement_ref", "region_f1_ref")
 KEEP_LADDER = (0.9, 0.8, 0.7, 0.6, 0.5)  # the MAC ratios ``keep`` judges first
 KEEP_REFINE = 2  # halvings of the gap between the cheapest ratio that keeps the floor and the next one
 
@@ -60,17 +58,6 @@ class SweepResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def fidelity(result: EvalResult) -> tuple[str, float | None]:
-    """The task metric of ``result`` against the original (see ``FIDELITY``)."""
-    for name in FIDELITY:
-        if result.metrics.get(name) is not None:
-            return name, result.metrics[name]
-    if result.agreement is not None:
-        return "agreement", result.agreement
-    cosines = list(result.cosine.values())
-    return "cosine", (sum(cosines) / len(cosines) if cosines else None)
 
 
 def sweep(

@@ -16,6 +16,7 @@ from rich.table import Table
 from onnxprune.analysis import Analysis
 from onnxprune.cost import format_ms
 from onnxprune.deploy.bench import BenchResult
+from onnxprune.deploy.quantize import QuantizeReport
 from onnxprune.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.progress import Heartbeat
@@ -306,6 +307,30 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
         console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} is "
                       f"{chosen.target} ({chosen.mac_ratio:.2f}× MACs, {chosen.fidelity:.4f}; "
                       f"{result.keep['judged']} budgets judged)" + (f"; wrote it to {kept}" if kept else ""))
+
+
+def print_quantize(r: QuantizeReport, output: Path) -> None:
+    """quantize's candidates, the float input and the INT8 model against the reference, what stays in float."""
+    table = Table(title=f"INT8 candidates ({r.runtime} layout), judged on {r.held_samples} held-out samples")
+    for col, justify in (("calibration", "left"), ("in float", "left"), (r.metric, "right"), ("KL", "right"),
+                         ("rel. L2", "right"), ("s", "right")):
+        table.add_column(col, justify=justify)
+    for c in r.candidates:
+        chosen = c.method == r.method and c.float_nodes == r.float_nodes
+        table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", f"{len(c.float_nodes)} layers" if c.float_nodes
+                      else "-", _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}", f"{c.seconds:.0f}")
+    console.print(table)
+
+    def score(d: dict) -> str:
+        spread = f" ± {d['spread']:.4f}" if d.get("spread") is not None else ""
+        return f"{r.metric} {_fmt(d['value'], '.4f')}{spread}" + (f", top-1 {d['top1']:.2%}" if d.get("top1") else "")
+
+    console.print(f"against {r.reference}: float input {score(r.fp32)}; INT8 {score(r.int8)}"
+                  + (" (Q/DQ run in float, as TensorRT computes)" if r.simulated else ""))
+    console.print(f"in float: {', '.join(r.unquantized) if r.unquantized else 'no weighted layer'}")
+    for note in r.notes:
+        console.print(f"note: {note}")
+    console.print(f"{r.calibration_samples} calibration samples, {r.seconds:.0f} s; wrote {output}")
 
 
 def _fmt(value: float | None, spec: str) -> str:

@@ -10,7 +10,7 @@ from onnxruntime.quantization import CalibrationDataReader
 from PIL import Image
 
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name, list_images, select
-from onnxprune.calib.sources import load_calibration
+from onnxprune.calib.sources import ArraySet, load_calibration, load_image_folder
 from onnxprune.errors import CalibrationError
 
 SPECS = [("x", ["batch", 3, 32, 32], np.dtype(np.float32))]
@@ -289,3 +289,21 @@ def test_calibration_data_reader_source() -> None:
         len(load_calibration(empty, SPECS))
     with pytest.raises(CalibrationError, match="unsupported calibration source"):
         load_calibration(42, SPECS)
+
+
+@pytest.mark.parametrize("flip", [False, True])
+def test_a_set_takes_the_samples_it_is_given(tmp_path: Path, flip: bool) -> None:
+    folder = tmp_path / "images"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(5):
+        Image.fromarray(rng.integers(0, 256, (12, 12, 3), dtype=np.uint8)).save(folder / f"{i:03d}_x.png")
+    specs = [("x", ["N", 3, 8, 8], np.dtype(np.float32))]
+    images = load_image_folder(folder, specs, preprocess=Preprocess(resize=8, crop=8), flip=flip)
+    arrays = ArraySet({"x": rng.standard_normal((6, 3, 8, 8)).astype(np.float32)}, np.arange(1, 6),
+                      {"x": np.dtype(np.float32)})
+    for data in (images, arrays):
+        whole = np.concatenate([b["x"] for b in data.batches(3)])
+        taken = data.take([0, 2, 4])
+        assert len(taken) == 3
+        np.testing.assert_array_equal(np.concatenate([b["x"] for b in taken.batches(2)]), whole[[0, 2, 4]])

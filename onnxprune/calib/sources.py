@@ -33,6 +33,19 @@ class CalibrationSet(ABC):
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         """Feeds ``{input name: array with a leading batch dim}`` of at most ``batch_size`` samples."""
 
+    def take(self, indices: Sequence[int]) -> CalibrationSet:
+        """The samples ``indices`` (increasing) of this set, as a set of their own (decoded into memory here; the
+        sets that can pick their samples without decoding them do so)."""
+        wanted, parts, offset = np.asarray(indices, dtype=np.int64), {k: [] for k in self.input_names}, 0
+        for feed in self.batches(64):
+            n = len(next(iter(feed.values())))
+            rows = wanted[(wanted >= offset) & (wanted < offset + n)] - offset
+            for k, v in feed.items():
+                parts[k].append(v[rows])
+            offset += n
+        arrays = {k: np.concatenate(v) for k, v in parts.items()}
+        return ArraySet(arrays, np.arange(len(wanted)), {k: a.dtype for k, a in arrays.items()})
+
 
 class ImageFolderSet(CalibrationSet):
     """Images preprocessed lazily, one batch at a time; with ``flip`` each image is followed by its mirror."""
@@ -60,6 +73,12 @@ class ImageFolderSet(CalibrationSet):
                     )
             yield {self.input_names[0]: np.stack(arrays).astype(self.dtype, copy=False)}
 
+    def take(self, indices: Sequence[int]) -> CalibrationSet:
+        if self.flip:  # a sample is an image or its mirror
+            return super().take(indices)
+        return ImageFolderSet([self.paths[i] for i in indices], self.input_names[0], self.preprocess, self.dtype,
+                              False)
+
 
 class ArraySet(CalibrationSet):
     """Samples ``indices`` of in-memory or memory-mapped arrays (one per input, same leading length)."""
@@ -77,6 +96,9 @@ class ArraySet(CalibrationSet):
         for start in range(0, len(self.indices), batch_size):
             idx = self.indices[start : start + batch_size]
             yield {k: np.asarray(a[idx], dtype=self.dtypes[k]) for k, a in self.arrays.items()}
+
+    def take(self, indices: Sequence[int]) -> CalibrationSet:
+        return ArraySet(self.arrays, self.indices[np.asarray(indices, dtype=np.int64)], self.dtypes)
 
 
 class LazySet(CalibrationSet):
@@ -97,6 +119,9 @@ class LazySet(CalibrationSet):
 
     def batches(self, batch_size: int) -> Iterator[dict[str, np.ndarray]]:
         return self._materialised().batches(batch_size)
+
+    def take(self, indices: Sequence[int]) -> CalibrationSet:
+        return self._materialised().take(indices)
 
 
 def load_calibration(

@@ -110,7 +110,7 @@ def light_export(graph: gs.Graph) -> tuple[onnx.ModelProto, dict[str, np.ndarray
 
 def make_session(
     model: ModelLike, provider: str = "auto", threads: int | None = None, spinning: bool = True, arena: bool = True,
-    spin_between_runs: bool = True, quiet: bool = False, prepack: bool = True,
+    spin_between_runs: bool = True, quiet: bool = False, prepack: bool = True, simulate_qdq: bool = False,
 ) -> tuple[ort.InferenceSession, str]:
     """An InferenceSession for ``model`` and the provider that actually runs it.
 
@@ -122,25 +122,31 @@ def make_session(
     threads steal the cores from the next).
     ``quiet``: onnxruntime logs nothing short of fatal (a probe whose run may fail, and says so by
     its result, not by an error line on the user's terminal).
+    ``simulate_qdq``: a quantized (QDQ) model runs its QuantizeLinear/DequantizeLinear pairs as they are, in float,
+    instead of onnxruntime's fused int8 kernels: the arithmetic of an int8 engine whose accumulators do not
+    saturate (TensorRT's), where x86 CPUs without VNNI saturate 8-bit weights.
     ``prepack=False``: onnxruntime does not pre-pack the weights (a Gemm's matrix laid out for its kernel), for a
     session run a few times: packing costs more than it saves there (VGG-11's 530 MB: 0.56 -> 0.2 s to start a
     session run once; its runs no slower), and the outputs differ from a packing session's in the last bits.
     """
     if isinstance(model, onnx.ModelProto):
         light, weights = weights_aside(model)
-        return session_of(light, weights, provider, threads, spinning, arena, spin_between_runs, quiet, prepack)
-    return session_of(model, {}, provider, threads, spinning, arena, spin_between_runs, quiet, prepack)
+        return session_of(light, weights, provider, threads, spinning, arena, spin_between_runs, quiet, prepack,
+                          simulate_qdq)
+    return session_of(model, {}, provider, threads, spinning, arena, spin_between_runs, quiet, prepack, simulate_qdq)
 
 
 def session_of(model: ModelLike, weights: dict[str, np.ndarray], provider: str = "auto", threads: int | None = None,
                spinning: bool = True, arena: bool = True, spin_between_runs: bool = True, quiet: bool = False,
-               prepack: bool = True) -> tuple[ort.InferenceSession, str]:
+               prepack: bool = True, simulate_qdq: bool = False) -> tuple[ort.InferenceSession, str]:
     """``make_session``, the initializers ``weights`` (in-memory stubs in ``model``) given as arrays."""
     chain = _chain(provider)
     options = ort.SessionOptions()
     options.log_severity_level = 4 if quiet else 3
     if not prepack:
         options.add_session_config_entry("session.disable_prepacking", "1")
+    if simulate_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
     if threads is not None:
         options.intra_op_num_threads = threads
     if not spinning:

@@ -422,18 +422,3 @@ def keep(values: Values, on_layer: Callable[[int, int, str], None] | None = None
     folder = values["output"].with_name(values["output"].stem + ".sweep")
     result = sweep({**values, "targets": None, "output": folder, "held": None, "bench": False}, on_layer)
     return result, next(r for r in result.rows if r.target == result.keep["chosen"]), folder
-
-
-def evaluate(values: Values) -> api.EvalResult:
-    """eval's flags: the model (against --ref) on --images."""
-    model = values["model"]
-    return api.evaluate(model, values["images"], values["ref"], preprocess=preprocess(model, values),
-                        subset=values["subset"], provider=values["provider"], task=values["task"],
-                        conf=values["conf"], iou=values["iou"], truth=values["labels"])
-
-
-def bench(values: Values, on_round: Callable[[int, int], None] | None = None) -> list[api.BenchResult]:
-    """bench's flags: the models timed in turns."""
-    v = values
-    return api.bench(v["models"], provider=v["provider"], batch=v["batch"], threads=v["threads"], spin=v["spin"],
-                     warmup=v["warmup"], runs=v["runs"], input_shape=v["input_shape"], on_round=on_round)

@@ -1,0 +1,166 @@
+"""``quantize``: the written QDQ model runs in onnxruntime, its weights dequantize to within one step of the float
+ones, the layers it reports in float are the ones without quantized weights, the TensorRT layout is explicit and
+symmetric, and a bad input is refused in one line with nothing written."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import numpy_helper
+from typer.testing import CliRunner
+
+from onnxprune import api
+from onnxprune.cli import app
+from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, unquantized
+from onnxprune.evaluation import evaluate
+from tests.onnx_builders import run
+
+FAST = QuantizeOptions(methods=("minmax",), float_ends="no", samples=32)
+
+
+def _initializers(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    return {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+
+
+def _dequantized_weights(model: onnx.ModelProto) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """{weighted node: (its dequantized weight, the step of each value)} for the nodes whose weight is a DQ of a
+    constant."""
+    values = _initializers(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    out = {}
+    for node in model.graph.node:
+        dq = producer.get(node.input[1]) if node.op_type in WEIGHTED else None
+        if dq is None or dq.op_type != "DequantizeLinear" or dq.input[0] not in values:
+            continue
+        q, scale = values[dq.input[0]].astype(np.float64), values[dq.input[1]].astype(np.float64)
+        zero = values[dq.input[2]].astype(np.float64) if len(dq.input) > 2 and dq.input[2] else np.zeros_like(scale)
+        axis = next((a.i for a in dq.attribute if a.name == "axis"), 1)
+        shape = [1] * q.ndim
+        if scale.size > 1:
+            shape[axis] = -1
+        step = np.broadcast_to(scale.reshape(shape), q.shape)
+        out[node.name] = ((q - zero.reshape(shape)) * scale.reshape(shape), step)
+    return out
+
+
+def test_the_int8_model_runs_and_its_weights_dequantize_to_within_one_step(tiny) -> None:
+    result = api.quantize(tiny.path, tiny.calib, options=FAST)
+    report = result.report
+    y = run(result.model, **{result.model.graph.input[0].name: tiny.x[:4]})[0]
+    assert y.shape == run(tiny.model, **{tiny.model.graph.input[0].name: tiny.x[:4]})[0].shape
+    floats = _initializers(tiny.model)
+    original = {n.name: floats[n.input[1]] for n in tiny.model.graph.node if n.op_type in WEIGHTED}
+    weights = _dequantized_weights(result.model)
+    assert weights and set(weights) | set(report.unquantized) == set(original)
+    for name, (w, step) in weights.items():
+        assert np.all(np.abs(w - original[name]) <= step + 1e-7), name
+    assert report.method == "minmax" and report.calibration_samples == 32 and report.held_samples == 13
+    assert report.candidates[0].metric == report.metric == "agreement"  # the tiny model's output reads as logits
+
+
+def test_the_layers_reported_in_float_are_the_ends_and_have_float_weights(tiny) -> None:
+    result = api.quantize(tiny.path, tiny.calib, options=QuantizeOptions(methods=("minmax",), float_ends="yes",
+                                                                          samples=16))
+    report = result.report
+    kept = ends(api.load(tiny.path))
+    named = {n.name for n in result.model.graph.node if n.op_type in WEIGHTED}
+    assert len(kept) >= 2 and set(kept) <= named
+    assert report.float_nodes == kept and report.unquantized == kept
+    assert set(kept).isdisjoint(_dequantized_weights(result.model))
+    constants = _initializers(result.model)
+    assert all(next(n for n in result.model.graph.node if n.name == k).input[1] in constants for k in kept)
+
+
+def test_auto_keeps_the_best_candidate_of_every_method_and_the_ends(tiny) -> None:
+    options = QuantizeOptions(methods=("minmax", "percentile"), float_ends="auto", samples=16)
+    report = api.quantize(tiny.path, tiny.calib, options=options).report
+    tried = [(c.method, bool(c.float_nodes)) for c in report.candidates]
+    best = max(report.candidates, key=lambda c: c.key())
+    assert tried[:2] == [("minmax", False), ("percentile", False)] and tried[2][1]
+    assert (report.method, report.float_nodes) == (best.method, best.float_nodes)
+
+
+def test_the_tensorrt_layout_quantizes_every_weighted_input_symmetrically(tiny) -> None:
+    options = QuantizeOptions(runtime="tensorrt", methods=("minmax",), float_ends="no", samples=16)
+    result = api.quantize(tiny.path, tiny.calib, options=options)
+    model, values = result.model, _initializers(result.model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    weighted = [n for n in model.graph.node if n.op_type in WEIGHTED]
+    assert weighted and result.report.simulated and not result.report.reduce_range
+    for node in weighted:
+        assert [producer[i].op_type for i in node.input[:2]] == ["DequantizeLinear"] * 2, node.name
+        assert len(node.input) < 3 or node.input[2] in values  # float bias: TensorRT dequantizes int8 only
+    for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
+        assert values[dq.input[2]].dtype == np.int8 and not values[dq.input[2]].any(), dq.name
+
+
+def test_the_onnxruntime_layout_narrows_weights_only_where_the_cpu_saturates(tiny) -> None:
+    report = api.quantize(tiny.path, tiny.calib, options=FAST).report
+    assert report.reduce_range == saturating_cpu()
+    assert bool(report.notes) == saturating_cpu()
+    forced = api.quantize(tiny.path, tiny.calib, options=QuantizeOptions(
+        methods=("minmax",), float_ends="no", samples=8, reduce_range=True)).report
+    assert forced.reduce_range and not forced.notes
+
+
+def test_a_reference_is_what_both_models_are_judged_against(tiny) -> None:
+    report = api.quantize(tiny.path, tiny.calib, reference=tiny.path, options=FAST).report
+    assert report.fp32["value"] == 1.0 and report.fp32["kl"] == pytest.approx(0.0, abs=1e-6)  # itself
+    assert report.int8["kl"] > 1e-6
+
+
+def test_evaluate_reads_a_calibration_set_and_the_labels_of_its_images(tiny, tmp_path: Path) -> None:
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(6):
+        Image.fromarray(rng.integers(0, 256, (40, 40, 3), dtype=np.uint8)).save(folder / f"{i:03d}_x.png")
+    prep = api.preprocess_for(tiny.path)
+    data = api.calibration(folder, api.load(tiny.path), prep)
+    from_set, from_folder = evaluate(tiny.path, data, ref=tiny.path), evaluate(tiny.path, folder, ref=tiny.path,
+                                                                                preprocess=prep)
+    assert from_set.images == from_folder.images == 6
+    assert from_set.cosine == pytest.approx(from_folder.cosine)
+
+
+def test_the_quantize_command_writes_the_model_and_its_report(tiny, tmp_path: Path) -> None:
+    out, report = tmp_path / "q.onnx", tmp_path / "q.json"
+    result = CliRunner().invoke(app, ["quantize", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                      "--methods", "minmax", "--float-ends", "no", "--samples", "16", "--report",
+                                      str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(report.read_text())
+    assert data["method"] == "minmax" and data["runtime"] == "onnxruntime" and "int8" in data
+    assert "INT8 candidates" in result.output and f"wrote {out}" in result.output.replace("\n", "")
+    assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+
+
+def test_an_already_quantized_model_is_refused_in_one_line(tiny, tmp_path: Path) -> None:
+    quantized = tmp_path / "q.onnx"
+    onnx.save(api.quantize(tiny.path, tiny.calib, options=FAST).model, str(quantized))
+    out = tmp_path / "again.onnx"
+    result = CliRunner().invoke(app, ["quantize", str(quantized), "-o", str(out), "--calib", str(tiny.calib), "-q"])
+    assert result.exit_code == 2 and "quantized already" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_an_empty_calibration_folder_is_refused_in_one_line(tiny, tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "q.onnx"
+    result = CliRunner().invoke(app, ["quantize", str(tiny.path), "-o", str(out), "--calib", str(tmp_path / "empty"),
+                                      "-q"])
+    assert result.exit_code == 2 and "no images" in result.output
+    assert len(result.output.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_a_bad_option_is_refused_before_any_work(tiny, tmp_path: Path) -> None:
+    out = tmp_path / "q.onnx"
+    result = CliRunner().invoke(app, ["quantize", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                      "--methods", "minmax,kl", "-q"])
+    assert result.exit_code == 2 and "kl" in result.output and "--methods" in result.output and not out.exists()

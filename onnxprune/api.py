@@ -269,6 +269,7 @@ def evaluate(
     conf: float = CONF,
     iou: float = NMS_IOU,
     truth: str | Path | None = None,
+    simulate_qdq: bool = False,
 ) -> EvalResult:
     """The fidelity of ``model`` on a folder of images, against ``reference`` when given.
 
@@ -294,12 +295,15 @@ def evaluate(
         conf: a detection counts (as the reference's ground truth, and for masks) from this score.
         iou: the IoU of the detectors' non-maximum suppression.
         truth: ground-truth boxes: a folder of YOLO txt files (named as the images) or a COCO json.
+        simulate_qdq: a quantized model's Q/DQ pairs run in float, as TensorRT computes, instead of onnxruntime's
+            int8 kernels (whose 8-bit products saturate on x86 CPUs without VNNI).
 
     Returns an ``EvalResult`` (``to_dict()`` is what ``onnxprune eval --json`` prints); a metric that does not
     apply is None (or empty)."""
     return _evaluate(model, images, ref=reference, subset=subset, limit=limit, labels=labels, batch_size=batch_size,
                      preprocess=preprocess or preprocess_for(model, input_shape=input_shape), provider=provider,
-                     task=task, conf=conf, iou=iou, truth=None if truth is None else Labels.load(truth))
+                     task=task, conf=conf, iou=iou, truth=None if truth is None else Labels.load(truth),
+                     simulate_qdq=simulate_qdq)
 
 
 def quantize(
@@ -338,6 +342,8 @@ def quantize(
     held_set = None if held is None else calibration(held, onnx_model, preprocess)
     ref = None if reference is None else load(reference, input_shape)
     quantized, report = _quantize(onnx_model, data, held_set, reference=ref, options=options, on_step=on_step)
+    if isinstance(reference, (str, Path)):
+        report.reference = str(reference)
     return Result(quantized, report, calibration=data)  # save() runs the written model on one sample
 
 

@@ -1,6 +1,6 @@
 """``sweep``: one calibration and one set of output-allocation probes shared by many budgets, each budget's model
-judged on held-out samples by the task's metric against the original and timed; ``keep``: the cheapest budget
-whose held-out metric stays at or above a floor."""
+(and its INT8 model, when asked) judged on held-out samples by the task's metric against the original and timed;
+``keep``: the cheapest budget whose held-out metric, less its spread over the samples, stays at or above a floor."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +16,7 @@ import numpy as np
 from onnxprune import api
 from onnxprune.calib.images import Preprocess
 from onnxprune.calib.sources import ArraySet, CalibrationSet
+from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.errors import OptionError, TargetError
 from onnxprune.evaluation import fidelity
 from onnxprune.fileio import atomic_write, save_model
@@ -23,6 +24,7 @@ from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstr
 from onnxprune.strategies.sensitivity import objects_seen
 
 KEEP_LADDER = (0.9, 0.8, 0.7, 0.6, 0.5)  # the MAC ratios ``keep`` judges first
+KEEP_MILDER = (0.95, 0.975)  # judged, in turn, when no ratio of the ladder keeps the floor
 KEEP_REFINE = 2  # halvings of the gap between the cheapest ratio that keeps the floor and the next one
 
 
@@ -38,10 +40,22 @@ class SweepRow:
     fidelity: float | None
     agreement: float | None  # a classifier's top-1 agreement with the original
     kl: float | None
+    spread: float | None = None  # the fidelity's standard deviation over the held-out samples (``EvalResult.spread``)
     latency_ms: float | None = None  # median, batch 1, onnxruntime on the CPU
     speedup: float | None = None  # the original's latency over this one's, timed in the same rounds
     path: str = ""
     seconds: float = 0.0  # this budget's compress (the shared probes counted in the first)
+    int8: SweepRow | None = None  # the INT8 model of this budget (``sweep(int8=...)``), judged and timed the same way
+
+    @property
+    def lower(self) -> float | None:
+        """The fidelity less its spread: what ``keep`` compares with its floor."""
+        return None if self.fidelity is None else self.fidelity - (self.spread or 0.0)
+
+    @property
+    def written(self) -> SweepRow:
+        """The model this budget writes: its INT8 model where one was made."""
+        return self.int8 or self
 
 
 @dataclass
@@ -80,14 +94,17 @@ def sweep(
     memory: int | str | None = None,
     task: str = "auto",
     bench: bool = True,
+    int8: QuantizeOptions | None = None,
     on_layer: Callable[[int, int, str], None] | None = None,
 ) -> SweepResult:
     """Compress ``model`` to each of ``targets`` (label -> budget) on one calibration of ``calib`` (an image folder) and one set of
     probes, writing every model and its report to ``out_dir``; judge each on held-out images (``held``, else every
     fifth image of ``calib``, which then calibrates on the others) by the task's metric against the original, and
-    time it. With ``keep``, also find the cheapest MAC ratio whose held-out metric is at least ``keep`` (the
-    targets, else ``KEEP_LADDER``, then ``KEEP_REFINE`` halvings); a floor the mildest budget misses is a
-    TargetError."""
+    time it. With ``int8``, each model is also quantized (``onnxprune.quantize``, choosing on a split of the
+    calibration samples) and its INT8 model judged and timed the same way. With ``keep``, also find the cheapest MAC
+    ratio whose held-out metric less its spread (``SweepRow.lower``; of the INT8 model with ``int8``) is at least
+    ``keep``: the targets, else ``KEEP_LADDER`` (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE``
+    halvings; a floor that the mildest budget misses is a TargetError."""
     start = time.perf_counter()
     if held is None and subset is not None:
         raise OptionError("a sweep holds out every fifth image of --calib when no --held folder is given, and "
@@ -117,16 +134,28 @@ def sweep(
         path = out / f"{name}.onnx"
         result.save(path, refuse=[original_path])
         atomic_write(out / f"{name}.json", lambda tmp: tmp.write_text(_json(result.to_dict())))
-        scores = api.evaluate(path, held_dir, original_path, preprocess=prep, subset=held_subset,
-                              batch_size=batch_size, provider=provider, task=task)
-        metric, value = fidelity(scores)
         r = result.report
         probed.append(objects_seen(r.allocation))
         kept.append(r.objects)
         original.update(macs=int(r.macs_before), params=int(r.params_before))
-        row = SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, metric, value,
-                       scores.agreement, scores.kl, path=str(path), seconds=seconds)
+        row = measured(SweepRow(label, int(r.macs_after), int(r.params_after), r.macs_after / r.macs_before, "", None,
+                                None, None, path=str(path), seconds=seconds))
+        if int8 is not None:
+            t0 = time.perf_counter()
+            quantized = api.quantize(result.model, data, reference=onnx_model, options=int8)
+            q_path = int8_path(path)
+            quantized.save(q_path, refuse=[original_path, path])
+            row.int8 = measured(replace(row, path=str(q_path), seconds=time.perf_counter() - t0),
+                                simulate_qdq=quantized.report.simulated)
         judged[label] = row
+        return row
+
+    def measured(row: SweepRow, simulate_qdq: bool = False) -> SweepRow:
+        """``row`` with the held-out scores of its model against the original."""
+        scores = api.evaluate(row.path, held_dir, original_path, preprocess=prep, subset=held_subset,
+                              batch_size=batch_size, provider=provider, task=task, simulate_qdq=simulate_qdq)
+        row.metric, row.fidelity = fidelity(scores)
+        row.agreement, row.kl, row.spread = scores.agreement, scores.kl, scores.spread.get(row.metric)
         return row
 
     for label, budget in targets.items():
@@ -136,9 +165,10 @@ def sweep(
         chosen = _keep(keep, judged, judge, bool(targets))
     rows = sorted(judged.values(), key=lambda r: -r.macs)
     if bench:
-        timed = api.bench([original_path, *(Path(r.path) for r in rows)], provider="cpu", batch=1)
+        models = [m for r in rows for m in (r, r.int8) if m is not None]
+        timed = api.bench([original_path, *(Path(m.path) for m in models)], provider="cpu", batch=1)
         original["latency_ms"] = timed[0].median_ms
-        for row, t in zip(rows, timed[1:]):
+        for row, t in zip(models, timed[1:]):
             row.latency_ms, row.speedup = t.median_ms, timed[0].median_ms / t.median_ms
     result = SweepResult(rows, original, f"{held_dir} ({held_subset or 'all'})", time.perf_counter() - start,
                          objects=probed[0] if probed else None, kept=kept[0] if kept else None)
@@ -158,23 +188,30 @@ def _in_memory(data: CalibrationSet) -> ArraySet:
 
 def _keep(floor: float, judged: dict[str, SweepRow], judge: Callable[[str, Budget], SweepRow],
           given: bool) -> str:
-    """The label of the cheapest judged budget whose fidelity is at least ``floor``, after judging ``KEEP_LADDER``
-    (unless targets were given) and ``KEEP_REFINE`` ratios between the cheapest that keeps it and the next."""
+    """The label of the cheapest judged budget whose written model's fidelity less its spread (``SweepRow.lower``) is
+    at least ``floor``, after judging ``KEEP_LADDER`` (unless targets were given; then ``KEEP_MILDER`` while none
+    keeps it) and ``KEEP_REFINE`` ratios between the cheapest that keeps it and the next."""
+    def keeps(row: SweepRow) -> bool:
+        lower = row.written.lower
+        return lower is not None and lower >= floor
+
     if not given:
         for ratio in KEEP_LADDER:
-            row = judge(f"{ratio:g}", Ratio(ratio))
-            if row.fidelity is None or row.fidelity < floor:
+            if not keeps(judge(f"{ratio:g}", Ratio(ratio))):
                 break
+        for ratio in KEEP_MILDER:
+            if any(keeps(r) for r in judged.values()):
+                break
+            judge(f"{ratio:g}", Ratio(ratio))
 
     def passing() -> list[SweepRow]:
-        return sorted((r for r in judged.values() if r.fidelity is not None and r.fidelity >= floor),
-                      key=lambda r: r.macs)
+        return sorted((r for r in judged.values() if keeps(r)), key=lambda r: r.macs)
 
     if not passing():
-        mildest = max(judged.values(), key=lambda r: r.macs)
-        raise TargetError(f"no budget keeps {mildest.metric} ≥ {floor:g} on the held-out images: the mildest judged "
-                          f"({mildest.target}, {mildest.mac_ratio:.2f}× MACs) reaches {mildest.fidelity}",
-                          option="keep")
+        mildest = max(judged.values(), key=lambda r: r.macs).written
+        raise TargetError(f"no budget keeps {mildest.metric} ≥ {floor:g} on the held-out images (less its spread over "
+                          f"them): the mildest judged ({mildest.target}, {mildest.mac_ratio:.3f}× MACs) reaches "
+                          f"{_fmt(mildest.fidelity)} ± {_fmt(mildest.spread)}", option="keep")
     for _ in range(KEEP_REFINE):
         best = passing()[0]
         cheaper = [r for r in judged.values() if r.macs < best.macs]
@@ -188,25 +225,34 @@ def _keep(floor: float, judged: dict[str, SweepRow], judge: Callable[[str, Budge
     return passing()[0].target
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
 def _json(data: dict) -> str:
     return json.dumps(data, indent=2)
 
 
 def plot(result: SweepResult, path: Path) -> None:
-    """Fidelity against speed-up (MAC reduction without timings), the original marked."""
+    """Fidelity against speed-up (MAC reduction without timings), the INT8 models' curve beside, the original
+    marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     timed = all(r.speedup is not None for r in result.rows)
-    xs = [r.speedup if timed else 1 / r.mac_ratio for r in result.rows]
-    ys = [r.fidelity for r in result.rows]
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(xs, ys, "o-", label="pruned")
-    for x, y, r in zip(xs, ys, result.rows):
-        if y is not None:
-            ax.annotate(r.target, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    curves = [("pruned", result.rows)]
+    if result.rows and all(r.int8 is not None for r in result.rows):
+        curves.append(("pruned, INT8", [r.int8 for r in result.rows]))
+    for label, rows in curves:
+        xs = [r.speedup if timed else 1 / r.mac_ratio for r in rows]
+        ys = [r.fidelity for r in rows]
+        ax.plot(xs, ys, "o-", label=label)
+        for x, y, r in zip(xs, ys, rows):
+            if y is not None:
+                ax.annotate(r.target, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.plot([1.0], [1.0], "k*", markersize=12, label="original")
     if result.keep is not None:
         ax.axhline(result.keep["floor"], color="grey", linestyle="--", linewidth=1, label="keep floor")

@@ -24,7 +24,7 @@ from onnxprune.recovery import RecoverReport
 from onnxprune.recovery.verdict import RESAMPLES
 from onnxprune.runtime.store import show_bytes
 from onnxprune.strategies.sensitivity import objects_seen
-from onnxprune.sweep import SweepResult
+from onnxprune.sweep import SweepResult, SweepRow
 
 console = Console(width=None if sys.stdout.isatty() else 140)  # logs and pipes get readable tables
 err_console = Console(stderr=True)
@@ -280,19 +280,27 @@ def _with_sd(value: float | None, sd: float | None, spec: str) -> str:
 
 
 def format_sweep_table(result: SweepResult) -> Table:
-    """One row per budget, the original first: MACs, params, latency and speed-up, the held-out task metric."""
+    """One row per budget, the original first: MACs, params, latency and speed-up, the held-out task metric ± its
+    spread over the samples; the INT8 models' speed-up and metric beside where they were made."""
     metric = result.rows[0].metric if result.rows else "fidelity"
+    int8 = bool(result.rows) and all(r.int8 is not None for r in result.rows)
     table = Table(title=f"Sweep ({metric} against the original on {result.held})")
-    for header in ("budget", "MACs", "× MACs", "params", "latency ms", "speed-up", metric, "compress s"):
+    headers = ["budget", "MACs", "× MACs", "params", "latency ms", "speed-up", metric]
+    headers += ["INT8 speed-up", f"INT8 {metric}"] if int8 else []
+    for header in (*headers, "compress s"):
         table.add_column(header, justify="left" if header == "budget" else "right")
     o = result.original
     table.add_row("original", mmacs(o["macs"]), "1.00", _count(o["params"]), _fmt(o["latency_ms"], ".2f"), "1.00",
-                  "1", "-")
+                  "1", *(["-", "-"] if int8 else []), "-")
     chosen = result.keep and result.keep["chosen"]
+
+    def score(row: SweepRow) -> str:
+        return _fmt(row.fidelity, ".4f") + (f" ± {row.spread:.4f}" if row.spread else "")
+
     for r in result.rows:
         table.add_row(f"{r.target}{' (--keep)' if r.target == chosen else ''}", mmacs(r.macs), f"{r.mac_ratio:.2f}",
-                      _count(r.params), _fmt(r.latency_ms, ".2f"), _fmt(r.speedup, ".2f"), _fmt(r.fidelity, ".4f"),
-                      f"{r.seconds:.0f}")
+                      _count(r.params), _fmt(r.latency_ms, ".2f"), _fmt(r.speedup, ".2f"), score(r),
+                      *([_fmt(r.int8.speedup, ".2f"), score(r.int8)] if int8 else []), f"{r.seconds:.0f}")
     return table
 
 
@@ -303,9 +311,11 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
                   f"{result.seconds:.0f} s in all")
     _print_objects(result.kept, result.objects)
     if result.keep is not None:
-        chosen = next(r for r in result.rows if r.target == result.keep["chosen"])
-        console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} is "
-                      f"{chosen.target} ({chosen.mac_ratio:.2f}× MACs, {chosen.fidelity:.4f}; "
+        row = next(r for r in result.rows if r.target == result.keep["chosen"])
+        chosen = row.written
+        console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} less its spread is "
+                      f"{chosen.target}{' (INT8)' if row.int8 else ''} ({chosen.mac_ratio:.2f}× MACs, "
+                      f"{chosen.fidelity:.4f} ± {chosen.spread or 0:.4f}, at least {chosen.lower:.4f}; "
                       f"{result.keep['judged']} budgets judged)" + (f"; wrote it to {kept}" if kept else ""))
 
 

@@ -109,6 +109,7 @@ def test_the_onnxruntime_layout_narrows_weights_only_where_the_cpu_saturates(tin
 
 def test_a_reference_is_what_both_models_are_judged_against(tiny) -> None:
     report = api.quantize(tiny.path, tiny.calib, reference=tiny.path, options=FAST).report
+    assert report.reference == str(tiny.path)
     assert report.fp32["value"] == 1.0 and report.fp32["kl"] == pytest.approx(0.0, abs=1e-6)  # itself
     assert report.int8["kl"] > 1e-6
 
@@ -164,3 +165,16 @@ def test_a_bad_option_is_refused_before_any_work(tiny, tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["quantize", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
                                       "--methods", "minmax,kl", "-q"])
     assert result.exit_code == 2 and "kl" in result.output and "--methods" in result.output and not out.exists()
+
+
+def test_compress_int8_writes_the_int8_model_beside_the_pruned_one(tiny, tmp_path: Path) -> None:
+    out, report = tmp_path / "small.onnx", tmp_path / "small.json"
+    result = CliRunner().invoke(app, ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib),
+                                      "--target-ratio", "0.7", "--int8", "--report", str(report), "-q"])
+    assert result.exit_code == 0, result.output
+    quantized = tmp_path / "small.int8.onnx"
+    assert any(n.op_type == "DequantizeLinear" for n in onnx.load(str(quantized)).graph.node)
+    assert not any(n.op_type == "DequantizeLinear" for n in onnx.load(str(out)).graph.node)
+    data = json.loads(report.read_text())
+    assert data["macs_after"] < data["macs_before"] and data["int8"]["path"] == str(quantized)
+    assert data["int8"]["reference"] == str(tiny.path) and data["int8"]["fp32"]["value"] < 1.0  # the pruned model

@@ -61,9 +61,40 @@ def test_a_sweep_probes_once_and_its_models_are_compress_s(tiny, photos: Path, t
 def test_keep_returns_the_cheapest_budget_above_its_floor(tiny, photos: Path, tmp_path: Path) -> None:
     result = sweep(tiny.path, photos, {"0.7": Ratio(0.7), "0.5": Ratio(0.5)}, tmp_path / "out", keep=0.0, bench=False)
     assert result.keep == {"floor": 0.0, "chosen": "0.5", "judged": 2, "metric": "agreement"}
-    with pytest.raises(TargetError, match=r"no budget keeps agreement ≥ 2 on the held-out images: the mildest judged "
-                                          r"\(0.7, 0.\d\d× MACs\)"):
+    with pytest.raises(TargetError, match=r"no budget keeps agreement ≥ 2 on the held-out images \(less its spread "
+                                          r"over them\): the mildest judged \(0.7, 0.\d+× MACs\) reaches [0-9.]+ ± "):
         sweep(tiny.path, photos, {"0.7": Ratio(0.7)}, tmp_path / "out2", keep=2.0, bench=False)
+
+
+def test_keep_judges_a_budget_by_its_metric_less_its_spread(tiny, photos: Path, tmp_path: Path) -> None:
+    row = sweep(tiny.path, photos, {"0.7": Ratio(0.7)}, tmp_path / "out", keep=0.0, bench=False).rows[0]
+    assert row.spread > 0 and row.lower == pytest.approx(row.fidelity - row.spread)
+    with pytest.raises(TargetError, match="no budget keeps"):  # the metric clears this floor, its lower bound not
+        sweep(tiny.path, photos, {"0.7": Ratio(0.7)}, tmp_path / "out2", keep=row.fidelity - row.spread / 2,
+              bench=False)
+
+
+def test_keep_searches_milder_budgets_before_refusing(tiny, photos: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import onnxprune.sweep as sweeping
+
+    scores = iter([0.5, 1.0, 0.5, 0.5])  # 0.9 misses the floor, 0.95 keeps it, the (at most two) between miss it
+    monkeypatch.setattr(sweeping, "fidelity", lambda result: ("scripted", next(scores)))
+    result = sweep(tiny.path, photos, {}, tmp_path / "out", keep=0.9, bench=False)
+    targets = {r.target for r in result.rows}
+    assert result.keep["chosen"] == "0.95" and "0.9" in targets and "0.8" not in targets and "0.975" not in targets
+
+
+def test_an_int8_sweep_judges_every_budget_s_int8_model_and_keeps_by_it(tiny, photos: Path, tmp_path: Path) -> None:
+    from onnxprune.deploy.quantize import QuantizeOptions
+
+    int8 = QuantizeOptions(methods=("minmax",), float_ends="no", samples=8)
+    result = sweep(tiny.path, photos, {"0.7": Ratio(0.7)}, tmp_path / "out", keep=0.0, int8=int8, bench=True)
+    row = result.rows[0]
+    assert row.written is row.int8 and row.int8.path == str(tmp_path / "out/0.7.int8.onnx")
+    assert any(n.op_type == "DequantizeLinear" for n in onnx.load(row.int8.path).graph.node)
+    assert row.int8.fidelity is not None and row.int8.speedup > 0 and row.int8.macs == row.macs
+    assert __import__("json").loads((tmp_path / "out/sweep.json").read_text())["rows"][0]["int8"]["path"] == row.int8.path
 
 
 def test_targets_are_read_as_compress_reads_them() -> None:
@@ -83,8 +114,8 @@ def test_the_sweep_command_prints_the_trade_off(tiny, photos: Path, tmp_path: Pa
                                       "-o", str(tmp_path / "out"), "--keep", "0", "--quiet"])
     assert result.exit_code == 0, result.output
     assert "speed-up" in result.output and "0.5 (--keep)" in result.output
-    assert re.search(r"--keep 0: the cheapest budget keeping agreement is 0.5 \(0.\d\d× MACs, [0-9.]+; 2 budgets "
-                     r"judged\)", result.output.replace("\n", " "))
+    assert re.search(r"--keep 0: the cheapest budget keeping agreement less its spread is 0.5 \(0.\d\d× MACs, "
+                     r"[0-9.]+ ± [0-9.]+, at least [0-9.-]+; 2 budgets judged\)", result.output.replace("\n", " "))
     rows = __import__("json").loads((tmp_path / "out/sweep.json").read_text())["rows"]
     assert all(r["speedup"] > 0 and r["latency_ms"] > 0 for r in rows)
 

@@ -48,6 +48,10 @@ def eval_cmd(
     labels: Annotated[Optional[Path], typer.Option(
         help="Detectors: ground-truth boxes, a folder of YOLO .txt files named as the images or a COCO .json; "
              "adds mAP against them.")] = None,
+    simulate_qdq: Annotated[bool, typer.Option(
+        "--simulate-qdq", help="Run a quantized model's Q/DQ pairs in float, as TensorRT computes, instead of "
+                               "onnxruntime's int8 kernels (whose 8-bit products saturate on x86 CPUs without "
+                               "VNNI): how `quantize --runtime tensorrt` judges.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
 ) -> None:
     """Top-1/top-5 from file-name labels, agreement/KL/output error against --ref, and the task's metrics:

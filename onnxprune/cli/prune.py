@@ -25,10 +25,11 @@ from onnxprune.flags import (
     StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt,
     TrainBatchOpt, TrainOpt,
 )
+from onnxprune.deploy.quantize import QuantizeOptions, int8_path
+from onnxprune.flags.deploy import Int8Opt, RuntimeOpt
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random
-from onnxprune.tables import (console, print_analysis, print_compress,
-                              print_recovery, print_sweep, progress)
+from onnxprune.tables import console, print_analysis, print_compress, print_quantize, print_recovery, print_sweep, progress
 
 
 @app.command("analyze")
@@ -100,6 +101,8 @@ def compress_cmd(
         help="Instead of a --target-*: the cheapest MAC ratio whose task metric against the original, on every "
              "fifth --calib image held out, is at least this (as `sweep --keep`; the candidates are written to "
              "<output>.sweep/).")] = None,
+    int8: Int8Opt = False,
+    runtime: RuntimeOpt = QuantizeOptions.runtime,
     quiet: QuietOpt = False,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
@@ -111,7 +114,9 @@ def compress_cmd(
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
-        check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"), inputs=[model])
+        quantized_path = int8_path(output) if int8 else None
+        check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"),
+                      (quantized_path, "INT8 model"), inputs=[model])
         if keep is not None:
             _compress_keeping(values, quiet)
             return
@@ -121,11 +126,23 @@ def compress_cmd(
         outcome = pruned if job.recovery is None else _recover(
             lambda on_progress: pruned.recover(job.recovery, held=job.held, on_progress=on_progress), quiet)
         save(outcome, output, report, refuse=[model])
+        quantized = None
+        if quantized_path is not None:
+            with progress("quantize", quiet) as advance:
+                quantized = api.quantize(outcome.model, job.data, reference=job.model, options=job.int8,
+                                         on_step=advance)
+            quantized.report.reference = str(model)
+            save(quantized, quantized_path, None, refuse=[model, output])
+            if report is not None:
+                write_json(report, {**outcome.to_dict(), "int8": {"path": str(quantized_path),
+                                                                   **quantized.report.to_dict()}})
     except OnnxPruneError as exc:
         fail(exc)
     print_compress(outcome.report, method, reconstruct, round_to, output)
     if outcome.recovery is not None:
         print_recovery(outcome.recovery)
+    if quantized is not None:
+        print_quantize(quantized.report, quantized_path)
 
 
 
@@ -134,10 +151,14 @@ def _compress_keeping(values: dict[str, Any], quiet: bool) -> None:
     with progress("compress --keep", quiet) as advance:
         result, chosen, folder = flags.keep(values, advance)
     atomic_write(values["output"], lambda tmp: tmp.write_bytes(Path(chosen.path).read_bytes()))
+    if chosen.int8 is not None:
+        atomic_write(int8_path(values["output"]), lambda tmp: tmp.write_bytes(Path(chosen.int8.path).read_bytes()))
     if values["report"] is not None:
         data = json.loads(Path(chosen.path).with_suffix(".json").read_text())
-        write_json(values["report"], {**data, "keep": {**result.keep, "reached": chosen.fidelity,
-                                                        "judged_on": result.held}})
+        written = chosen.written
+        write_json(values["report"], {**data, "keep": {**result.keep, "reached": written.fidelity,
+                                                        "spread": written.spread, "lower": written.lower,
+                                                        "int8": chosen.int8 is not None, "judged_on": result.held}})
     print_sweep(result, folder, values["output"])
 
 
@@ -179,6 +200,11 @@ def sweep_cmd(
     input_shape: InputShapeOpt = None,
     task: TaskOpt = CompressOptions.task,
     bench: BenchOpt = True,
+    int8: Annotated[bool, typer.Option(
+        "--int8", help="Also quantize every budget's model to INT8 (as `quantize`, choosing on a split of the "
+                       "calibration images), judge and time it the same way: the table and the picture show both; "
+                       "--keep then judges the INT8 models.")] = False,
+    runtime: RuntimeOpt = QuantizeOptions.runtime,
     quiet: QuietOpt = False,
 ) -> None:
     """Compress to several budgets on one calibration and one set of output-allocation probes; judge each model

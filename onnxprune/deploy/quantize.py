@@ -113,6 +113,11 @@ class QuantizeReport:
         return asdict(self)
 
 
+def int8_path(path: Path) -> Path:
+    """Where the INT8 model of the float model written to ``path`` goes: ``small.onnx`` -> ``small.int8.onnx``."""
+    return path.with_name(f"{path.stem}.int8{path.suffix or '.onnx'}")
+
+
 def saturating_cpu() -> bool:
     """Whether this machine is x86 without VNNI, whose 8-bit integer products saturate in onnxruntime's kernels."""
     if platform.machine().lower() not in ("x86_64", "amd64", "i386", "i686"):
@@ -248,6 +253,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         raise ModelError(f"the model is quantized already ({len(done)} quantization nodes, e.g. {done[0]!r}): give "
                          "quantize the float model")
     model = named(model)
+    judged_against = "the input model" if reference is None else "the reference model"
     reference = reference or model
     if held is None:
         data, held = split(data)
@@ -295,7 +301,8 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         fp32, int8 = _summary(judge(model, quantized=False)), _summary(judge(written))
     report = QuantizeReport(
         options.runtime, chosen.method, chosen.float_nodes, unquantized(written), reduce_range, tensorrt,
-        chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held), time.perf_counter() - start)
+        chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held), time.perf_counter() - start,
+        judged_against)
     if reduce_range and options.reduce_range is None:
         report.notes.append("weights in 7 bits: this x86 CPU has no VNNI, and onnxruntime's 8-bit products saturate "
                             "on it (reduce_range)")

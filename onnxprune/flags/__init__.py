@@ -18,6 +18,7 @@ import typer
 
 from onnxprune import api
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
+from onnxprune.deploy.quantize import QuantizeOptions
 from onnxprune.errors import OnnxPruneError, TargetError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.recovery.options import DISTILL_LRS
@@ -335,6 +336,7 @@ class CompressJob:
     held: api.CalibrationSet | None
     options: dict[str, Any]  # api.compress's keywords
     recovery: RecoverOptions | None
+    int8: QuantizeOptions | None = None  # --int8: the quantization of the written model
 
     def run(self, on_layer: Callable[[int, int, str], None] | None = None) -> api.Result:
         return api.compress(self.model, self.data, **self.options, on_layer=on_layer)
@@ -358,7 +360,12 @@ def compress_job(values: Values) -> CompressJob:
                    spill_dir=v["spill_dir"], task=v["task"], empty_samples=v["empty_samples"])
     recovery = None if v["recover_steps"] < 1 else RecoverOptions(
         steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"], **_store(v))
-    return CompressJob(model, data, held, options, recovery)
+    return CompressJob(model, data, held, options, recovery, int8(v))
+
+
+def int8(values: Values) -> QuantizeOptions | None:
+    """The quantization that --int8 asks for (in --runtime's layout, judged by --task), None without it."""
+    return QuantizeOptions(runtime=values["runtime"], task=values["task"]) if values["int8"] else None
 
 
 def _store(values: Values) -> dict[str, Any]:
@@ -408,7 +415,8 @@ def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = Non
     return run_sweep(model, v["calib"], targets, v["output"], held=v["held"], keep=v["keep"], subset=v["subset"],
                      preprocess=preprocess(model, v), select=select, allocate=allocate, reconstruct=reconstruct,
                      round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
-                     memory=v["memory"], task=v["task"], bench=v["bench"], on_layer=on_layer)
+                     memory=v["memory"], task=v["task"], bench=v["bench"],
+                     int8=int8(v), on_layer=on_layer)
 
 
 def keep(values: Values, on_layer: Callable[[int, int, str], None] | None = None

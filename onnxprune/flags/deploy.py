@@ -27,6 +27,10 @@ SamplesOpt = Annotated[int, typer.Option(help="Calibration samples at most (even
 ReduceRangeOpt = Annotated[Optional[bool], typer.Option(
     "--reduce-range/--no-reduce-range",
     help="7-bit weights (default: for --runtime onnxruntime on an x86 CPU without VNNI).")]
+Int8Opt = Annotated[bool, typer.Option(
+    "--int8", help="Also write the pruned model quantized to INT8 beside it (<output>.int8.onnx), as `quantize` "
+                   "does: every fifth calibration image held out chooses the calibration method and the layers kept "
+                   "in float, and judges it against the original (these images are ones the pruner fitted).")]
 QuantHeldOpt = Annotated[Optional[Path], typer.Option(
     help="Image folder that chooses among the candidates and judges the result (default: every fifth image of "
          "--calib, which then calibrates on the others).")]
@@ -57,7 +61,8 @@ def evaluate(values: Values) -> api.EvalResult:
     model = values["model"]
     return api.evaluate(model, values["images"], values["ref"], preprocess=preprocess(model, values),
                         subset=values["subset"], provider=values["provider"], task=values["task"],
-                        conf=values["conf"], iou=values["iou"], truth=values["labels"])
+                        conf=values["conf"], iou=values["iou"], truth=values["labels"],
+                        simulate_qdq=values["simulate_qdq"])
 
 
 def bench(values: Values, on_round: Callable[[int, int], None] | None = None) -> list[api.BenchResult]:

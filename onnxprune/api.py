@@ -21,7 +21,7 @@ from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
-from onnxprune.deploy.quantize import QuantizeOptions, QuantizeReport, Step, quantize as _quantize
+from onnxprune.deploy.quantize import QuantizeOptions, QuantizeReport, Step, quantize as _quantize, quantized_nodes
 from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
@@ -384,7 +384,8 @@ def export(model: str | Path, engine: str | Path, *, tensorrt: bool = True, fp16
     try:
         written.append(prepare_for_tensorrt(model, ready, input_shape))
         if not tensorrt:
-            return Exported(ready, trtexec=trtexec_command(ready, engine, fp16, workspace, None))
+            int8 = bool(quantized_nodes(onnx.load(str(ready))))
+            return Exported(ready, trtexec=trtexec_command(ready, engine, fp16, workspace, None, int8))
         written.append(build_engine(ready, engine, fp16=fp16, workspace_mb=workspace, shapes=input_shape))
         try:
             return Exported(ready, engine, timing=engine_latency(engine))

@@ -377,3 +377,20 @@ def test_latency_benchmark_quick(tmp_path: Path) -> None:
     assert row["speedup_min"] <= row["speedup"] <= row["speedup_max"] and row["original_ms"] > 0
     assert "| latency_245M.onnx | 24" in (tmp_path / "latency.md").read_text()
     assert not (tmp_path / "latency_245M.onnx").exists()
+
+
+def test_a_quantized_model_reaches_tensorrt_with_its_qdq_pairs(tiny: Path, tmp_path: Path) -> None:
+    from onnxprune import api
+    from onnxprune.deploy.quantize import QuantizeOptions
+
+    calib = np.random.default_rng(0).standard_normal((20, 3, 8, 8)).astype(np.float32)
+    quantized = tmp_path / "q.onnx"
+    api.quantize(tiny, calib, options=QuantizeOptions(runtime="tensorrt", methods=("minmax",), float_ends="no")
+                 ).save(quantized)
+    exported = api.export(quantized, tmp_path / "q.engine", tensorrt=False)
+    model = onnx.load(str(exported.onnx))
+    weights = {t.name: t for t in model.graph.initializer}
+    dq = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert any(n.input[0] in weights and weights[n.input[0]].data_type == onnx.TensorProto.INT8 for n in dq)
+    assert "--int8" in exported.trtexec.split()
+    assert "--int8" not in api.export(tiny, tmp_path / "f.engine", tensorrt=False).trtexec.split()

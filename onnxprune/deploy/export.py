@@ -20,6 +20,7 @@ from onnxprune.fileio import atomic_write
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError, UnsupportedOpError
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.ir.shapes import onnx_infer
+from onnxprune.deploy.quantize import quantized_nodes
 
 # Standard-domain ops TensorRT 8.6+/10 parses (onnx-tensorrt operators.md), kept conservative: control
 # flow (If/Loop/Scan), recurrent layers, NMS and data-dependent shapes (NonZero, Unique) are left out.
@@ -43,7 +44,8 @@ class TensorRTUnavailable(OnnxPruneError):
 
 
 def _fold(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Constant folding, graph clean-up and shape inference: onnxslim, else graph-surgeon + onnx."""
+    """Constant folding, graph clean-up and shape inference: onnxslim, else graph-surgeon + onnx (both leave a
+    quantized model's Q/DQ pairs as they are)."""
     try:
         import onnxslim
 
@@ -134,11 +136,15 @@ def trtexec_command(
     fp16: bool = False,
     workspace_mb: int = 1024,
     shapes: Mapping[str, Sequence[int]] | None = None,
+    int8: bool = False,
 ) -> str:
-    """The equivalent ``trtexec`` command line (``--shapes`` sets min = opt = max for dynamic inputs)."""
+    """The equivalent ``trtexec`` command line (``--shapes`` sets min = opt = max for dynamic inputs; ``int8``: the
+    model is quantized, its Q/DQ pairs run in INT8)."""
     parts = ["trtexec", f"--onnx={shlex.quote(str(onnx_path))}", f"--saveEngine={shlex.quote(str(engine_path))}"]
     if fp16:
         parts.append("--fp16")
+    if int8:
+        parts.append("--int8")
     parts.append(f"--memPoolSize=workspace:{int(workspace_mb)}M")
     if shapes:
         parts.append(f"--shapes={shlex.quote(_shape_text(shapes))}")
@@ -161,11 +167,11 @@ def have_tensorrt() -> bool:
     return importlib.util.find_spec("tensorrt") is not None
 
 
-def _import_tensorrt(onnx_path: Path, engine_path: Path, fp16: bool, workspace_mb: int, shapes: dict):
+def _import_tensorrt(onnx_path: Path, engine_path: Path, fp16: bool, workspace_mb: int, shapes: dict, int8: bool):
     try:
         import tensorrt as trt
     except ImportError as exc:
-        cmd = trtexec_command(onnx_path, engine_path, fp16, workspace_mb, shapes)
+        cmd = trtexec_command(onnx_path, engine_path, fp16, workspace_mb, shapes, int8)
         raise TensorRTUnavailable(
             f"TensorRT is not installed (pip install onnxprune[tensorrt]); the TensorRT-ready ONNX is {onnx_path}: "
             f"build the engine on a machine with TensorRT with: {cmd}"
@@ -184,7 +190,8 @@ def build_engine(
     """Build a serialized TensorRT engine from ``onnx_path`` (TensorRT 10 API) and write it atomically.
 
     Inputs with dynamic dims get an optimisation profile with min = opt = max = their resolved shape
-    (batch 1 unless ``shapes`` says otherwise).
+    (batch 1 unless ``shapes`` says otherwise). A quantized model (Q/DQ pairs, as ``quantize`` writes them) is
+    built with INT8 kernels allowed (explicit quantization).
     """
     onnx_path, engine_path = Path(onnx_path), Path(engine_path)
     if not onnx_path.is_file():
@@ -192,7 +199,8 @@ def build_engine(
     if workspace_mb < 1:
         raise OnnxPruneError(f"workspace of {workspace_mb} MB is invalid: use at least 1 MB")
     dynamic = _dynamic_shapes(onnx_path, shapes)
-    trt = _import_tensorrt(onnx_path, engine_path, fp16, workspace_mb, dynamic)
+    int8 = bool(quantized_nodes(onnx.load(str(onnx_path), load_external_data=False)))
+    trt = _import_tensorrt(onnx_path, engine_path, fp16, workspace_mb, dynamic, int8)
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -206,6 +214,8 @@ def build_engine(
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_mb) << 20)
     if fp16:
         config.set_flag(trt.BuilderFlag.FP16)
+    if int8:
+        config.set_flag(trt.BuilderFlag.INT8)
     if dynamic:
         profile = builder.create_optimization_profile()
         for i in range(network.num_inputs):
@@ -217,7 +227,8 @@ def build_engine(
     serialized = builder.build_serialized_network(network, config)
     if serialized is None:
         raise OnnxPruneError(f"{onnx_path}: TensorRT failed to build an engine (see its log above): try a "
-                             f"larger workspace, or run: {trtexec_command(onnx_path, engine_path, fp16, workspace_mb, dynamic)}")
+                             f"larger workspace, or run: "
+                             f"{trtexec_command(onnx_path, engine_path, fp16, workspace_mb, dynamic, int8)}")
 
     def write(tmp: Path) -> None:
         with open(tmp, "wb") as f:

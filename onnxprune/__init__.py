@@ -12,8 +12,8 @@ The Python API (the CLI's flags build the same calls, through ``onnxprune.flags`
     print(onnxprune.evaluate("pruned.onnx", "photos/", reference="model.onnx").top1)
 
 ``analyze``, ``compress``, ``recover`` and ``evaluate`` take a model path or an ``onnx.ModelProto``;
-calibration data is what ``--calib`` accepts, or arrays; ``bench`` times models, ``export`` writes a
-TensorRT-ready ONNX and engine. Image folders go
+calibration data is what ``--calib`` accepts, or arrays; ``quantize`` writes an INT8 (QDQ) model judged against
+the original, ``bench`` times models, ``export`` writes a TensorRT-ready ONNX and engine. Image folders go
 through one ``Preprocess`` (``preprocess_for(model)`` derives it from the model's input). The
 strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.strategies``; a subclass of
 ``Selector``, ``Allocator``, ``Reconstruction`` or ``Budget`` is a strategy of one's own. The
@@ -24,9 +24,10 @@ import importlib
 
 _HOMES = {
     "onnxprune.api": ["Exported", "Result", "analyze", "bench", "calibration", "compress", "evaluate", "export", "load",
-                      "preprocess_for", "recover"],
+                      "preprocess_for", "quantize", "recover"],
     "onnxprune.calib.images": ["Preprocess"],
     "onnxprune.deploy.bench": ["BenchResult"],
+    "onnxprune.deploy.quantize": ["QuantizeOptions", "QuantizeReport"],
     "onnxprune.errors": ["OnnxPruneError", "OptionError"],
     "onnxprune.evaluation": ["EvalResult"],
     "onnxprune.recovery": ["Layout", "Method", "Mix", "RecoverOptions", "Train"],

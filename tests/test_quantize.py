@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx_graphsurgeon as gs
 import pytest
 from onnx import numpy_helper
 from typer.testing import CliRunner
 
 from onnxprune import api
+from onnxprune.analysis.macs import count_params
 from onnxprune.cli import app
 from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, unquantized
 from onnxprune.evaluation import evaluate
@@ -178,3 +180,8 @@ def test_compress_int8_writes_the_int8_model_beside_the_pruned_one(tiny, tmp_pat
     data = json.loads(report.read_text())
     assert data["macs_after"] < data["macs_before"] and data["int8"]["path"] == str(quantized)
     assert data["int8"]["reference"] == str(tiny.path) and data["int8"]["fp32"]["value"] < 1.0  # the pruned model
+
+
+def test_an_int8_model_counts_the_parameters_of_its_float_model(tiny) -> None:
+    quantized = api.quantize(tiny.path, tiny.calib, options=FAST).model
+    assert count_params(gs.import_onnx(quantized)) == count_params(gs.import_onnx(tiny.model))

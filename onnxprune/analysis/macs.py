@@ -117,15 +117,20 @@ def _floating(dtype: np.dtype | int) -> bool:
 
 
 def count_params(graph: gs.Graph) -> int:
-    """Number of floating-point constant elements used by nodes (weights, biases, BN statistics)."""
+    """Number of floating-point constant elements used by nodes (weights, biases, BN statistics); in a quantized
+    model, the integer weights a DequantizeLinear reads count as the float ones they stand for, and the Q/DQ
+    scales and zero points do not count."""
     seen: set[str] = set()
     total = 0
     for node in graph.nodes:
-        for tensor in node.inputs:
-            if isinstance(tensor, gs.Constant) and tensor.name not in seen:
-                seen.add(tensor.name)
-                if _floating(tensor.dtype):  # dtype and shape: the values stay unloaded
-                    total += int(np.prod(const_shape(tensor), dtype=np.int64))
+        for i, tensor in enumerate(node.inputs):
+            if not isinstance(tensor, gs.Constant) or tensor.name in seen:
+                continue
+            seen.add(tensor.name)
+            if node.op in ("QuantizeLinear", "DequantizeLinear") and i > 0:
+                continue
+            if _floating(tensor.dtype) or node.op == "DequantizeLinear":  # dtype and shape: values stay unloaded
+                total += int(np.prod(const_shape(tensor), dtype=np.int64))
     return total
 
 

@@ -337,7 +337,8 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
 
     console.print(f"against {r.reference}: float input {score(r.fp32)}; INT8 {score(r.int8)}"
                   + (" (Q/DQ run in float, as TensorRT computes)" if r.simulated else ""))
-    console.print(f"in float: {', '.join(r.unquantized) if r.unquantized else 'no weighted layer'}")
+    console.print(f"in float: {', '.join(r.unquantized) if r.unquantized else 'no weighted layer'}"
+                  + (f"; the {len(r.tail)} nodes after the last weighted layers (the head's decoding)" if r.tail else ""))
     for note in r.notes:
         console.print(f"note: {note}")
     console.print(f"{r.calibration_samples} calibration samples, {r.seconds:.0f} s; wrote {output}")

@@ -37,7 +37,8 @@ WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
                            "MatMulInteger", "DynamicQuantizeLinear"})
 HELD_EVERY = 5  # without held samples, every fifth calibration sample is held out
-CALIB_CHUNK = 8  # samples per calibration run: onnxruntime's calibrators hold every tensor of the samples of a run
+CALIB_CHUNK = 8
+LOSS_NOTED = 0.05  # a metric this much below the float input's is a note in the report  # samples per calibration run: onnxruntime's calibrators hold every tensor of the samples of a run
 
 Step = Callable[[int, int, str], None]
 
@@ -96,6 +97,7 @@ class QuantizeReport:
     runtime: str
     method: str
     float_nodes: list[str]  # weighted nodes this run kept in float (the ends, when they won)
+    tail: list[str]  # the nodes after the last weighted ones (a head's decoding), always in float
     unquantized: list[str]  # every weighted node whose weights stay in float in the written model
     reduce_range: bool
     simulated: bool  # judged with the Q/DQ pairs run in float, not onnxruntime's int8 kernels
@@ -134,24 +136,42 @@ def quantized_nodes(model: onnx.ModelProto) -> list[str]:
     return [n.name or n.op_type for n in model.graph.node if n.op_type in QUANTIZED_OPS]
 
 
-def ends(model: onnx.ModelProto) -> list[str]:
-    """The first weighted node (a Conv, Gemm or MatMul with a constant weight) and the last ones (no weighted node
-    after them), by name; ``model``'s nodes are in topological order."""
+def _weighted(model: onnx.ModelProto) -> list[int]:
+    """The indices of the nodes of ``model`` that weigh channels: a Conv, Gemm or MatMul with a constant weight."""
     constants = {t.name for t in model.graph.initializer}
-    weighted = [n for n in model.graph.node if n.op_type in WEIGHTED and len(n.input) > 1 and n.input[1] in constants]
+    return [i for i, n in enumerate(model.graph.node)
+            if n.op_type in WEIGHTED and len(n.input) > 1 and n.input[1] in constants]
+
+
+def _followed(model: onnx.ModelProto) -> list[bool]:
+    """For each node of ``model`` (in topological order), whether a weighted node lies after it."""
+    nodes = model.graph.node
+    consumers: dict[str, list[int]] = {}
+    for i, node in enumerate(nodes):
+        for name in node.input:
+            consumers.setdefault(name, []).append(i)
+    weighted = set(_weighted(model))
+    followed = [False] * len(nodes)
+    for i in reversed(range(len(nodes))):
+        followed[i] = any(c in weighted or followed[c] for o in nodes[i].output for c in consumers.get(o, []))
+    return followed
+
+
+def ends(model: onnx.ModelProto) -> list[str]:
+    """The first weighted node and the last ones (no weighted node after them), by name."""
+    weighted, followed, nodes = _weighted(model), _followed(model), model.graph.node
     if not weighted:
         return []
-    consumers: dict[str, list[onnx.NodeProto]] = {}
-    for node in model.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
-    followed: dict[int, bool] = {}  # id(node) -> a weighted node lies after it
-    weighted_ids = {id(n) for n in weighted}
-    for node in reversed(model.graph.node):
-        nxt = [c for o in node.output for c in consumers.get(o, [])]
-        followed[id(node)] = any(id(c) in weighted_ids or followed.get(id(c), False) for c in nxt)
-    last = [n.name for n in weighted if not followed[id(n)]]
-    return list(dict.fromkeys([weighted[0].name, *last]))
+    return list(dict.fromkeys([nodes[weighted[0]].name, *(nodes[i].name for i in weighted if not followed[i])]))
+
+
+def tail(model: onnx.ModelProto) -> list[str]:
+    """The nodes after the last weighted ones, by name: a head's decoding (a detector's sigmoid scores beside its
+    boxes in pixels, concatenated into one output; a softmax), which one 8-bit scale cannot hold."""
+    weighted, followed = set(_weighted(model)), _followed(model)
+    if not weighted:
+        return []
+    return [n.name for i, n in enumerate(model.graph.node) if i not in weighted and not followed[i]]
 
 
 def unquantized(model: onnx.ModelProto) -> list[str]:
@@ -254,6 +274,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
                          "quantize the float model")
     model = named(model)
     judged_against = "the input model" if reference is None else "the reference model"
+    decoding = tail(model)
     reference = reference or model
     if held is None:
         data, held = split(data)
@@ -283,7 +304,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
                 caches[method] = Path(tmp) / f"{method}.json"
                 _calibrate(model_path, calib, method, batch, tensorrt, caches[method])
             q = _quantize(model_path, Path(tmp) / f"{method}-{len(candidates)}.onnx", method, caches[method],
-                          exclude, options.runtime, reduce_range)
+                          [*exclude, *decoding], options.runtime, reduce_range)
             scores = judge(q)
             metric, value = fidelity(scores)
             rel = sum(scores.rel_l2.values()) / max(len(scores.rel_l2), 1)
@@ -300,9 +321,12 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         step(trials, trials, "judging the input model")
         fp32, int8 = _summary(judge(model, quantized=False)), _summary(judge(written))
     report = QuantizeReport(
-        options.runtime, chosen.method, chosen.float_nodes, unquantized(written), reduce_range, tensorrt,
+        options.runtime, chosen.method, chosen.float_nodes, decoding, unquantized(written), reduce_range, tensorrt,
         chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held), time.perf_counter() - start,
         judged_against)
+    if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:
+        report.notes.append(f"the INT8 model keeps {chosen.metric} {int8['value']:.4f} where the float input has "
+                            f"{fp32['value']:.4f}: try --float-ends yes, another --runtime, or more calibration images")
     if reduce_range and options.reduce_range is None:
         report.notes.append("weights in 7 bits: this x86 CPU has no VNNI, and onnxruntime's 8-bit products saturate "
                             "on it (reduce_range)")

@@ -160,6 +160,10 @@ def main() -> None:
     parser.add_argument("--recover-time", default="15m", help="the recover variant's --time")
     parser.add_argument("--swap", action="store_true",
                         help="the second fold: calibrate on the held-out images and hold out the calibration ones")
+    parser.add_argument("--batches", default="1",
+                        help="comma-separated batch sizes the default and int8 models are timed at against the "
+                             "original (speedup at the first, speedup_b<N> at the others; a model exported with a "
+                             "static batch of 1 takes only 1)")
     parser.add_argument("--splits", type=int, default=1,
                         help="run every model on this many splits of its images (0: as given, 1: swapped, k >= 2: "
                              "a random halving) and report their mean")
@@ -233,9 +237,10 @@ def run_split(a: argparse.Namespace, name: str, model: Path, pool: list[Path], c
                    "macs_before": report["macs_before"], "macs_after": report["macs_after"],
                    "metrics": scores["metrics"], "spread": scores.get("spread", {}), "task": scores["task"]}
             if variant in ("default", "int8"):
-                bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
-                                        "--quiet", *shape]))
-                row["speedup"] = bench[0]["median_ms"] / bench[1]["median_ms"]
+                for i, batch in enumerate(a.batches.split(",")):
+                    bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
+                                            "--batch", batch, "--quiet", *shape]))
+                    row["speedup" if i == 0 else f"speedup_b{batch}"] = bench[0]["median_ms"] / bench[1]["median_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)
             result.write_text(json.dumps({"args": sys.argv[1:], "rows": done + rows}, indent=2))

@@ -24,7 +24,7 @@ from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstr
 from onnxprune.strategies.sensitivity import objects_seen
 
 KEEP_LADDER = (0.9, 0.8, 0.7, 0.6, 0.5)  # the MAC ratios ``keep`` judges first
-KEEP_MILDER = (0.95, 0.975)  # judged, in turn, when no ratio of the ladder keeps the floor
+KEEP_MILDER = (0.95, 0.975, 0.9875)  # judged in turn (the gap to the original halved) while none keeps the floor
 KEEP_REFINE = 2  # halvings of the gap between the cheapest ratio that keeps the floor and the next one
 
 

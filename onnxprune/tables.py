@@ -313,8 +313,8 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
     if result.keep is not None:
         row = next(r for r in result.rows if r.target == result.keep["chosen"])
         chosen = row.written
-        console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} less its spread is "
-                      f"{chosen.target}{' (INT8)' if row.int8 else ''} ({chosen.mac_ratio:.2f}× MACs, "
+        console.print(f"--keep {result.keep['floor']:g}: the cheapest budget keeping {chosen.metric} less its spread "
+                      f"is {chosen.target}{' (INT8)' if row.int8 else ''} ({chosen.mac_ratio:.2f}× MACs, "
                       f"{chosen.fidelity:.4f} ± {chosen.spread or 0:.4f}, at least {chosen.lower:.4f}; "
                       f"{result.keep['judged']} budgets judged)" + (f"; wrote it to {kept}" if kept else ""))
 

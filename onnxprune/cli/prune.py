@@ -29,7 +29,8 @@ from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, RuntimeOpt
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random
-from onnxprune.tables import console, print_analysis, print_compress, print_quantize, print_recovery, print_sweep, progress
+from onnxprune.tables import (console, print_analysis, print_compress, print_quantize, print_recovery, print_sweep,
+                              progress)
 
 
 @app.command("analyze")

@@ -37,8 +37,8 @@ WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
                            "MatMulInteger", "DynamicQuantizeLinear"})
 HELD_EVERY = 5  # without held samples, every fifth calibration sample is held out
-CALIB_CHUNK = 8
-LOSS_NOTED = 0.05  # a metric this much below the float input's is a note in the report  # samples per calibration run: onnxruntime's calibrators hold every tensor of the samples of a run
+CALIB_CHUNK = 8  # samples per calibration run: onnxruntime's calibrators hold every tensor of the samples of a run
+LOSS_NOTED = 0.05  # a metric this much below the float input's is a note in the report
 
 Step = Callable[[int, int, str], None]
 
@@ -263,9 +263,11 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
              reference: onnx.ModelProto | None = None, options: QuantizeOptions | None = None,
              on_step: Step | None = None) -> tuple[onnx.ModelProto, QuantizeReport]:
     """The INT8 (QDQ) model of ``model`` calibrated on ``data`` (at most ``options.samples`` of it, evenly drawn)
-    and its report; without ``held`` samples, every fifth sample of ``data`` is held out instead (``split``). Each calibration method is tried, then, with ``float_ends`` 'auto', the best one with the first
-    and last weighted layers kept in float; the candidate whose task metric against ``reference`` (default: the
-    input model) on the ``held`` samples is best is returned (ties: the smaller KL or output error)."""
+    and its report; without ``held`` samples, every fifth sample of ``data`` is held out instead (``split``). Each
+    calibration method is tried, then, with ``float_ends`` 'auto', the best one with the first and last weighted
+    layers kept in float; the candidate whose task metric against ``reference`` (default: the input model) on the
+    ``held`` samples is best is returned (ties: the smaller KL or output error). The nodes after the last weighted
+    layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
     start = time.perf_counter()
     done = quantized_nodes(model)
@@ -326,7 +328,8 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         judged_against)
     if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:
         report.notes.append(f"the INT8 model keeps {chosen.metric} {int8['value']:.4f} where the float input has "
-                            f"{fp32['value']:.4f}: try --float-ends yes, another --runtime, or more calibration images")
+                            f"{fp32['value']:.4f}: keep the ends in float (--float-ends yes), try the other "
+                            "--runtime's layout, or give more calibration images")
     if reduce_range and options.reduce_range is None:
         report.notes.append("weights in 7 bits: this x86 CPU has no VNNI, and onnxruntime's 8-bit products saturate "
                             "on it (reduce_range)")

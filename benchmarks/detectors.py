@@ -238,8 +238,9 @@ def run_split(a: argparse.Namespace, name: str, model: Path, pool: list[Path], c
                    "metrics": scores["metrics"], "spread": scores.get("spread", {}), "task": scores["task"]}
             if variant in ("default", "int8"):
                 for i, batch in enumerate(a.batches.split(",")):
+                    sized = [f"{batch}x{s.split('x', 1)[1]}" if "x" in s else s for s in shape]  # --input-shape
                     bench = json.loads(run([*CLI, "bench", str(model), f"{stem}.onnx", "--json", "--runs", "30",
-                                            "--batch", batch, "--quiet", *shape]))
+                                            "--batch", batch, "--quiet", *sized]))
                     row["speedup" if i == 0 else f"speedup_b{batch}"] = bench[0]["median_ms"] / bench[1]["median_ms"]
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -170,3 +170,20 @@ def test_a_detector_sweep_reports_the_samples_with_objects_each_run_kept(tmp_pat
     print_sweep(result, tmp_path / "out")
     printed = " ".join(capsys.readouterr().out.split())
     assert "40 calibration samples" in printed and "calibration samples the probes looked at" not in printed
+
+
+def test_compress_keep_int8_writes_the_chosen_budget_s_int8_model(tiny, photos: Path, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from onnxprune.cli import app
+
+    out = tmp_path / "kept.onnx"
+    result = CliRunner().invoke(app, ["compress", str(tiny.path), "--calib", str(photos), "-o", str(out), "--keep",
+                                      "0", "--int8", "--report", str(tmp_path / "r.json"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    report = __import__("json").loads((tmp_path / "r.json").read_text())
+    chosen = report["keep"]["chosen"]
+    assert report["keep"]["int8"] and report["keep"]["lower"] <= report["keep"]["reached"]
+    written = onnx.load(str(tmp_path / "kept.int8.onnx"))
+    assert any(n.op_type == "DequantizeLinear" for n in written.graph.node)
+    assert _digest(written) == _digest(onnx.load(str(tmp_path / f"kept.sweep/{chosen}.int8.onnx")))

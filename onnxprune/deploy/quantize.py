@@ -143,14 +143,13 @@ def _weighted(model: onnx.ModelProto) -> list[int]:
             if n.op_type in WEIGHTED and len(n.input) > 1 and n.input[1] in constants]
 
 
-def _followed(model: onnx.ModelProto) -> list[bool]:
-    """For each node of ``model`` (in topological order), whether a weighted node lies after it."""
+def _followed(model: onnx.ModelProto, weighted: set[int]) -> list[bool]:
+    """For each node of ``model`` (in topological order), whether one of the ``weighted`` nodes lies after it."""
     nodes = model.graph.node
     consumers: dict[str, list[int]] = {}
     for i, node in enumerate(nodes):
         for name in node.input:
             consumers.setdefault(name, []).append(i)
-    weighted = set(_weighted(model))
     followed = [False] * len(nodes)
     for i in reversed(range(len(nodes))):
         followed[i] = any(c in weighted or followed[c] for o in nodes[i].output for c in consumers.get(o, []))
@@ -159,18 +158,20 @@ def _followed(model: onnx.ModelProto) -> list[bool]:
 
 def ends(model: onnx.ModelProto) -> list[str]:
     """The first weighted node and the last ones (no weighted node after them), by name."""
-    weighted, followed, nodes = _weighted(model), _followed(model), model.graph.node
+    weighted, nodes = _weighted(model), model.graph.node
     if not weighted:
         return []
+    followed = _followed(model, set(weighted))
     return list(dict.fromkeys([nodes[weighted[0]].name, *(nodes[i].name for i in weighted if not followed[i])]))
 
 
 def tail(model: onnx.ModelProto) -> list[str]:
     """The nodes after the last weighted ones, by name: a head's decoding (a detector's sigmoid scores beside its
     boxes in pixels, concatenated into one output; a softmax), which one 8-bit scale cannot hold."""
-    weighted, followed = set(_weighted(model)), _followed(model)
+    weighted = set(_weighted(model))
     if not weighted:
         return []
+    followed = _followed(model, weighted)
     return [n.name for i, n in enumerate(model.graph.node) if i not in weighted and not followed[i]]
 
 

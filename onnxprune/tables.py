@@ -21,6 +21,8 @@ from onnxprune.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.progress import Heartbeat
 from onnxprune.recovery import RecoverReport
+from onnxprune.recovery.report import DistillReport, SegmentReport
+from onnxprune.recovery.train import PATIENCE
 from onnxprune.recovery.verdict import RESAMPLES
 from onnxprune.runtime.store import show_bytes
 from onnxprune.strategies.sensitivity import objects_seen
@@ -201,21 +203,29 @@ def _print_latency(r: LatencyReport) -> None:
 
 
 
+def _best_step(stage: SegmentReport | DistillReport) -> str:
+    return f"{stage.best_step}, stopped" if stage.stopped else str(stage.best_step)
+
+
 def print_recovery(r: RecoverReport) -> None:
     table = Table(title=f"recovery ({r.options['method']}): {len(r.segments)} segments trained")
     for col in ("stage", "params", "held-out loss before", "after", "best step", "s"):
         table.add_column(col)
     for seg in r.segments:
         table.add_row(f"block → {seg.end[0]}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
-                      f"{seg.held_after:.4f}", str(seg.best_step), f"{seg.seconds:.1f}")
+                      f"{seg.held_after:.4f}", _best_step(seg), f"{seg.seconds:.1f}")
     if r.distill is not None:
         d = r.distill
         part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
         trials = ", ".join(f"{lr:.0e}: {held:.4f}" for lr, held in d.lr_trials)
         lr = f"lr {d.lr:.0e}" + (f", the best held-out loss of trials at {trials}" if trials else "")
         table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment}; {lr})", f"{d.parameters:,}",
-                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", str(d.best_step), f"{d.seconds:.1f}")
+                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", _best_step(d), f"{d.seconds:.1f}")
     console.print(table)
+    if any(stage.stopped for stage in [*r.segments, *([r.distill] if r.distill else [])]):
+        console.print(f"stopped: none of the stage's first {PATIENCE} held-out measures beat its start, so it "
+                      "ended there with its starting weights, its time left to the stages after it", highlight=False,
+                      soft_wrap=True)
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)

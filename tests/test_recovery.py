@@ -445,10 +445,40 @@ def test_the_loop_goes_on_from_the_winning_trial_whose_weights_are_no_checkpoint
         return (w**2).sum()
 
     result = train.train_loop([w], batch_loss, lambda: float((w.detach()[0] - 3.5) ** 2), steps=100, lr=(0.1, 1e-3),
-                              pull=0.0, seed=0)
+                              pull=0.0, seed=0, patience=5)
     assert result.lr == 0.1 and result.trials[0][1] < 0.01 and len(seen) == 5 + 5 + 100
     assert seen[0] == seen[5] == 4.0 and abs(seen[10] - 3.5) < 0.1  # trials from the start, the loop from the winner
     assert result.best_step == 0 and float(w.detach()[0]) == 4.0 and result.held_after == 0.25
+    assert not result.stopped
+
+
+@pytest.mark.parametrize("seconds", [None, 20.0])
+def test_a_loop_that_never_beats_its_start_stops_at_its_patience(monkeypatch, seconds) -> None:
+    """Training away from the held-out optimum (w² from 4 while held-out is (w - 4)²), no measure beats the start:
+    the loop ends at its third of five measures (steps, or a clock ticking one second a call), the start kept; one
+    that gains at its first measure runs to the end."""
+    import onnxprune.recovery.train as train
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(train.time, "monotonic", lambda: float(next(ticks)))
+
+    def run(target: float) -> tuple[train.FitResult, list[float]]:
+        w = torch.nn.Parameter(torch.tensor([4.0]))
+        helds: list[float] = []
+
+        def held() -> float:
+            helds.append(float((w.detach()[0] - target) ** 2))
+            return helds[-1]
+
+        result = train.train_loop([w], lambda gen: (w**2).sum(), held, steps=100, lr=0.1, pull=0.0, seed=0,
+                                  seconds=seconds)
+        return result, helds
+
+    stuck, helds = run(4.0)
+    assert stuck.stopped and stuck.best_step == 0 and len(helds) == 1 + train.PATIENCE
+    assert seconds is not None or stuck.steps == 60
+    gaining, helds = run(0.0)
+    assert not gaining.stopped and len(helds) == 1 + 5 and gaining.best_step > 0
 
 
 def test_recover_keeps_to_its_time(tiny, student) -> None:

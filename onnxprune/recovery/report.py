@@ -13,6 +13,7 @@ class SegmentReport:
     held_after: float
     best_step: int
     seconds: float
+    stopped: bool = False  # ended early: none of its first held-out measures beat the start (``train.PATIENCE``)
 
 
 @dataclass
@@ -29,6 +30,7 @@ class DistillReport:
     lr: float = 0.0  # the learning rate trained with
     lr_trials: list[tuple[float, float]] = field(default_factory=list)  # (lr, held-out loss after its trial) where
     # the rate was chosen among candidates
+    stopped: bool = False  # ended early, as ``SegmentReport.stopped``
 
 
 @dataclass

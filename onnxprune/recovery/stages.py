@@ -68,7 +68,8 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
                          seconds=seconds)
             done += 1
             report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
-                                                 result.held_after, result.best_step, time.perf_counter() - t0))
+                                                 result.held_after, result.best_step, time.perf_counter() - t0,
+                                                 result.stopped))
             model = write_back(model, net)
         ref = {**{k: v for k, v in ref.items() if k in values}, **new_ref}
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
@@ -166,7 +167,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         samples = result.steps * options.batch_size
     report = DistillReport(sum(p.numel() for p in params), first is None, list(start), samples, augment,
                            result.held_before, result.held_after, result.best_step, time.perf_counter() - t0,
-                           result.lr, result.trials)
+                           result.lr, result.trials, result.stopped)
     return write_back(model, net), held_out, report
 
 

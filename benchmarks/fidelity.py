@@ -31,6 +31,7 @@ from common import DEFAULT_DATA, compress, evaluate, macs as count_macs, origina
 EPS = ["--allocation", "epsilon"]
 VARIANTS: dict[str, list[str]] = {
     "default": [],
+    "no flip": ["--no-flip"],  # the default before mirrored calibration (2026-12-02)
     "output + streams": ["--residual-streams"],
     "output + blocks": ["--remove-blocks"],
     "local on output": ["--method", "local"],

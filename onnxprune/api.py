@@ -15,7 +15,8 @@ import onnx
 
 from onnxprune.analysis import Analysis, analyze as _analyze
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess, label_from_name
-from onnxprune.calib.sources import CalibrationSet, load_calibration, preprocess_for as _preprocess_for
+from onnxprune.calib.sources import CalibrationSet, load_calibration, mirrors_by_default
+from onnxprune.calib.sources import preprocess_for as _preprocess_for
 from onnxprune.deploy.bench import BenchResult
 from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
@@ -119,10 +120,13 @@ def _input_specs(model: ModelSource, input_shape: Sequence[str] | None) -> list[
 
 
 def calibration(calib: CalibSource, model: onnx.ModelProto, preprocess: Preprocess | None = None, *,
-                subset: str | None = None, limit: int | None = None, flip: bool = False) -> CalibrationSet:
+                subset: str | None = None, limit: int | None = None, flip: bool | None = False) -> CalibrationSet:
     """The calibration set of ``calib`` for ``model``'s inputs. Images go through ``preprocess`` (default:
     ImageNet's, cropped to the input's H,W; see ``preprocess_for``); ``subset`` (e.g. '0:400', '0%5'), then
-    ``limit`` pick samples; ``flip`` adds each image's mirror."""
+    ``limit`` pick samples; ``flip`` adds each image's mirror (None: an image folder's for a classifier,
+    ``mirrors_by_default``)."""
+    if flip is None:
+        flip = isinstance(calib, (str, Path)) and Path(calib).is_dir() and mirrors_by_default(model)
     if isinstance(calib, CalibrationSet):
         if subset is not None or limit is not None or flip:
             raise OptionError("subset, limit and flip do not apply to a CalibrationSet: pick its samples when "
@@ -155,7 +159,7 @@ def compress(
     input_shape: Sequence[str] | None = None,
     subset: str | None = None,
     limit: int | None = None,
-    flip: bool = False,
+    flip: bool | None = None,
     round_to: int = 8,
     batch_size: int = 32,
     provider: str = "auto",
@@ -186,7 +190,8 @@ def compress(
             written model keeps a dynamic batch dim, the other dims are fixed to these.
         subset: which samples of ``calib``: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).
         limit: use at most this many samples (after ``subset``).
-        flip: add each calibration image's mirror (image folders only).
+        flip: add each calibration image's mirror (image folders only); None: for a classifier (its first output
+            2-D), whose refits fit better on twice the samples (``calib.sources.mirrors_by_default``).
         round_to: keep every pruned width a multiple of this (1 = any width); a group narrower than 4× this
             uses the largest power of two up to a quarter of its channels.
         batch_size: samples per onnxruntime/statistics batch.
@@ -242,7 +247,8 @@ def recover(
         held: samples the pruner did not see that pick the checkpoints and judge the result (read like
             ``calib``, without ``subset``/``limit``/``flip``); default: a split of ``calib`` (``options.holdout``).
         preprocess: the image preprocessing (default: ``preprocess_for(teacher)``).
-        input_shape, subset, limit, flip: as for ``compress``.
+        input_shape, subset, limit: as for ``compress``; ``flip`` too, but off by default (the distillation
+            mirrors its own augmented views).
         on_progress: ``on_progress(label, step, total, held_loss)`` is called as training advances.
 
     The recovered weights are kept only if they are closer to the teacher on the held-out samples (KL for

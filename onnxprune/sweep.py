@@ -83,6 +83,7 @@ def sweep(
     held: str | Path | None = None,
     keep: float | None = None,
     subset: str | None = None,
+    flip: bool | None = None,
     preprocess: Preprocess | None = None,
     input_shape: Sequence[str] | None = None,
     select: Selector = OMP(),
@@ -100,8 +101,8 @@ def sweep(
     """Compress ``model`` to each of ``targets`` (label -> budget) on one calibration of ``calib`` (an image folder) and one set of
     probes, writing every model and its report to ``out_dir``; judge each on held-out images (``held``, else every
     fifth image of ``calib``, which then calibrates on the others) by the task's metric against the original, and
-    time it. With ``int8``, each model is also quantized (``onnxprune.quantize``, choosing on a split of the
-    calibration samples) and its INT8 model judged and timed the same way. With ``keep``, also find the cheapest MAC
+    time it. ``flip``: as ``compress``'s (None: the mirrors for a classifier). With ``int8``, each model is also
+    quantized (``onnxprune.quantize``, choosing on a split of the calibration samples) and its INT8 model judged and timed the same way. With ``keep``, also find the cheapest MAC
     ratio whose held-out metric less its spread (``SweepRow.lower``; of the INT8 model with ``int8``) is at least
     ``keep``: the targets, else ``KEEP_LADDER`` (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE``
     halvings; a floor that the mildest budget misses is a TargetError."""
@@ -111,7 +112,8 @@ def sweep(
                           "--subset would pick among them too: give --held, or leave out --subset", option="held")
     onnx_model = api.load(model, input_shape)
     prep = preprocess or api.preprocess_for(onnx_model)
-    data = _in_memory(api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5"))
+    data = _in_memory(api.calibration(calib, onnx_model, prep, subset=subset if held is not None else "!0%5",
+                                      flip=flip))
     held_dir, held_subset = (Path(held), None) if held is not None else (Path(calib), "0%5")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)  # once the model and the samples are read: a refusal leaves nothing

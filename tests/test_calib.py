@@ -307,3 +307,36 @@ def test_a_set_takes_the_samples_it_is_given(tmp_path: Path, flip: bool) -> None
         taken = data.take([0, 2, 4])
         assert len(taken) == 3
         np.testing.assert_array_equal(np.concatenate([b["x"] for b in taken.batches(2)]), whole[[0, 2, 4]])
+
+
+def _model(output_rank: int | None) -> "onnx.ModelProto":
+    """x [N, 3, 32, 32] → a 1x1 Conv, then (rank 2) global pooling and a flatten: a classifier's scores; rank
+    None: the same classifier with its output's shape left out (shape inference finds it)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"])]
+    out = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, 32, 32])
+    if output_rank != 4:
+        nodes += [helper.make_node("GlobalAveragePool", ["y"], ["p"]), helper.make_node("Flatten", ["p"], ["z"])]
+        out = helper.make_tensor_value_info("z", TensorProto.FLOAT, None if output_rank is None else ["N", 4])
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])
+    return helper.make_model(helper.make_graph(nodes, "g", [x], [out], [w]))
+
+
+@pytest.mark.parametrize("rank, mirrored", [(2, True), (None, True), (4, False)])
+def test_a_classifier_calibrates_on_each_image_and_its_mirror_by_default(tmp_path: Path, rank, mirrored) -> None:
+    """``flip=None`` adds the mirrors for a classifier (first output 2-D, declared or inferred), not for a dense
+    output; an explicit flip wins either way, and samples in memory are never mirrored."""
+    from onnxprune import api
+    from onnxprune.calib.sources import mirrors_by_default
+
+    model, folder = _model(rank), image_folder(tmp_path, 3)
+    assert mirrors_by_default(model) is mirrored
+    pre = Preprocess(crop=None)
+    assert len(api.calibration(folder, model, pre, flip=None)) == (6 if mirrored else 3)
+    assert len(api.calibration(folder, model, pre, flip=False)) == 3
+    assert len(api.calibration(folder, model, pre, flip=True)) == 6
+    arrays = np.zeros((3, 3, 32, 32), np.float32)
+    assert len(api.calibration(arrays, model, pre, flip=None)) == 3

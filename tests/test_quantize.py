@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from onnxprune import api
 from onnxprune.analysis.macs import count_params
 from onnxprune.cli import app
-from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, tail, unquantized
+from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, split, tail, unquantized
 from onnxprune.evaluation import evaluate
 from tests.onnx_builders import run
 
@@ -216,3 +216,21 @@ def test_a_head_s_decoding_stays_in_float(tmp_path: Path) -> None:
     assert result.report.tail == ["boxes", "scale", "classes", "sigmoid", "concat"]
     ours, theirs = run(result.model, x=x[:8])[0], run(str(path), x=x[:8])[0]
     assert np.abs(ours[:, 2:] - theirs[:, 2:]).max() < 0.1  # the scores, beside boxes 100× larger
+
+
+def test_the_held_split_keeps_an_image_and_its_mirror_together(tmp_path) -> None:
+    """``split`` holds out every fifth image with its mirror (adjacent with --flip): no held sample's mirror
+    calibrates."""
+    from PIL import Image
+
+    from onnxprune.calib.images import Preprocess
+    from onnxprune.calib.sources import load_image_folder
+
+    for i in range(10):
+        Image.new("RGB", (8, 8), (20 * i, 0, 0)).save(tmp_path / f"{i:03d}_x.png")
+    specs = [("x", ["N", 3, 8, 8], np.dtype(np.float32))]
+    data = load_image_folder(tmp_path, specs, preprocess=Preprocess(crop=None), flip=True)
+    rest, held = split(data, every=5)
+    assert (len(rest), len(held)) == (16, 4)
+    red = lambda s: sorted(np.concatenate([b["x"][:, 0, 0, 0] for b in s.batches(4)]).round(4).tolist())  # noqa: E731
+    assert not set(red(held)) & set(red(rest)) and len(set(red(held))) == 2

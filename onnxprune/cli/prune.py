@@ -17,7 +17,7 @@ from onnxprune.fileio import atomic_write
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, BlockWindowOpt,
     CalibOpt, CompressBatchOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt, DistillLrOpt,
-    DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt,
+    DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, CompressFlipOpt, GlobalBudgetOpt,
     HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
     LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
     ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt,
@@ -72,7 +72,7 @@ def compress_cmd(
     reconstruct: ReconstructOpt = flags.RECONSTRUCT,
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
-    flip: FlipOpt = False,
+    flip: CompressFlipOpt = None,
     resize: ResizeOpt = None,
     crop: CropOpt = None,
     mean: MeanOpt = DEFAULT_MEAN,

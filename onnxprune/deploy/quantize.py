@@ -338,12 +338,14 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
 
 
 def split(data: CalibrationSet, every: int = HELD_EVERY) -> tuple[CalibrationSet, CalibrationSet]:
-    """``data`` less every ``every``-th sample, and those samples (the first of each run of ``every``)."""
-    if len(data) < 2:
-        raise CalibrationError(f"{len(data)} calibration sample: quantize needs at least 2, some to calibrate on and "
-                               "some held out to judge by (or give held samples)", option="calib")
-    held = [i for i in range(len(data)) if i % every == 0]
-    return data.take([i for i in range(len(data)) if i % every]), data.take(held)
+    """``data`` less every ``every``-th sample, and those samples (the first of each run of ``every``); an image and
+    its mirror (``--flip``) count as one sample, held out together."""
+    pair = 2 if getattr(data, "flip", False) else 1
+    if len(data) < 2 * pair:
+        raise CalibrationError(f"{len(data) // pair} calibration sample: quantize needs at least 2, some to calibrate "
+                               "on and some held out to judge by (or give held samples)", option="calib")
+    held = [i for i in range(len(data)) if i // pair % every == 0]
+    return data.take([i for i in range(len(data)) if i // pair % every]), data.take(held)
 
 
 def _drawn(data: CalibrationSet, samples: int) -> CalibrationSet:

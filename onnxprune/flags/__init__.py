@@ -52,6 +52,9 @@ LayoutOpt = Annotated[str, typer.Option(
          "is not).")]
 LimitOpt = Annotated[Optional[int], typer.Option(help="Use at most this many calibration samples.")]
 FlipOpt = Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")]
+CompressFlipOpt = Annotated[Optional[bool], typer.Option(
+    "--flip/--no-flip", help="Add each calibration image's mirror (default: for a classifier, a model whose first "
+                             "output is 2-D: its refits fit on twice the samples; twice the compress time).")]
 DEFAULT_MEAN = ",".join(map(str, IMAGENET_MEAN))
 DEFAULT_STD = ",".join(map(str, IMAGENET_STD))
 BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]
@@ -414,7 +417,7 @@ def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = Non
     if not targets and v["keep"] is None:
         raise OnnxPruneError("give --targets (e.g. 0.9,0.8,0.7,0.6 or 245M,170M), --keep (e.g. 0.95), or both")
     return run_sweep(model, v["calib"], targets, v["output"], held=v["held"], keep=v["keep"], subset=v["subset"],
-                     preprocess=preprocess(model, v), select=select, allocate=allocate, reconstruct=reconstruct,
+                     flip=v.get("flip"), preprocess=preprocess(model, v), select=select, allocate=allocate, reconstruct=reconstruct,
                      round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
                      memory=v["memory"], task=v["task"], bench=v["bench"],
                      int8=int8(v), on_layer=on_layer)

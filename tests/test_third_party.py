@@ -96,7 +96,7 @@ def test_compress_with_input_shape_keeps_the_dynamic_batch(dyn, tmp_path: Path) 
     assert result.exit_code == 0, result.stderr
     data = json.loads(report.read_text())
     assert data["macs_after"] <= 0.6 * data["macs_before"] and data["layers"]
-    assert data["calibration_samples"] == 6  # images cropped to the fixed 16x16 without --crop
+    assert data["calibration_samples"] == 12  # 6 images cropped to the fixed 16x16 without --crop, and their mirrors
     pruned, original = onnx.load(str(out)), onnx.load(str(dyn["model"]))
     assert [(v.name, v.type.tensor_type.elem_type) for v in [*pruned.graph.input, *pruned.graph.output]] == \
         [(v.name, v.type.tensor_type.elem_type) for v in [*original.graph.input, *original.graph.output]]

@@ -120,6 +120,23 @@ def test_the_sweep_command_prints_the_trade_off(tiny, photos: Path, tmp_path: Pa
     assert all(r["speedup"] > 0 and r["latency_ms"] > 0 for r in rows)
 
 
+def test_a_classifier_s_sweep_calibrates_on_the_mirrors_unless_told_not_to(tiny, photos: Path, tmp_path: Path
+                                                                            ) -> None:
+    """As compress: a classifier's calibration images come with their mirrors, ``--no-flip`` leaves them out."""
+    from typer.testing import CliRunner
+
+    from onnxprune.cli import app
+
+    counts = []
+    for flags in ([], ["--no-flip"]):
+        out = tmp_path / f"out{len(flags)}"
+        result = CliRunner().invoke(app, ["sweep", str(tiny.path), "--calib", str(photos), "--targets", "0.7", "-o",
+                                          str(out), "--no-bench", "--quiet", *flags])
+        assert result.exit_code == 0, result.output
+        counts.append(__import__("json").loads((out / "0.7.json").read_text())["calibration_samples"])
+    assert counts[0] == 2 * counts[1] > 0
+
+
 def test_compress_keep_writes_the_cheapest_budget_that_keeps_the_floor(tiny, photos: Path, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 

@@ -188,6 +188,7 @@ def sweep_cmd(
     allocation: AllocationOpt = flags.ALLOCATION,
     reconstruct: ReconstructOpt = flags.RECONSTRUCT,
     subset: SubsetOpt = None,
+    flip: CompressFlipOpt = None,
     resize: ResizeOpt = None,
     crop: CropOpt = None,
     mean: MeanOpt = DEFAULT_MEAN,

@@ -417,10 +417,10 @@ def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = Non
     if not targets and v["keep"] is None:
         raise OnnxPruneError("give --targets (e.g. 0.9,0.8,0.7,0.6 or 245M,170M), --keep (e.g. 0.95), or both")
     return run_sweep(model, v["calib"], targets, v["output"], held=v["held"], keep=v["keep"], subset=v["subset"],
-                     flip=v.get("flip"), preprocess=preprocess(model, v), select=select, allocate=allocate, reconstruct=reconstruct,
-                     round_to=v["round_to"], batch_size=v["batch_size"], provider=v["provider"],
-                     memory=v["memory"], task=v["task"], bench=v["bench"],
-                     int8=int8(v), on_layer=on_layer)
+                     flip=v["flip"], preprocess=preprocess(model, v), select=select, allocate=allocate,
+                     reconstruct=reconstruct, round_to=v["round_to"], batch_size=v["batch_size"],
+                     provider=v["provider"], memory=v["memory"], task=v["task"], bench=v["bench"], int8=int8(v),
+                     on_layer=on_layer)
 
 
 def keep(values: Values, on_layer: Callable[[int, int, str], None] | None = None

@@ -67,6 +67,24 @@ def test_analyze_json(files) -> None:
     assert data["task"] == "classify"  # the tiny net's [N, 10] logits
 
 
+def test_analyze_json_keeps_library_warnings_off_stdout(files, monkeypatch) -> None:
+    """graph-surgeon prints its warnings: under the CLI they go to stderr, and `--json`'s stdout still parses."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    import onnxprune.cli.prune as prune
+
+    real = prune.api.analyze
+
+    def warned(*args, **kwargs):
+        G_LOGGER.warning("a graph-surgeon warning")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prune.api, "analyze", warned)
+    result = runner.invoke(app, ["analyze", "--json", str(files["tiny"])])
+    assert result.exit_code == 0, result.stderr
+    assert json.loads(result.stdout)["groups"] and "a graph-surgeon warning" in result.stderr
+
+
 def test_analyze_table(files) -> None:
     result = runner.invoke(app, ["analyze", str(files["tiny"])])
     assert result.exit_code == 0, result.stderr

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx_graphsurgeon.logger.logger as gs_logger
 import onnxruntime
 import torch
 import typer
@@ -29,6 +31,8 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                        "refit of the next layer. "
                   + MACS_HELP)
 onnxruntime.set_default_logger_severity(3)  # constant folding's sessions warn about harmless graph rewrites
+# graph-surgeon prints its warnings with print(): to stderr, so that stdout (`--json`) stays data
+gs_logger.print = lambda *args, **kwargs: print(*args, **kwargs, file=sys.stderr)  # type: ignore[attr-defined]
 
 
 def error_line(error: str | OnnxPruneError) -> str:

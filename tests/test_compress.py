@@ -264,3 +264,20 @@ def _kl(ref: np.ndarray, y: np.ndarray) -> float:
     lp = ref - np.logaddexp.reduce(ref, axis=1, keepdims=True)
     lq = y - np.logaddexp.reduce(y, axis=1, keepdims=True)
     return float((np.exp(lp) * (lp - lq)).sum(axis=1).mean())
+
+
+def test_a_float16_model_compresses_in_float16_as_its_float32_twin(tiny) -> None:
+    """A model converted to float16 by onnxconverter-common (float32 input and output, float16 weights and
+    activations inside) is pruned with its statistics in float32 and its weights written back in float16: the
+    widths of the float32 model (the same uniform ratio), and outputs within float16 rounding of its pruned twin's."""
+    from onnxconverter_common import float16
+
+    half = float16.convert_float_to_float16(tiny.model, keep_io_types=True)
+    options = options_from(Ratio(RATIO), allocate=named("omp", "uniform", "full")[1], provider="cpu", round_to=1)
+    (m32, r32), (m16, r16) = (compress(m, _calib(tiny), options) for m in (tiny.model, half))
+    assert [(lr.group, lr.kept) for lr in r16.layers] == [(lr.group, lr.kept) for lr in r32.layers]
+    weights = [t for t in m16.graph.initializer if len(t.dims) > 1]
+    assert weights and all(t.data_type == onnx.TensorProto.FLOAT16 for t in weights)
+    x = tiny.x[:16]
+    y32, y16 = (run(m, input=x)[0] for m in (m32, m16))
+    assert _rel(y16, y32) < 0.02 and _rel(run(half, input=x)[0], run(tiny.model, input=x)[0]) < 0.02

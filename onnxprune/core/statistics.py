@@ -78,8 +78,8 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
-            x = consumers.unfold_every(node_p, torch.from_numpy(x_p[s:e]), stride, first)
-            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, torch.from_numpy(x_o[s:e]), stride,
+            x = consumers.unfold_every(node_p, _float(x_p[s:e]), stride, first)
+            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, _float(x_o[s:e]), stride,
                                                                           first),
                              out=targets.take((x.shape[0], len(w_o), x.shape[2])))
             t += b_o[:, None]
@@ -89,7 +89,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             if partner is not None:
                 ref = reference[partner][s:e]
                 shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
-                t += consumers.thin(consumers.columns(node_o, torch.from_numpy(shift)), stride, first)
+                t += consumers.thin(consumers.columns(node_o, _float(shift)), stride, first)
             weight = None if grid is None else position_weights(weights[s:e], grid, stride, first)
             folds[(s // bs) % 2].update(x, t, operands, weight)
         stats = ConsumerStats(*current.weight.shape[::-1])
@@ -97,6 +97,11 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             stats.merge(fold)
         out.append(ConsumerData(use, folds, stats, current, target))
     return out
+
+
+def _float(a: np.ndarray) -> torch.Tensor:
+    """A cached tensor as float32 (a float16 model's activations: the statistics accumulate in float32/64)."""
+    return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
 
 
 def grid_of(positions: int, shape: tuple[int, ...]) -> tuple[int, int] | None:

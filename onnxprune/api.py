@@ -29,7 +29,9 @@ from onnxprune.fileio import save_model
 from onnxprune.ir.inputs import resolve_input_shapes, specialise_inputs
 from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import InputSpec, model_input_specs
-from onnxprune.passes.flatten_channels_first import channels_first_heads
+from onnxprune.ir.rewrite import rewritten
+from onnxprune.passes.flatten_channels_first import flatten_channels_first, has_channels_last_head
+from onnxprune.passes.fold_branches import fold_branches, has_branches
 from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
@@ -86,13 +88,20 @@ class Result:
         return replace(self, model=model, recovery=report)
 
 
+LOAD_REWRITES = [(has_channels_last_head, flatten_channels_first), (has_branches, fold_branches)]
+
+
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
     """``model`` (a path, read and checked, or a ModelProto) with its dynamic dims other than the batch fixed
-    from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``), and a
-    channels-last flatten head read channels first (``passes.flatten_channels_first``)."""
+    from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``), a
+    channels-last flatten head read channels first (``passes.flatten_channels_first``), and sums of convolution
+    branches over one input folded into one convolution (``passes.fold_branches``: RepVGG's and MobileOne's deploy
+    form, the same function)."""
     if isinstance(model, onnx.ModelProto):
-        return channels_first_heads(specialise_inputs(model, input_shape, model.graph.name or "the model"))
-    return channels_first_heads(specialise_inputs(load_model(model), input_shape, str(model)))
+        given = specialise_inputs(model, input_shape, model.graph.name or "the model")
+    else:
+        given = specialise_inputs(load_model(model), input_shape, str(model))
+    return rewritten(given, LOAD_REWRITES)
 
 
 def preprocess_for(model: ModelSource | list[InputSpec], *, input_shape: Sequence[str] | None = None,

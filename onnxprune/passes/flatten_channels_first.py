@@ -13,8 +13,8 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_shape, const_value, export_model, restore_subgraphs, static_shape
-from onnxprune.ir.load import inferred_graph
+from onnxprune.ir.graph import const_shape, const_value, static_shape
+from onnxprune.ir.rewrite import rewritten
 
 
 def flatten_channels_first(graph: gs.Graph) -> gs.Graph:
@@ -59,17 +59,11 @@ def _flatten_after(node: gs.Node) -> gs.Node | None:
     return flat
 
 
+def has_channels_last_head(graph: gs.Graph) -> bool:
+    """Whether ``flatten_channels_first`` finds a head to rewrite in ``graph``."""
+    return any(_flatten_after(node) for node in graph.nodes)
+
+
 def channels_first_heads(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` with ``flatten_channels_first`` applied when it has such a head, else ``model`` itself (no
-    graph-surgeon round trip for the models that do not need one)."""
-    try:
-        graph = inferred_graph(model)
-    except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
-        return model
-    if not any(_flatten_after(node) for node in graph.nodes):
-        return model
-    out = export_model(flatten_channels_first(graph))
-    out.ir_version = model.ir_version
-    del out.opset_import[:]
-    out.opset_import.extend(model.opset_import)
-    return restore_subgraphs(out, model)
+    """``model`` with ``flatten_channels_first`` applied when it has such a head, else ``model`` itself."""
+    return rewritten(model, [(has_channels_last_head, flatten_channels_first)])

@@ -1,0 +1,33 @@
+"""Rewrites applied to a model as it is loaded, only where they find something to rewrite."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from onnxprune.ir.graph import export_model, restore_subgraphs
+from onnxprune.ir.load import inferred_graph
+
+Rewrite = tuple[Callable[[gs.Graph], bool], Callable[[gs.Graph], gs.Graph]]  # (finds something, the pass)
+
+
+def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite]) -> onnx.ModelProto:
+    """``model`` through each pass of ``rewrites`` whose finder sees something for it in the graph (shapes inferred
+    once, the finders asked on the graph as given), in order; ``model`` itself where none does (no graph-surgeon
+    round trip for the models that need none). The ir version, opsets and subgraph bodies stay the model's."""
+    try:
+        graph = inferred_graph(model)
+    except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
+        return model
+    due = [rewrite for finds, rewrite in rewrites if finds(graph)]
+    if not due:
+        return model
+    for rewrite in due:
+        graph = rewrite(graph)
+    out = export_model(graph)
+    out.ir_version = model.ir_version
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    return restore_subgraphs(out, model)

@@ -224,8 +224,8 @@ def print_recovery(r: RecoverReport) -> None:
     console.print(table)
     if any(stage.stopped for stage in [*r.segments, *([r.distill] if r.distill else [])]):
         console.print(f"stopped: none of the stage's first {PATIENCE} held-out measures beat its start, so it "
-                      "ended there with its starting weights, its time left to the stages after it", highlight=False,
-                      soft_wrap=True)
+                      "ended there with its starting weights; its time went to the stages after it (after the last "
+                      "one, the run ended early)", highlight=False, soft_wrap=True)
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)

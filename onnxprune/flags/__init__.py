@@ -54,7 +54,7 @@ LimitOpt = Annotated[Optional[int], typer.Option(help="Use at most this many cal
 FlipOpt = Annotated[bool, typer.Option("--flip", help="Add each calibration image's mirror.")]
 CompressFlipOpt = Annotated[Optional[bool], typer.Option(
     "--flip/--no-flip", help="Add each calibration image's mirror (default: for a classifier, a model whose first "
-                             "output is 2-D: its refits fit on twice the samples; twice the compress time).")]
+                             "output is 2-D: its refits fit on twice the samples, in about 1.6x the time).")]
 DEFAULT_MEAN = ",".join(map(str, IMAGENET_MEAN))
 DEFAULT_STD = ",".join(map(str, IMAGENET_STD))
 BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]

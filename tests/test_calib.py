@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from onnxruntime.quantization import CalibrationDataReader
 from PIL import Image
@@ -309,10 +310,9 @@ def test_a_set_takes_the_samples_it_is_given(tmp_path: Path, flip: bool) -> None
         np.testing.assert_array_equal(np.concatenate([b["x"] for b in taken.batches(2)]), whole[[0, 2, 4]])
 
 
-def _model(output_rank: int | None) -> "onnx.ModelProto":
+def _model(output_rank: int | None) -> onnx.ModelProto:
     """x [N, 3, 32, 32] → a 1x1 Conv, then (rank 2) global pooling and a flatten: a classifier's scores; rank
     None: the same classifier with its output's shape left out (shape inference finds it)."""
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     w = numpy_helper.from_array(np.ones((4, 3, 1, 1), np.float32), "w")

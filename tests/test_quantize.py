@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from onnxprune import api
 from onnxprune.analysis.macs import count_params
 from onnxprune.cli import app
-from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, split, tail, unquantized
+from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, saturating_cpu, split, tail
 from onnxprune.evaluation import evaluate
 from tests.onnx_builders import run
 

@@ -102,10 +102,10 @@ def sweep(
     probes, writing every model and its report to ``out_dir``; judge each on held-out images (``held``, else every
     fifth image of ``calib``, which then calibrates on the others) by the task's metric against the original, and
     time it. ``flip``: as ``compress``'s (None: the mirrors for a classifier). With ``int8``, each model is also
-    quantized (``onnxprune.quantize``, choosing on a split of the calibration samples) and its INT8 model judged and timed the same way. With ``keep``, also find the cheapest MAC
-    ratio whose held-out metric less its spread (``SweepRow.lower``; of the INT8 model with ``int8``) is at least
-    ``keep``: the targets, else ``KEEP_LADDER`` (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE``
-    halvings; a floor that the mildest budget misses is a TargetError."""
+    quantized (``onnxprune.quantize``, choosing on a split of the calibration samples) and its INT8 model judged
+    and timed the same way. With ``keep``, also find the cheapest MAC ratio whose held-out metric less its spread
+    (``SweepRow.lower``; of the INT8 model with ``int8``) is at least ``keep``: the targets, else ``KEEP_LADDER``
+    (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE`` halvings; a floor that the mildest budget misses is a TargetError."""
     start = time.perf_counter()
     if held is None and subset is not None:
         raise OptionError("a sweep holds out every fifth image of --calib when no --held folder is given, and "

@@ -173,8 +173,8 @@ def mirrors_by_default(model: onnx.ModelProto) -> bool:
     model is a classifier (its first output 2-D, one row of scores per image), which a mirrored photo asks the same
     question. The refits then fit on twice the samples: MobileNetV2 at 170M MACs went 55.8% -> 59.4% top-1 on 500
     unseen photos (5 folds), 245M 82.5% -> 83.0% on 200 (agreement 89.5% -> 90.5%; docs/results.md "Mirrored
-    calibration"). Not for
-    dense outputs: YOLOv8n's refits at 0.70x lost mAP with mirrors (0.830 -> 0.703, the notebook)."""
+    calibration"). Not for dense outputs: YOLOv8n's refits at 0.70x lost mAP with mirrors (0.830 -> 0.703, the
+    notebook)."""
     output = model.graph.output[0]
     if not output.type.tensor_type.HasField("shape"):
         try:

@@ -8,4 +8,5 @@ from onnxprune.passes.remove_block import remove_block
 from onnxprune.passes.scale_columns import scale_columns
 from onnxprune.passes.slice_channels import slice_channels
 
-__all__ = ["flatten_channels_first", "fold_branches", "refit_consumer", "remove_block", "scale_columns", "slice_channels"]
+__all__ = ["flatten_channels_first", "fold_branches", "refit_consumer", "remove_block", "scale_columns",
+           "slice_channels"]

@@ -18,12 +18,14 @@ One split of 59 photos is a lottery (``eval``'s ± is the spread over its images
 ``--splits N`` repeats everything on N splits of the same images with objects: split 0 as above, split 1 the same
 halves swapped (what ``--swap`` runs alone), split k ≥ 2 a random halving (seed k − 1); the table then gives each
 split's score and their mean and standard deviation (``detectors.md``; rows of ``detectors.json`` name their split).
+``--split k`` runs split k alone.
 
     python benchmarks/detectors.py                      # every model, ratios 0.85 and 0.70
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.7 --variants default
     python benchmarks/detectors.py --models yolov8n-320 --ratios 0.85,0.7 --variants default,recover
     python benchmarks/detectors.py --models yolov8n-320 --variants default --swap   # the second fold
     python benchmarks/detectors.py --models yolov8n-320 --variants default --splits 4  # four splits, their mean
+    python benchmarks/detectors.py --models yolov8s-person-640 --ratios 0.7 --variants default,recover --split 2
     python benchmarks/detectors.py --models yolov8s-person-640 --ratios 0.85 --variants default,int8
 """
 
@@ -159,7 +161,10 @@ def main() -> None:
     parser.add_argument("--held", type=int, default=64, help="held-out images (with objects)")
     parser.add_argument("--recover-time", default="15m", help="the recover variant's --time")
     parser.add_argument("--swap", action="store_true",
-                        help="the second fold: calibrate on the held-out images and hold out the calibration ones")
+                        help="the second fold: calibrate on the held-out images and hold out the calibration ones "
+                             "(--split 1)")
+    parser.add_argument("--split", type=int, default=None,
+                        help="run this split alone (see --splits), its files named as in a --splits run")
     parser.add_argument("--batches", default="1",
                         help="comma-separated batch sizes the default and int8 models are timed at against the "
                              "original (speedup at the first, speedup_b<N> at the others; a model exported with a "
@@ -189,7 +194,8 @@ def main() -> None:
         else:
             chosen = with_objects(model, pool, [*shape, *image], a.calib + a.held)
             cut = a.calib if len(chosen) == a.calib + a.held else len(chosen) // 2  # too few: half and half
-        splits = [0] if kind == "all photos" else [1] if a.swap else range(a.splits)  # a classifier: time only
+        splits = ([0] if kind == "all photos" else [1] if a.swap else  # a classifier: time only
+                  [a.split] if a.split is not None else range(a.splits))
         for split in splits:
             rows += run_split(a, name, model, pool, chosen, cut, split, (shape, image), variants, result, rows)
     (a.out / "detectors.md").write_text("\n".join(summary(rows)) + "\n")

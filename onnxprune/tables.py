@@ -212,7 +212,8 @@ def print_recovery(r: RecoverReport) -> None:
     for col in ("stage", "params", "held-out loss before", "after", "best step", "s"):
         table.add_column(col)
     for seg in r.segments:
-        table.add_row(f"block → {seg.end[0]}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
+        again = f" (round {seg.round})" if seg.round > 1 else ""
+        table.add_row(f"block → {seg.end[0]}{again}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
                       f"{seg.held_after:.4f}", _best_step(seg), f"{seg.seconds:.1f}")
     if r.distill is not None:
         d = r.distill
@@ -225,7 +226,8 @@ def print_recovery(r: RecoverReport) -> None:
     if any(stage.stopped for stage in [*r.segments, *([r.distill] if r.distill else [])]):
         console.print(f"stopped: none of the stage's first {PATIENCE} held-out measures beat its start, so it "
                       "ended there with its starting weights; its time went to the stages after it (after the last "
-                      "one, the run ended early)", highlight=False, soft_wrap=True)
+                      "one, to another round of the block windows where they gained, else the run ended early)",
+                      highlight=False, soft_wrap=True)
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)

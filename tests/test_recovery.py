@@ -507,6 +507,45 @@ def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: p
     assert shares == [share, VIEWS_SHARE, 1.0]  # the block stage, the views, then the distillation: all that is left
 
 
+def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(tiny, student, monkeypatch) -> None:
+    """A distillation that ends early (here cut to a tenth of a second) leaves its time to the block windows, which
+    train again from where they were, within the budget; the written model is still checked against them."""
+    import onnxprune.recovery.stages as stages
+
+    real = stages.fit
+
+    def quick_distill(*args, seconds=None, **kw):  # only the distillation passes a loss
+        return real(*args, seconds=0.1 if "loss" in kw else seconds, **kw)
+
+    monkeypatch.setattr(stages, "fit", quick_distill)
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=4.0, provider="cpu"))
+    rounds = [seg.round for seg in report.segments]
+    assert rounds[0] == 1 and max(rounds) >= 2 and rounds == sorted(rounds)
+    assert report.improved and report.writeback_error <= 1e-4 and report.seconds < 4.0 * 1.5
+
+
+def test_another_round_needs_time_left_and_a_round_that_gained() -> None:
+    """No budget, less than ROUND_SHARE of it left, or a last round none of whose windows left its start: no round."""
+    import time
+
+    from onnxprune.recovery.options import ROUND_SHARE, Clock
+    from onnxprune.recovery.report import RecoverReport, SegmentReport
+    from onnxprune.recovery.stages import another_round
+
+    def report(*best_steps: tuple[int, int]) -> RecoverReport:
+        r = RecoverReport(1, 1, 1, False, "kl", 0.0, 0.0, None, None, False)
+        r.segments = [SegmentReport(["y"], 1, 1.0, 1.0, step, 1.0, round=k) for k, step in best_steps]
+        return r
+
+    fresh = Clock(100.0)
+    assert another_round(fresh, report((1, 5), (1, 0)))
+    assert not another_round(fresh, report((1, 5), (2, 0)))  # round 2 gained nothing: no round 3
+    assert not another_round(fresh, report())
+    assert not another_round(Clock(None), report((1, 5)))
+    late = Clock(100.0, start=time.monotonic() - 100.0 * (1 - ROUND_SHARE))
+    assert not another_round(late, report((1, 5)))
+
+
 def test_time_bounds_by_default_and_given_steps_bound_instead() -> None:
     """No bound given: DEFAULT_TIME; steps or distill_steps without a time: the counts (the other one its default);
     a time given wins over steps."""

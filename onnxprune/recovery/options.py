@@ -135,6 +135,7 @@ class RecoverOptions:
 
 
 RESERVE = 0.05  # of a time budget, kept for the written model's check and the verdict
+ROUND_SHARE = 0.05  # of a time budget, the least left after the stages for another round of the block windows
 VIEWS_SHARE = 0.25  # of a head distillation's time, at most for caching its augmented views: YOLOv8n 320 on 441
 # photos cached 8 views of 353 under `--time 1m` and took 104 s, with the share 1 view and 64 s
 

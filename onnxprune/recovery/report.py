@@ -14,6 +14,7 @@ class SegmentReport:
     best_step: int
     seconds: float
     stopped: bool = False  # ended early: none of its first held-out measures beat the start (``train.PATIENCE``)
+    round: int = 1  # the block windows' round it belongs to (``stages.another_round``: 2 and on, with time left)
 
 
 @dataclass

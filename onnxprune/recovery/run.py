@@ -22,7 +22,7 @@ from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writebac
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples
 from onnxprune.recovery.segments import find_segments
-from onnxprune.recovery.stages import block_stage, distill_stage
+from onnxprune.recovery.stages import another_round, block_stage, distill_stage
 from onnxprune.recovery.verdict import confidence, scores
 from onnxprune.runtime.segments import run_segment
 
@@ -109,6 +109,10 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
         recovered, trained_held, report.distill = distill_stage(recovered, teacher, t_graph, segments, values,
                                                                 train_idx, held_idx, teacher_held, task, options,
                                                                 on_progress, store, clock)
+    while options.method.block and another_round(clock, report):
+        recovered, cur = block_stage(recovered, t_graph, segments, values, train_idx, held_idx, options, report,
+                                     on_progress, store, clock, round_=report.segments[-1].round + 1)
+        trained_held = [cur[name][held_idx] for name in outputs]
 
     report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
                                  for o, t in zip(outputs_of(recovered, held_idx), trained_held))

@@ -12,7 +12,9 @@ import torch
 
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
-from onnxprune.recovery.options import DISTILL_LRS, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions
+from onnxprune.recovery.options import (
+    DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions,
+)
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
@@ -26,10 +28,11 @@ from onnxprune.tasks import Detect
 def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],
                  values: dict[str, Array], train_idx: np.ndarray, held_idx: np.ndarray,
                  options: RecoverOptions, report: RecoverReport, on_progress: Progress | None, store: Store,
-                 clock: Clock) -> tuple[onnx.ModelProto, dict[str, Array]]:
+                 clock: Clock, round_: int = 1) -> tuple[onnx.ModelProto, dict[str, Array]]:
     """Train every changed segment in turn, ``block_window`` of them together (``windows``), but one that the
     distillation trains whole (``left_to_distill``); the written model and the trained nets' outputs. Under a time
-    budget every loop gets an equal share, the distillation's loop counted (``block_share``)."""
+    budget every loop gets an equal share, the distillation's loop counted in the first round (``block_share``);
+    a later round (``another_round``) shares what is left among the windows alone."""
     n = len(next(iter(values.values())))
     skip = left_to_distill(segments, options)
     if skip is None:
@@ -39,7 +42,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
         before = windows(segments[:skip], options.block_window)
         segments, skip = before + segments[skip:], len(before)
     train = [i for i, s in enumerate(segments) if s.trainable and i != skip]
-    stage = clock.loop(block_share(len(train), options.method.distill)) if train else None
+    stage = clock.loop(block_share(len(train), options.method.distill and round_ == 1)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
@@ -55,7 +58,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
             names = set(seg.changed) if options.train == "changed" else None
             params = [p for name, p in net.named_initializers()
                       if isinstance(p, torch.nn.Parameter) and (names is None or name in names)]
-            label = f"block {done + 1}/{trainable} → {seg.end[0]}"
+            label = f"block {done + 1}/{trainable} → {seg.end[0]}" + (f" (round {round_})" if round_ > 1 else "")
 
             seconds = None if stage_end is None else max(1.0, (stage_end - time.monotonic()) / (trainable - done))
 
@@ -69,7 +72,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
             done += 1
             report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
                                                  result.held_after, result.best_step, time.perf_counter() - t0,
-                                                 result.stopped))
+                                                 result.stopped, round_))
             model = write_back(model, net)
         ref = {**{k: v for k, v in ref.items() if k in values}, **new_ref}
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
@@ -82,6 +85,18 @@ def block_share(loops: int, distill: bool) -> float:
     follows them (all of it without one). A fixed share gave MobileNetV2's distillation 60% of the time, where it
     never improved on the block stage's output."""
     return loops / (loops + 1) if distill else 1.0
+
+
+def another_round(clock: Clock, report: RecoverReport) -> bool:
+    """Whether the block windows train once more from the weights they reached: where time is left after every
+    stage (a loop stopped early and gave its time on, the last one included: MobileNetV2's head distillation kept
+    its start and left 76-84 s of 900), at least ``ROUND_SHARE`` of the budget, and the last round's windows gained
+    (one whose every window kept its start would spend the time again for nothing)."""
+    left = clock.left()
+    if left is None or left < ROUND_SHARE * clock.seconds or not report.segments:
+        return False
+    last = report.segments[-1].round
+    return any(s.best_step > 0 for s in report.segments if s.round == last)
 
 
 def left_to_distill(segments: list[Segment], options: RecoverOptions) -> int | None:

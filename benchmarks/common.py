@@ -27,6 +27,15 @@ CLI = [sys.executable, "-m", "onnxprune"]
 RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST = "!0,1%5", "1%5", "0%5"
 
 
+def recover_subsets(fold: int) -> tuple[str, str, str]:
+    """The protocol's (train, held, test) subsets with every set shifted by ``fold`` fifths (fold 1: train on
+    index % 5 not in {1, 2}, hold out 2%5, test on 1%5)."""
+    if fold == 0:
+        return RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST
+    a, b = fold % 5, (fold + 1) % 5
+    return f"!{a},{b}%5", f"{b}%5", f"{a}%5"
+
+
 def run(args: list[str]) -> str:
     """Run a command (echoed to stderr) and return its stdout; fail on a non-zero exit."""
     print("$", shlex.join(args), file=sys.stderr, flush=True)

@@ -8,10 +8,7 @@ saw. For reference, `compress` on all 400 photos (index % 5 != 0) without recove
 Writes `<out>/recovery.json` and `<out>/recovery.md` (`--name` changes the stem). `--fold 1` shifts every
 set by one fifth (train on index % 5 not in {1, 2}, hold out 2%5, test on 1%5).
 
-`--times 1m,5m,15m,30m` runs every variant once per `--time` (the curve of fidelity against minutes).
-
     python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
-    python benchmarks/recovery.py --targets 170M --times 1m,5m,15m,30m --name curve_f0
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
 """
 
@@ -23,10 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import (
-    DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, compress, evaluate, macs as count_macs, original_model,
-    recover,
-)
+from common import DEFAULT_DATA, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -58,9 +52,8 @@ def markdown(rows: list[dict], original: dict) -> str:
         held = "–" if r.get("held_kl") is None else f"{r['held_kl'][0]:.3f} → {r['held_kl'][1]:.3f}"
         if r.get("improved") is False:
             held += " (input kept)"
-        variant = r["variant"] + (f", --time {r['time']}" if r.get("time") else "")
         secs = "–" if r["seconds"] is None else f"{r['seconds']:.0f}"
-        lines.append(f"| {r['target']} | {variant} | {r['macs'] / 1e6:.1f}M | {r['top1']:.1%} | {r['top5']:.1%} "
+        lines.append(f"| {r['target']} | {r['variant']} | {r['macs'] / 1e6:.1f}M | {r['top1']:.1%} | {r['top5']:.1%} "
                      f"| {r['agreement']:.1%} | {r['kl']:.3f} | {secs} | {held} |")
     return "\n".join(lines) + "\n"
 
@@ -72,18 +65,14 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--name", default="recovery", help="stem of the result files")
-    parser.add_argument("--times", default="",
-                        help="comma-separated --time values: every variant runs once per time (default: once, at the "
-                             "variant's own time)")
-    parser.add_argument("--fold", type=int, choices=(0, 1), default=0,
+    parser.add_argument("--fold", type=int, choices=range(5), default=0,
                         help="1: train on the photos with index %% 5 not in {1, 2}, hold out 2%%5, test on 1%%5 "
                              "(the second fold of docs/results.md)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
-    calib, held, test, everything = RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST, "!0%5"
-    if args.fold == 1:
-        calib, held, test, everything = "!1,2%5", "2%5", "1%5", "!1%5"
+    calib, held, test = recover_subsets(args.fold)
+    everything = f"!{args.fold}%5"
     extra: list[str] = []
     if args.quick:
         calib, held, test, everything, args.targets, args.variants, extra = (
@@ -104,22 +93,18 @@ def main() -> None:
                          **evaluate(pruned, original, args.data, test)})
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         for variant in args.variants.split(","):
-            for budget in args.times.split(",") if args.times else [""]:
-                recovered = args.out / "recovered.onnx"
-                timed = ["--time", budget] if budget else []
-                start = time.perf_counter()
-                rep = recover(pruned, original, recovered, args.data,
-                              ["--subset", calib, "--held-subset", held, *VARIANTS[variant], *timed, *extra])
-                wall = time.perf_counter() - start
-                rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant] + timed,
-                             "time": budget, "macs": macs, "seconds": wall,
-                             "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
-                             "rounds": max((s["round"] for s in rep["segments"]), default=0),
-                             **evaluate(recovered, original, args.data, test)})
-                recovered.unlink()
-                print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
-                (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
+            recovered = args.out / "recovered.onnx"
+            start = time.perf_counter()
+            rep = recover(pruned, original, recovered, args.data,
+                          ["--subset", calib, "--held-subset", held, *VARIANTS[variant], *extra])
+            wall = time.perf_counter() - start
+            rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
+                         "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
+                         **evaluate(recovered, original, args.data, test)})
+            recovered.unlink()
+            print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()
+    (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
     table = markdown(rows, base)
     (args.out / f"{args.name}.md").write_text(table)
     print(table)

@@ -6,7 +6,8 @@ MobileNetV2 follows the protocol of ``recovery.py``: `compress` (defaults) on th
 every model scored on the 100 photos index % 5 == 0 that nothing saw. The x axis is the measured wall time of
 each `recover` (0: the pruned model). Writes ``<out>/<name>.json``, ``.md`` and ``.png``.
 
-    python benchmarks/recovery_curve.py --targets 170M --times 5m,15m,30m --name curve_170M
+    python benchmarks/recovery_curve.py --targets 170M --times 1m,5m,15m,30m --name curve_170M
+    python benchmarks/recovery_curve.py --targets 170M --times 1m,5m,15m --fold 1 --name curve_170M_f1
     python benchmarks/recovery_curve.py --plot-only benchmarks/results/recovery_curve/curve_170M.json \\
         benchmarks/results/recovery_curve/curve_245M.json \\
         --detectors benchmarks/results/detectors_recover/detectors.json,benchmarks/results/detectors_recover_5m/detectors.json
@@ -18,26 +19,33 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from common import DEFAULT_DATA, RECOVER_HELD, RECOVER_TEST, RECOVER_TRAIN, compress, evaluate, original_model, recover
+from common import DEFAULT_DATA, compress, evaluate, original_model, recover, recover_subsets
 
 
-def measure(data: Path, out: Path, targets: list[str], times: list[str]) -> list[dict]:
-    """One row per (target, time): the wall seconds of `recover` (0 for the pruned model) and the test scores."""
+def measure(data: Path, out: Path, targets: list[str], times: list[str], fold: int = 0,
+            done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+    """One row per (target, time): the wall seconds of `recover` (0 for the pruned model) and the test scores of
+    ``fold`` (``common.recover_subsets``); ``done(rows)`` after each."""
     original = original_model(out)
+    train, held, test = recover_subsets(fold)
     rows = []
     for target in targets:
         pruned, recovered = out / f"curve_{target}.onnx", out / f"curve_{target}_recovered.onnx"
-        compress(original, pruned, data, ["--subset", RECOVER_TRAIN, "--target-flops", target])
-        rows.append({"series": f"MobileNetV2 {target}", "seconds": 0.0, **evaluate(pruned, original, data, RECOVER_TEST)})
+        compress(original, pruned, data, ["--subset", train, "--target-flops", target])
+        series = f"MobileNetV2 {target}"
+        rows.append({"series": series, "fold": fold, "seconds": 0.0, **evaluate(pruned, original, data, test)})
         for limit in times:
             start = time.perf_counter()
-            recover(pruned, original, recovered, data,
-                    ["--subset", RECOVER_TRAIN, "--held-subset", RECOVER_HELD, "--time", limit])
-            rows.append({"series": f"MobileNetV2 {target}", "time": limit, "seconds": time.perf_counter() - start,
-                         **evaluate(recovered, original, data, RECOVER_TEST)})
+            report = recover(pruned, original, recovered, data, ["--subset", train, "--held-subset", held, "--time",
+                                                                 limit])
+            rows.append({"series": series, "fold": fold, "time": limit, "seconds": time.perf_counter() - start,
+                         "rounds": max((s["round"] for s in report["segments"]), default=0),
+                         **evaluate(recovered, original, data, test)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+            done(rows)
         pruned.unlink()
         recovered.unlink(missing_ok=True)
     return rows
@@ -96,6 +104,8 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--times", default="5m,15m,30m", help="the recover --time of each point")
     parser.add_argument("--name", default="curve", help="stem of the result files")
+    parser.add_argument("--fold", type=int, default=0, choices=range(5),
+                        help="shift every photo set by this many fifths (1: the second fold of docs/results.md)")
     parser.add_argument("--detectors", default="", help="comma-separated detectors.json files to plot beside")
     parser.add_argument("--plot-only", nargs="*", type=Path, help="draw these result files (no measurement)")
     args = parser.parse_args()
@@ -105,8 +115,9 @@ def main() -> None:
     else:
         if not args.data.is_dir():
             sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
-        rows = measure(args.data, args.out, args.targets.split(","), args.times.split(","))
-        (args.out / f"{args.name}.json").write_text(json.dumps({"args": sys.argv[1:], "rows": rows}, indent=2))
+        result = args.out / f"{args.name}.json"
+        rows = measure(args.data, args.out, args.targets.split(","), args.times.split(","), args.fold,
+                       lambda rows: result.write_text(json.dumps({"args": sys.argv[1:], "rows": rows}, indent=2)))
     rows += detector_rows([Path(p) for p in args.detectors.split(",") if p])
     (args.out / f"{args.name}.md").write_text(markdown(rows))
     plot(rows, args.out / f"{args.name}.png")

@@ -236,11 +236,14 @@ def test_depthwise_conv_is_channelwise() -> None:
     check_slicing(model, "a", [1, 2, 6], X)
 
 
-def test_grouped_conv_blocks() -> None:
+def test_grouped_conv_carries_whole_groups() -> None:
+    """A grouped conv passes its conv groups (units of 4 channels in, 2 out; ``tests/test_grouped_conv.py``): here
+    on to the graph output, which keeps its width."""
     b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     out = b.conv(b.conv("x", "a", 3, 8), "g", 8, 4, group=2)
     g = analyse(b, [out])["a"]
-    assert not g.prunable and "group" in g.reason
+    assert g.channels == 2 and g.tensors[out] == (1, 2)
+    assert not g.prunable and "graph output" in g.reason
 
 
 def test_se_gate_is_coupled() -> None:

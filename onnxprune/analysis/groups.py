@@ -26,6 +26,7 @@ from onnxprune.ops.roles import (
     Cut,
     Port,
     Producer,
+    Regroup,
     ResizeSite,
     SliceSite,
 )
@@ -178,11 +179,17 @@ class _CutFound(Exception):
         self.at = at
 
 
+class _RegroupFound(Exception):
+    def __init__(self, unit: int) -> None:
+        super().__init__(unit)
+        self.unit = unit
+
+
 class _Search:
     """Breadth-first search of one channel space from a producer's output range."""
 
-    def __init__(self, graph: gs.Graph, group: Group) -> None:
-        self.group = group
+    def __init__(self, graph: gs.Graph, group: Group, regroup: bool = True) -> None:
+        self.group, self.regroup = group, regroup
         self.inputs = {t.name for t in graph.inputs}
         self.outputs = {t.name for t in graph.outputs}
         self.visited: set[tuple[str, Port, int]] = set()
@@ -217,6 +224,10 @@ class _Search:
         slices = [replace(s, tensor=tensor.name, offset=offset) for s in getattr(role, "slices", [])]
         if isinstance(role, Cut):
             raise _CutFound(role.at)
+        if isinstance(role, Regroup):
+            if self.regroup:
+                raise _RegroupFound(role.unit)
+            role = Blocked(f"{role.reason}, read from a range of a tensor or in another unit")
         if isinstance(role, Blocked):
             group.blockers.append(role.reason)
         elif isinstance(role, Producer):
@@ -252,38 +263,46 @@ class _Search:
                         self.visit(node, ("in", k), axis, repeat, offset)
 
 
-def _search(graph: gs.Graph, node: gs.Node, axis: int, start: int, length: int) -> Group:
-    """The group seeded by channels [start, start + length) of producer ``node``'s output."""
-    group = Group(id=-1, channels=length)
-    search = _Search(graph, group)
+def _search(graph: gs.Graph, node: gs.Node, axis: int, start: int, length: int, unit: int = 1,
+            regroup: bool = True) -> Group:
+    """The group seeded by entries [start, start + length) of producer ``node``'s output, ``unit`` entries a
+    channel (``regroup`` False: a grouped conv that would need another unit blocks the group)."""
+    group = Group(id=-1, channels=length // unit)
+    search = _Search(graph, group, regroup)
     out = node.outputs[0]
-    search.visited.add((node.name, ("out", 0), start))
-    role = role_of(node, ("out", 0), axis, 1, (start, length))
+    search.visited.add((node.name, ("out", 0), start // unit))
+    role = role_of(node, ("out", 0), axis, unit, (start // unit, length // unit))
     group.producers.append(node.name)
     if isinstance(role, Blocked):
         group.blockers.append(role.reason)
-        group.tensors[out.name] = (axis, 1)
-        group.offsets[out.name] = [start]
+        group.tensors[out.name] = (axis, unit)
+        group.offsets[out.name] = [start // unit]
         return group
-    group.slices.extend(replace(s, tensor=out.name, offset=start) for s in role.slices)
-    search.add_tensor(out, axis, 1, start)
+    group.slices.extend(replace(s, tensor=out.name, offset=start // unit) for s in role.slices)
+    search.add_tensor(out, axis, unit, start // unit)
     search.run()
     return group
 
 
 def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list[Group]:
-    """The groups of a producer's output: one range at first, cut wherever a Split/Slice/Concat needs."""
-    bounds = [0, channels]
+    """The groups of a producer's output: one range at first, cut wherever a Split/Slice/Concat needs; where a
+    grouped conv reads the whole output, one channel is a conv group's entries (``Regroup``)."""
+    bounds, unit, regroup_ok = [0, channels], 1, True
     while True:
         groups = []
         try:
             for a, b in zip(bounds, bounds[1:]):
-                groups.append(_search(graph, node, axis, a, b - a))
+                groups.append(_search(graph, node, axis, a, b - a, unit, regroup_ok))
                 groups[-1].piece = f"[{a}:{b}]" if len(bounds) > 2 else ""
             return groups
         except _CutFound as cut:
             a = bounds[len(groups)]
-            bounds = sorted(set(bounds) | {a + int(c) for c in cut.at})
+            bounds = sorted(set(bounds) | {a + int(c) * unit for c in cut.at})
+        except _RegroupFound as regroup:
+            if len(bounds) > 2 or unit > 1 or not regroup_ok:  # of a range, or of conv groups: not supported
+                bounds, unit, regroup_ok = [0, channels], 1, False
+            else:
+                unit = regroup.unit
 
 
 def _finish(group: Group, tensor_map: dict[str, gs.Tensor]) -> None:
@@ -316,8 +335,8 @@ def find_groups(graph: gs.Graph) -> list[Group]:
         shape = static_shape(node.outputs[0])
         if axis is None or shape is None or shape[axis] is None:
             continue
-        if isinstance(role_of(node, ("out", 0), axis, 1, (0, shape[axis])), Channelwise):
-            continue  # depthwise conv: part of its input's space
+        if isinstance(role_of(node, ("out", 0), axis, 1, (0, shape[axis])), (Channelwise, Regroup)):
+            continue  # depthwise or grouped conv: part of its input's space
         for group in _pieces_of(graph, node, axis, int(shape[axis])):
             group.id = len(groups)
             group.layout = layout

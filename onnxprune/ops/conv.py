@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from onnxprune.ir.graph import const_shape, const_value, static_shape
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias, thin
-from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span
+from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Regroup, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 # ---- channel rules
@@ -25,20 +25,40 @@ def _conv_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) ->
         return Blocked(f"Conv {node.name}: weight is not constant")
     group = int(node.attrs.get("group", 1))
     c_in = weight[1] * group
-    bias = [SliceSite(node.name, 2, 0)] if len(node.inputs) > 2 else []
+    bias = [SliceSite(node.name, 2, 0, repeat)] if len(node.inputs) > 2 else []
     if group > 1 and weight[1] == 1 and weight[0] == group:
         # depthwise, multiplier 1: channel c in -> channel c out
         if port not in (("in", 0), ("out", 0)):
             return Blocked(f"Conv {node.name}: channels reach the weight input")
-        return Channelwise({("in", 0): (1, 1), ("out", 0): (1, 1)},
-                           [SliceSite(node.name, 1, 0), *bias], [AttrSite(node.name, "group")])
+        return Channelwise({("in", 0): (1, repeat), ("out", 0): (1, repeat)},
+                           [SliceSite(node.name, 1, 0, repeat), *bias], [AttrSite(node.name, "group", repeat)])
     if group > 1:
-        return Blocked(f"Conv {node.name}: grouped convolution ({group} groups) ties channels per group")
+        return _grouped_rule(node, port, axis, repeat, span, weight, group)
     if port == ("out", 0):
-        return Producer([SliceSite(node.name, 1, 0), *bias])
-    if port == ("in", 0) and axis == 1 and repeat == 1 and c_in == weight[1]:
-        return Consumer("conv", [SliceSite(node.name, 1, 1)])
+        return Producer([SliceSite(node.name, 1, 0, repeat), *bias])
+    if port == ("in", 0) and axis == 1 and c_in == weight[1]:
+        return Consumer("conv", [SliceSite(node.name, 1, 1, repeat)])
     return Blocked(f"Conv {node.name}: channels reach an unsupported input")
+
+
+def _grouped_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, weight: Sequence[int],
+                  group: int) -> Role:
+    """A grouped conv (not depthwise) passes whole conv groups: group k's input channels make only group k's
+    outputs, so a space whose unit is a conv group (``Regroup``) maps unit k in to unit k out; dropping it drops
+    the group's filters and lowers ``group`` by one. Channels within a group stay."""
+    unit = {("in", 0): weight[1], ("out", 0): weight[0] // group}.get(port)
+    if unit is None or axis != 1:
+        return Blocked(f"Conv {node.name}: channels reach the weight input")
+    if weight[0] % group:
+        return Blocked(f"Conv {node.name}: {weight[0]} filters do not split into {group} groups")
+    if span != (0, group * unit // repeat) or repeat > unit or unit % repeat:
+        return Blocked(f"Conv {node.name}: grouped convolution ({group} groups) reached by a space that is not "
+                       "whole conv groups (a range of a Concat or Split, or another unit)")
+    if repeat < unit:
+        return Regroup(unit // repeat, f"Conv {node.name}: {group} groups of {unit} channels")
+    bias = [SliceSite(node.name, 2, 0, weight[0] // group)] if len(node.inputs) > 2 else []
+    return Channelwise({("in", 0): (1, weight[1]), ("out", 0): (1, weight[0] // group)},
+                       [SliceSite(node.name, 1, 0, weight[0] // group), *bias], [AttrSite(node.name, "group")])
 
 
 def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
@@ -46,8 +66,8 @@ def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span
     if weight is None or int(node.attrs.get("group", 1)) != 1:
         return Blocked(f"ConvTranspose {node.name}: grouped or non-constant weight")
     if port == ("out", 0):
-        bias = [SliceSite(node.name, 2, 0)] if len(node.inputs) > 2 else []
-        return Producer([SliceSite(node.name, 1, 1), *bias])
+        bias = [SliceSite(node.name, 2, 0, repeat)] if len(node.inputs) > 2 else []
+        return Producer([SliceSite(node.name, 1, 1, repeat), *bias])
     auto = node.attrs.get("auto_pad", "NOTSET")
     if auto not in ("NOTSET", b"NOTSET", "") or "output_shape" in node.attrs or len(weight) != 4:
         return Blocked(f"ConvTranspose {node.name}: auto_pad, output_shape or not 2-D: not supported as a consumer")

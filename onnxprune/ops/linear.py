@@ -19,13 +19,13 @@ def _gemm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) ->
     if const_shape(node.inputs[1]) is None or trans_a:
         return Blocked(f"Gemm {node.name}: non-constant weight or transA")
     if port == ("out", 0):
-        slices = [SliceSite(node.name, 1, 0 if trans_b else 1)]
+        slices = [SliceSite(node.name, 1, 0 if trans_b else 1, repeat)]
         if len(node.inputs) > 2:
             bias = const_value(node.inputs[2])
             if bias is None:
                 return Blocked(f"Gemm {node.name}: non-constant bias")
             if bias.size > 1 and bias.shape[-1] > 1:
-                slices.append(SliceSite(node.name, 2, bias.ndim - 1))
+                slices.append(SliceSite(node.name, 2, bias.ndim - 1, repeat))
         return Producer(slices)
     if port == ("in", 0) and axis == 1:
         return Consumer("gemm", [SliceSite(node.name, 1, 1 if trans_b else 0, repeat)])
@@ -40,7 +40,7 @@ def _matmul_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     if rank is None or axis != rank - 1:
         return Blocked(f"MatMul {node.name}: channels are not on the last axis")
     if port == ("out", 0):
-        return Producer([SliceSite(node.name, 1, 1)])
+        return Producer([SliceSite(node.name, 1, 1, repeat)])
     if port == ("in", 0):
         return Consumer("matmul", [SliceSite(node.name, 1, 0, repeat)])
     return Blocked(f"MatMul {node.name}: channels reach the weight input")

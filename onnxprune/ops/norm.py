@@ -17,8 +17,8 @@ def _norm(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role
     if axis != 1:
         return Blocked(f"{node.op} {node.name}: channels are not on axis 1")
     params = range(1, len(node.inputs)) if node.op == "BatchNormalization" else (1, 2)
-    slices = [SliceSite(node.name, i, 0) for i in params]
-    return Channelwise({("in", 0): (1, 1), ("out", 0): (1, 1)}, slices)
+    slices = [SliceSite(node.name, i, 0, repeat) for i in params]
+    return Channelwise({("in", 0): (1, repeat), ("out", 0): (1, repeat)}, slices)
 
 
 def _batch_norm(node: OpNode, x: Inputs) -> Tensor:

@@ -19,7 +19,7 @@ from onnxprune.ops.kernel import Inputs, OpNode, Tensor, is_float
 def _pool(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     if axis != 1 or len(node.outputs) > 1 and node.outputs[1].outputs:
         return Blocked(f"{node.op} {node.name}: channels not on axis 1 or pooling indices used")
-    return Channelwise({("in", 0): (1, 1), ("out", 0): (1, 1)})
+    return Channelwise({("in", 0): (1, repeat), ("out", 0): (1, repeat)})
 
 
 def _pool_geometry(node: OpNode, t: Tensor):

@@ -13,6 +13,9 @@ channels) reaches one port of a node. It answers what the node does with those c
 * ``Blocked`` — anything else, with the reason. Unknown ops are blocked, never guessed.
 * ``Cut`` — the space reaches a Split/Slice/Concat boundary inside its channel range: the search
   restarts with the range cut there (a producer whose output is split becomes one group per piece).
+* ``Regroup`` — the space reaches a grouped convolution whose groups split its channels: the search
+  restarts with a conv group as the unit (a "channel" of the space is then ``unit`` consecutive
+  entries, kept or dropped together, as ``repeat`` counts them).
 
 A space may hold only part of a tensor's channel axis (one input of a channel-axis Concat, one
 piece of a Split): ``span`` is its (offset, length) there, and ``Channelwise.frames`` shifts the
@@ -57,10 +60,12 @@ class ResizeSite:
 
 @dataclass(frozen=True)
 class AttrSite:
-    """An integer attribute that must equal the new channel count (depthwise ``group``)."""
+    """An integer attribute that counts the channels, ``per`` of it each (a depthwise conv's ``group``: one per
+    entry; a grouped conv's: one per unit): it loses ``per`` for every dropped channel."""
 
     node: str
     attr: str
+    per: int = 1
 
 
 @dataclass
@@ -94,7 +99,13 @@ class Cut:
     reason: str
 
 
-Role = Channelwise | Producer | Consumer | Blocked | Cut
+@dataclass
+class Regroup:
+    unit: int  # entries per channel of the space: the channels of one conv group
+    reason: str
+
+
+Role = Channelwise | Producer | Consumer | Blocked | Cut | Regroup
 Rule = Callable[[gs.Node, Port, int, int, Span], Role]
 
 

@@ -70,7 +70,7 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
             sliced[key] = gs.Constant(name, np.ascontiguousarray(values))
         node.inputs[i] = sliced[key]
     for site in group.attrs:
-        nodes[site.node].attrs[site.attr] = int(nodes[site.node].attrs[site.attr]) - (width - len(keep))
+        nodes[site.node].attrs[site.attr] = int(nodes[site.node].attrs[site.attr]) - site.per * (width - len(keep))
     for name, index in entries.items():
         axis = group.tensors[name][0]
         shape = list(tensors[name].shape)

@@ -1,0 +1,112 @@
+"""Grouped convolutions (not depthwise): a conv group is one unit of its channel space, kept or dropped whole,
+so every kept group keeps its width and the conv its equal groups. Slicing equals the original with the dropped
+groups' columns masked at the consumers, in onnxruntime; what cannot be pruned that way says why."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+from onnxprune.analysis import analyze
+from onnxprune.calib.sources import load_calibration
+from onnxprune.ir.ort import model_input_specs
+from onnxprune.pipeline import compress
+from onnxprune.strategies import Ratio, options_from
+from tests.onnx_builders import GraphBuilder, export_torch, run
+from tests.test_concat_split import check, groups_of
+
+
+def bottleneck(se: bool = False, width_out: int = 24) -> tuple[GraphBuilder, str]:
+    """ResNeXt's bottleneck: 1×1 (3 → 16) → BN → ReLU → 3×3 in 4 groups (16 → ``width_out``) → BN → ReLU
+    [→ RegNetY's squeeze-excitation] → 1×1 (→ 8)."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.bn(b.conv("x", "conv1", 3, 16, k=1), "bn1", 16)], "r1")
+    y = b.op("Relu", [b.bn(b.conv(y, "gconv", 16, width_out, group=4), "bn2", width_out)], "r2")
+    if se:
+        s = b.op("GlobalAveragePool", [y], "pool")
+        s = b.op("Sigmoid", [b.conv(b.op("Relu", [b.conv(s, "se1", width_out, 4, k=1)], "rs"), "se2", 4, width_out,
+                                    k=1)], "sig")
+        y = b.op("Mul", [y, s], "excite")
+    return b, b.conv(y, "conv3", width_out, 8, k=1)
+
+
+@pytest.mark.parametrize("se", [False, True])
+def test_a_grouped_conv_prunes_whole_conv_groups(se: bool) -> None:
+    """The 1×1's 16 channels are 4 units of 4 (6 after the grouped conv): one group through the grouped conv
+    (with the squeeze-excitation's expanding conv as a second producer); slicing two of them leaves a conv of 2
+    groups, equal to the masked original."""
+    b, out = bottleneck(se)
+    groups = groups_of(b, [out])
+    (g,) = groups["conv1"]
+    assert g.prunable and g.channels == 4 and "gconv" not in groups
+    assert g.tensors["conv1_out"] == (1, 4) and g.tensors["gconv_out"] == (1, 6)
+    assert g.producers == (["conv1", "se2"] if se else ["conv1"])
+    assert sorted(c.node for c in g.consumers) == (["conv3", "se1"] if se else ["conv3"])
+    graph = check(b.model([out]), ["conv1"])
+    gconv = next(n for n in graph.nodes if n.name == "gconv")
+    assert gconv.attrs["group"] == 2 and tuple(gconv.inputs[1].shape) == (12, 4, 3, 3)
+
+
+def test_a_depthwise_conv_in_a_space_of_conv_groups_drops_a_groups_channels() -> None:
+    """1×1 → depthwise → grouped conv (4 groups of 4): the depthwise conv is in the same space, its channels
+    counted in units of 4; dropping two units drops 8 of its 16 groups."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "conv1", 3, 16, k=1)], "r1")
+    y = b.op("Relu", [b.conv(y, "dw", 16, 16, group=16)], "r2")
+    out = b.conv(b.conv(y, "gconv", 16, 16, group=4), "conv3", 16, 8, k=1)
+    (g,) = groups_of(b, [out])["conv1"]
+    assert g.prunable and g.channels == 4 and g.tensors["dw_out"] == (1, 4)
+    graph = check(b.model([out]), ["conv1"])
+    assert {n.name: n.attrs["group"] for n in graph.nodes if n.name in ("dw", "gconv")} == {"dw": 8, "gconv": 2}
+
+
+def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() -> None:
+    """Two convs concatenated into a grouped conv: neither range is whole conv groups of one producer."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    cat = b.op("Concat", [b.conv("x", "a", 3, 8, k=1), b.conv("x", "b", 3, 8, k=1)], "cat", axis=1)
+    out = b.conv(b.conv(cat, "gconv", 16, 16, group=4), "head", 16, 8, k=1)
+    groups = groups_of(b, [out])
+    for name in ("a", "b"):
+        (g,) = groups[name]
+        assert not g.prunable and "grouped convolution (4 groups) reached by a space that is not whole" in g.reason
+
+
+class _ResNeXtBlock(torch.nn.Module):
+    def __init__(self, c: int, width: int, groups: int) -> None:
+        super().__init__()
+        self.body = torch.nn.Sequential(
+            torch.nn.Conv2d(c, width, 1, bias=False), torch.nn.BatchNorm2d(width), torch.nn.ReLU(),
+            torch.nn.Conv2d(width, width, 3, padding=1, groups=groups, bias=False), torch.nn.BatchNorm2d(width),
+            torch.nn.ReLU(), torch.nn.Conv2d(width, c, 1, bias=False), torch.nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(x + self.body(x))
+
+
+def test_a_resnext_compresses_its_grouped_bottlenecks(tmp_path) -> None:
+    """A small ResNeXt (two blocks of 8 groups of 4, warmed BatchNorm) at 0.8× its MACs: the bottlenecks narrow
+    by whole conv groups, the grouped convs keep equal groups, and the output stays near the original's."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3, padding=1), torch.nn.ReLU(), _ResNeXtBlock(32, 32, 8),
+                              _ResNeXtBlock(32, 32, 8), torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(),
+                              torch.nn.Linear(32, 10))
+    x = torch.randn(64, 3, 16, 16)
+    net.train()(x)  # warm the BatchNorm statistics
+    model = onnx.load(export_torch(net, tmp_path / "resnext.onnx", (1, 3, 16, 16)))
+    grouped = [g for g in analyze(model).groups if g.tensors.get(g.witness[0], (1, 1))[1] == 4]
+    assert len(grouped) == 2 and all(g.prunable and g.channels == 8 for g in grouped)
+    np.save(tmp_path / "calib.npy", x.numpy())
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    pruned, report = compress(model, calib, options_from(Ratio(0.8), provider="cpu"))
+    convs = [n for n in pruned.graph.node if n.op_type == "Conv" and any(a.name == "group" and a.i > 1
+                                                                         for a in n.attribute)]
+    widths = {n.name: next(a.i for a in n.attribute if a.name == "group") for n in convs}
+    assert len(widths) == 2 and min(widths.values()) < 8, widths
+    for n in convs:  # every kept group keeps its 4 channels in and out
+        w = next(i for i in pruned.graph.initializer if i.name == n.input[1])
+        assert w.dims[1] == 4 and w.dims[0] == 4 * widths[n.name]
+    want = run(model, input=x[:8].numpy())[0]
+    got = run(pruned, input=x[:8].numpy())[0]
+    assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.5

@@ -1,7 +1,8 @@
 """MAC and parameter counts (the ops whose registry entry counts MACs: Conv, ConvTranspose, Gemm, MatMul,
 the pruning papers' convention).
 
-MACs are per sample (batch dimension excluded). ``MacModel`` also gives the exact count after
+MACs are per sample (batch dimension excluded; where a static batch is declared, a first axis that folds more
+rows into it counts them all). ``MacModel`` also gives the exact count after
 pruning for any choice of group widths, which the width allocation uses.
 """
 
@@ -62,9 +63,11 @@ def _static_end(node: gs.Node) -> gs.Node:
     return node
 
 
-def node_macs(node: gs.Node) -> int:
+def node_macs(node: gs.Node, batch: int | None = None) -> int:
     """MACs of one node for a single sample (0 for an op whose entry counts none); ShapeError naming where static
-    shapes end when its shapes are not known."""
+    shapes end when its shapes are not known. ``batch``: the graph's static batch, where it has one: a node whose
+    first axis holds a multiple of it folds more than the samples there (a vision transformer's patches, a
+    time-major sequence), which counts that many times (``_folds``)."""
     entry = lookup(node.op)
     if entry is None or entry.macs is None:
         return 0
@@ -73,7 +76,7 @@ def node_macs(node: gs.Node) -> int:
     try:
         if out is None or inp is None:
             raise ShapeError(node.name)
-        return entry.macs(node, inp, out)
+        return entry.macs(node, inp, out) * _folds(out, batch)
     except ShapeError:
         where = f"{node.op} {node.name}"
         stop = _static_end(node)
@@ -82,6 +85,23 @@ def node_macs(node: gs.Node) -> int:
         domain = f" (domain {stop.domain})" if getattr(stop, "domain", None) else ""
         raise ShapeError(f"{where}: unknown shapes: static shapes end at {stop.op}{domain} {stop.name}; declare its "
                          "output shape as value_info in the model") from None
+
+
+def _folds(out: list[int | None], batch: int | None) -> int:
+    """How many of a single sample's rows a node's first axis holds: ``out[0] / batch`` where both are known and it
+    divides (MobileViT's [4·N, 256, 64] patches at batch N), else 1."""
+    first = out[0] if out else None
+    if batch is None or not isinstance(first, int) or first % batch:
+        return 1
+    return max(first // batch, 1)
+
+
+def graph_batch(graph: gs.Graph) -> int | None:
+    """The static batch every graph input of rank ≥ 1 declares on its first axis (None: dynamic, or they differ)."""
+    shapes = [static_shape(t) for t in graph.inputs]
+    firsts = {shape[0] if shape else None for shape in shapes if shape != []}
+    first = firsts.pop() if len(firsts) == 1 else None
+    return first if isinstance(first, int) and first > 0 else None
 
 
 def _batch_first(shape: list[int | None] | None) -> list[int | None] | None:
@@ -161,11 +181,12 @@ class MacModel:
         self.entries: list[MacEntry] = []
         self.unknown: list[str] = []  # "MatMul proj: unknown shapes: static shapes end at Loop decode"
         failures = []
+        batch = graph_batch(graph)
         for node in graph.nodes:
             if node.op not in MAC_OPS:
                 continue
             try:
-                macs = node_macs(node)
+                macs = node_macs(node, batch)
             except ShapeError as exc:
                 macs = 0
                 failures.append(exc)

@@ -524,6 +524,17 @@ def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(t
     assert report.improved and report.writeback_error <= 1e-4 and report.seconds < 4.0 * 1.5
 
 
+def test_progress_names_the_work_before_the_training_loops(tiny, student) -> None:
+    """Reading the samples and caching the head's views are reported before any training step (a detector at 640²
+    spent minutes there with its bar at 'starting')."""
+    labels: list[str] = []
+    recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"),
+            on_progress=lambda label, step, total, held: labels.append(label))
+    first = [labels.index(next(x for x in labels if x.startswith(p))) for p in ("reading the samples", "block 1/",
+                                                                              "distill: caching", "distill ·")]
+    assert first == sorted(first), labels[:3]
+
+
 def test_another_round_needs_time_left_and_a_round_that_gained() -> None:
     """No budget, less than ROUND_SHARE of it left, or a last round none of whose windows left its start: no round."""
     import time

@@ -81,6 +81,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     segments = find_segments(s_graph, t_graph)
     s_model = infer_shapes(export_model(s_graph))
     store = options.store()
+    if on_progress is not None:  # reading the images and the teacher's outputs can take minutes at 640²
+        on_progress("reading the samples, the teacher's and the input model's held-out outputs", 0, 1, None)
     values, train_idx, held_idx, verdict_idx = samples(calib, held, options, store)
     outputs = [t.name for t in s_graph.outputs]
 

@@ -4,6 +4,7 @@ or of the whole model (augmented on the fly)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 import onnx
@@ -154,7 +155,10 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         start = segments[first].start
         net = TorchGraph(model, outputs=outputs, inputs_at=start)
         xs, ts, n_views = _head_views(model, t_graph, start, values, train_idx, held_idx, teacher_held, transform,
-                                      options, store, clock.loop(VIEWS_SHARE))
+                                      options, store, clock.loop(VIEWS_SHARE),
+                                      None if on_progress is None else
+                                      lambda k, n: on_progress("distill: caching augmented views" + clock.label(), k,
+                                                               n, None))
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
@@ -188,11 +192,11 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
 def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], values: dict[str, Array],
                 train_idx: np.ndarray, held_idx: np.ndarray, teacher_held: list[np.ndarray],
-                transform: Augment | None, options: RecoverOptions, store: Store, seconds: float | None
-                ) -> tuple[list[Array], list[Array], int]:
+                transform: Augment | None, options: RecoverOptions, store: Store, seconds: float | None,
+                on_view: Callable[[int, int], None] | None = None) -> tuple[list[Array], list[Array], int]:
     """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
     views of the training samples (fewer where the next would end past ``seconds``; one at least), followed by the
-    held-out samples (not augmented); the count of views' samples."""
+    held-out samples (not augmented); the count of views' samples. ``on_view(k, views)`` before view k."""
     names = [i.name for i in model.graph.input if i.name in values]
     outputs = [o.name for o in model.graph.output]
     s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
@@ -202,6 +206,8 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
     for k in range(views):  # one view of every training sample at a time
         if seconds is not None and k and (time.monotonic() - begin) * (k + 1) / k > seconds:
             break
+        if on_view is not None:
+            on_view(k, views)
         feed = {n_: store.empty((n, *values[n_].shape[1:]), values[n_].dtype) for n_ in names}
         for s in range(0, n, bs):  # mixing stays within a batch
             batch = [torch.from_numpy(values[n_][train_idx[s : s + bs]]) for n_ in names]

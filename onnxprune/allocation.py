@@ -18,7 +18,7 @@ CURVE_FLOOR = 0.25  # curve_widths never narrows a group below this share of its
 
 def _floor(g: Group, min_channels: int, round_to: int) -> int:
     """The narrowest width of ``g``: ``min_channels``, at least one step, at most all channels."""
-    return min(g.channels, max(min_channels, group_step(g.channels, round_to)))
+    return min(g.channels, max(min_channels, group_step(g.channels, round_to, g.unit)))
 
 
 def lowest_macs(cost: MacModel | Cost, groups: list[Group], min_channels: int = 1, round_to: int = 1,
@@ -50,10 +50,10 @@ def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_
                           "best effort prunes to that instead", option="best_effort")
 
 
-def _step(width: int, channels: int, round_to: int) -> int:
+def _step(width: int, g: Group, round_to: int) -> int:
     """The next allowed width: the next multiple of the group's step, or all channels."""
-    step = group_step(channels, round_to)
-    return min(channels, (width // step + 1) * step)
+    step = group_step(g.channels, round_to, g.unit)
+    return min(g.channels, (width // step + 1) * step)
 
 
 def fill(cost: MacModel | Cost, groups: list[Group], widths: dict[int, int], target: float,
@@ -66,7 +66,7 @@ def fill(cost: MacModel | Cost, groups: list[Group], widths: dict[int, int], tar
         for g in sorted(groups, key=lambda g: (widths[g.id] / g.channels, g.id)):
             if 0 < widths[g.id] < g.channels:
                 old = widths[g.id]
-                widths[g.id] = _step(old, g.channels, round_to)
+                widths[g.id] = _step(old, g, round_to)
                 if cost(widths) <= target:
                     break
                 widths[g.id] = old
@@ -85,7 +85,7 @@ def uniform_widths(
 
     def at(ratio: float) -> dict[int, int]:
         def width(g: Group) -> int:
-            step = group_step(g.channels, round_to)
+            step = group_step(g.channels, round_to, g.unit)
             w = min(g.channels, max(_floor(g, min_channels, round_to), step * int(ratio * g.channels / step)))
             return w if w == g.channels or w % step == 0 else g.channels
         return {g.id: width(g) for g in groups}
@@ -100,9 +100,9 @@ def uniform_widths(
     return fill(cost, groups, at(lo), target, round_to)
 
 
-def _round_up(n: int, channels: int, round_to: int) -> int:
-    step = group_step(channels, round_to)
-    return min(channels, -(-n // step) * step)
+def _round_up(n: int, g: Group, round_to: int) -> int:
+    step = group_step(g.channels, round_to, g.unit)
+    return min(g.channels, -(-n // step) * step)
 
 
 def epsilon_widths(
@@ -121,7 +121,7 @@ def epsilon_widths(
         for g in groups:
             ok = np.flatnonzero(curves[g.id][1:] <= eps)
             n = int(ok[0]) + 1 if ok.size else g.channels
-            out[g.id] = _round_up(max(n, _floor(g, min_channels, round_to)), g.channels, round_to)
+            out[g.id] = _round_up(max(n, _floor(g, min_channels, round_to)), g, round_to)
         return out
 
     lo, hi = -12.0, 1.0  # log10 ε: at hi every group sits at its floor
@@ -148,7 +148,7 @@ def curve_widths(
     check_target(cost, groups, target, min_channels, round_to, floor)
     widths = {g.id: g.channels for g in groups}
     lowest = _curve_lowest(groups, min_channels, round_to, floor)
-    unit = {g.id: group_step(g.channels, round_to) for g in groups}
+    unit = {g.id: group_step(g.channels, round_to, g.unit) for g in groups}
     step = {g.id: max(unit[g.id], unit[g.id] * int(np.ceil(0.01 * g.channels / unit[g.id]))) for g in groups}
     current = cost(widths)
     while current > target:
@@ -172,5 +172,5 @@ def curve_widths(
 
 def _curve_lowest(groups: list[Group], min_channels: int, round_to: int, floor: float) -> dict[int, int]:
     """The narrowest widths ``curve_widths`` allows: ``floor`` of each group, at least ``min_channels``."""
-    return {g.id: _round_up(max(_floor(g, min_channels, round_to), int(np.ceil(floor * g.channels))), g.channels,
-                            round_to) for g in groups}
+    return {g.id: _round_up(max(_floor(g, min_channels, round_to), int(np.ceil(floor * g.channels))), g, round_to)
+            for g in groups}

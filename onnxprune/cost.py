@@ -75,11 +75,13 @@ def as_cost(cost: MacModel | Cost) -> Cost:
     return MacCost(cost) if isinstance(cost, MacModel) else cost
 
 
-def group_step(channels: int, round_to: int) -> int:
+def group_step(channels: int, round_to: int, unit: int = 1) -> int:
     """The width step of a group of ``channels``: ``round_to``, or, for a group narrower than four steps,
     the largest power of two up to a quarter of its channels (and ``round_to``), so that rounding never
     forbids a group to give up a quarter of its channels (a 16-channel group with ``--round-to 8``
-    could only halve)."""
+    could only halve). A channel of ``unit`` entries (a conv group, ``Group.unit``) counts ``unit`` of
+    ``round_to``'s."""
+    round_to = max(1, round_to // unit)
     if channels >= 4 * round_to:
         return round_to
     step = 1
@@ -326,7 +328,7 @@ def measure_cost_table(
         if on_group is not None:
             on_group(i, len(groups), f"timing {group.name}")
         sub = _subgraph(graph, group)
-        step = group_step(group.channels, round_to)
+        step = group_step(group.channels, round_to, group.unit)
         widths = widths_to_time(group.channels, min(max(floor, step), group.channels), step)
         narrowed = [_timing_model(sub if w == group.channels else slice_channels(sub.copy(), group, np.arange(w)),
                                   model) for w in widths]

@@ -9,6 +9,7 @@ import onnx
 import pytest
 import torch
 
+from onnxprune.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import load_calibration
 from onnxprune.ir.ort import model_input_specs
@@ -40,7 +41,7 @@ def test_a_grouped_conv_prunes_whole_conv_groups(se: bool) -> None:
     b, out = bottleneck(se)
     groups = groups_of(b, [out])
     (g,) = groups["conv1"]
-    assert g.prunable and g.channels == 4 and "gconv" not in groups
+    assert g.prunable and g.channels == 4 and g.unit == 4 and "gconv" not in groups
     assert g.tensors["conv1_out"] == (1, 4) and g.tensors["gconv_out"] == (1, 6)
     assert g.producers == (["conv1", "se2"] if se else ["conv1"])
     assert sorted(c.node for c in g.consumers) == (["conv3", "se1"] if se else ["conv3"])
@@ -60,6 +61,13 @@ def test_a_depthwise_conv_in_a_space_of_conv_groups_drops_a_groups_channels() ->
     assert g.prunable and g.channels == 4 and g.tensors["dw_out"] == (1, 4)
     graph = check(b.model([out]), ["conv1"])
     assert {n.name: n.attrs["group"] for n in graph.nodes if n.name in ("dw", "gconv")} == {"dw": 8, "gconv": 2}
+
+
+def test_round_to_counts_channels_not_conv_groups() -> None:
+    """``--round-to 8`` on groups of 8 channels steps one conv group at a time (RegNetY's 55 groups of 8 would
+    otherwise narrow 64 channels a step), on groups of 4 two at a time."""
+    assert group_step(55, 8, unit=8) == 1 and group_step(55, 8, unit=4) == 2 and group_step(55, 8) == 8
+    assert group_step(8, 8, unit=4) == 2 and group_step(3, 8, unit=16) == 1
 
 
 def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() -> None:

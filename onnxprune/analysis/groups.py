@@ -86,6 +86,7 @@ class Group:
     witness: Witness | None = None
     partial: bool = False  # some member tensor holds other channels too, or these channels twice
     piece: str = ""  # "[a:b]" when the group is a range of its first producer's output channels
+    unit: int = 1  # entries of its first producer's output a channel is: a conv group's channels (``Regroup``)
     layout: Layout = field(default_factory=Layout)
 
     @property
@@ -131,6 +132,7 @@ class Group:
             "id": self.id,
             "name": self.name,
             "channels": self.channels,
+            "unit": self.unit,
             "producers": self.producers,
             "consumers": [c.node for c in self.consumers],
             "coupled": self.coupled,
@@ -267,7 +269,7 @@ def _search(graph: gs.Graph, node: gs.Node, axis: int, start: int, length: int, 
             regroup: bool = True) -> Group:
     """The group seeded by entries [start, start + length) of producer ``node``'s output, ``unit`` entries a
     channel (``regroup`` False: a grouped conv that would need another unit blocks the group)."""
-    group = Group(id=-1, channels=length // unit)
+    group = Group(id=-1, channels=length // unit, unit=unit)
     search = _Search(graph, group, regroup)
     out = node.outputs[0]
     search.visited.add((node.name, ("out", 0), start // unit))

@@ -61,9 +61,9 @@ def objects_seen(allocation: dict | None) -> tuple[int, int] | None:
     return (found, allocation["probe_samples"]) if scanned is None else tuple(scanned)
 
 
-def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int) -> list[int]:
+def candidate_widths(channels: int, ratios: tuple[float, ...], round_to: int, unit: int = 1) -> list[int]:
     """The widths probed: each ratio of the channels rounded to the group's step, narrowest last."""
-    step = group_step(channels, round_to)
+    step = group_step(channels, round_to, unit)
     widths = {min(channels, max(step, int(round(r * channels / step)) * step)) for r in ratios}
     return sorted(widths - {channels}, reverse=True)
 
@@ -128,7 +128,8 @@ def output_curves(ctx: Context, order: list[tuple[int, Group]], ratios: tuple[fl
     width 0 (the block removed) for the groups in ``removable``."""
     t0 = time.perf_counter()
     n = len(next(iter(ctx.inputs.values())))
-    plans = [candidate_widths(g.channels, ratios, ctx.options.round_to) + [0] * (g.id in removable) for _, g in order]
+    plans = [candidate_widths(g.channels, ratios, ctx.options.round_to, g.unit) + [0] * (g.id in removable)
+             for _, g in order]
     probe_samples = probe_count(n, probe_samples, [len(w) for w in plans], after_cut(ctx, order))
     fit, probe = split(n, fit_samples, probe_samples)
     floats = float_outputs(ctx.original)

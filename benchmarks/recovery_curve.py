@@ -63,13 +63,18 @@ def detector_rows(paths: list[Path]) -> list[dict]:
     return sorted(unique.values(), key=lambda r: (r["series"], r["seconds"]))
 
 
+def series(row: dict) -> str:
+    """A row's curve: its model, and its fold where it names one."""
+    return row["series"] + (f", fold {row['fold']}" if "fold" in row else "")
+
+
 def markdown(rows: list[dict]) -> str:
     lines = ["| model | recover minutes (measured) | top-1 | agreement | KL | mAP50-95 vs original |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         def cell(key: str, fmt: str) -> str:
             return format(r[key], fmt) if key in r else "–"
-        lines.append(f"| {r['series']} | {r['seconds'] / 60:.1f} | {cell('top1', '.1%')} | {cell('agreement', '.1%')} "
+        lines.append(f"| {series(r)} | {r['seconds'] / 60:.1f} | {cell('top1', '.1%')} | {cell('agreement', '.1%')} "
                      f"| {cell('kl', '.3f')} | {cell('mAP50-95_ref', '.3f')} |")
     return "\n".join(lines) + "\n"
 
@@ -85,10 +90,10 @@ def plot(rows: list[dict], path: Path) -> None:
               if any(key in r for r in rows)]
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4), squeeze=False)
     for ax, (key, label) in zip(axes[0], panels):
-        for series in dict.fromkeys(r["series"] for r in rows):
-            points = sorted((r["seconds"] / 60, r[key]) for r in rows if r["series"] == series and key in r)
+        for name in dict.fromkeys(map(series, rows)):
+            points = sorted((r["seconds"] / 60, r[key]) for r in rows if series(r) == name and key in r)
             if points:
-                ax.plot(*zip(*points), marker="o", label=series)
+                ax.plot(*zip(*points), marker="o", label=name)
         ax.set_xlabel("recover wall minutes (2-core CPU)")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

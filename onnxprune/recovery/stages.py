@@ -195,14 +195,21 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
                 transform: Augment | None, options: RecoverOptions, store: Store, seconds: float | None,
                 on_view: Callable[[int, int], None] | None = None) -> tuple[list[Array], list[Array], int]:
     """The student's tensors at ``start`` and the teacher's outputs for ``distill_views`` augmented
-    views of the training samples (fewer where the next would end past ``seconds``; one at least), followed by the
-    held-out samples (not augmented); the count of views' samples. ``on_view(k, views)`` before view k."""
+    views of the training samples (fewer where the next would end past ``seconds``; one at least, of as many
+    training samples as its first batch's time says fit in ``seconds``), followed by the held-out samples (not
+    augmented); the count of views' samples. ``on_view(k, views)`` before view k."""
     names = [i.name for i in model.graph.input if i.name in values]
     outputs = [o.name for o in model.graph.output]
     s_graph, gen = gs.import_onnx(model), torch.Generator().manual_seed(options.seed)
     bs, views, n = options.batch_size, options.distill_views if transform else 1, len(train_idx)
     parts: list[tuple[dict[str, Array], dict[str, Array]]] = []
     begin = time.monotonic()
+
+    def run(feed: dict[str, Array], rows: np.ndarray | slice) -> tuple[dict[str, Array], dict[str, Array]]:
+        part = {n_: feed[n_][rows] for n_ in names}
+        return tuple(run_segment(g, part, ends, provider=options.provider, batch_size=bs, store=store)[0]
+                     for g, ends in ((s_graph, start), (t_graph, outputs)))
+
     for k in range(views):  # one view of every training sample at a time
         if seconds is not None and k and (time.monotonic() - begin) * (k + 1) / k > seconds:
             break
@@ -213,9 +220,21 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
             batch = [torch.from_numpy(values[n_][train_idx[s : s + bs]]) for n_ in names]
             for n_, b in zip(names, transform(batch, gen) if transform else batch):
                 feed[n_][s : s + len(b)] = b.numpy()
-        student, _ = run_segment(s_graph, feed, start, provider=options.provider, batch_size=bs, store=store)
-        teacher, _ = run_segment(t_graph, feed, outputs, provider=options.provider, batch_size=bs, store=store)
-        parts.append((student, teacher))
+        if k or seconds is None or n <= bs:
+            parts.append(run(feed, slice(0, n)))
+            continue
+        # the first view: its first batch's time says how many batches fit, spread over the samples (YOLOv8s at
+        # 640² spent 120 s of a one-minute budget on one view of 349 photos)
+        t0 = time.monotonic()
+        first = run(feed, slice(0, bs))
+        batches = -(-n // bs)
+        fit = 1 + max(0, int((seconds - (time.monotonic() - begin)) / max(time.monotonic() - t0, 1e-9)))
+        chosen = np.unique(np.linspace(1, batches - 1, min(fit, batches) - 1).round().astype(int))
+        rows = np.concatenate([np.arange(bs)] + [np.arange(c * bs, min(n, (c + 1) * bs)) for c in chosen])
+        train_idx, n = train_idx[rows], len(rows)
+        rest = run(feed, rows[bs:]) if n > bs else None
+        parts.append(first if rest is None else tuple({k_: store.concat([a[k_], b[k_]]) for k_ in a}
+                                                      for a, b in zip(first, rest)))
     held_in, _ = run_segment(s_graph, {n_: store.copy(values[n_], held_idx) for n_ in names}, start,
                              provider=options.provider, batch_size=bs, store=store)
     xs = [store.concat([p[0][n_] for p in parts] + [held_in[n_]]) for n_ in start]

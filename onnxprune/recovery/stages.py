@@ -231,8 +231,9 @@ def _head_views(model: onnx.ModelProto, t_graph: gs.Graph, start: list[str], val
         fit = 1 + max(0, int((seconds - (time.monotonic() - begin)) / max(time.monotonic() - t0, 1e-9)))
         chosen = np.unique(np.linspace(1, batches - 1, min(fit, batches) - 1).round().astype(int))
         rows = np.concatenate([np.arange(bs)] + [np.arange(c * bs, min(n, (c + 1) * bs)) for c in chosen])
+        whole = len(rows) == n  # a slice, not a copy, of a feed that may be spilled to disk
         train_idx, n = train_idx[rows], len(rows)
-        rest = run(feed, rows[bs:]) if n > bs else None
+        rest = None if n <= bs else run(feed, slice(bs, n) if whole else rows[bs:])
         parts.append(first if rest is None else tuple({k_: store.concat([a[k_], b[k_]]) for k_ in a}
                                                       for a, b in zip(first, rest)))
     held_in, _ = run_segment(s_graph, {n_: store.copy(values[n_], held_idx) for n_ in names}, start,

@@ -14,7 +14,7 @@ from onnxprune.analysis import analyze
 from onnxprune.calib.sources import load_calibration
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.pipeline import compress
-from onnxprune.strategies import Ratio, options_from
+from onnxprune.strategies import Ratio, Uniform, options_from
 from tests.onnx_builders import GraphBuilder, export_torch, run
 from tests.test_concat_split import check, groups_of
 
@@ -79,6 +79,28 @@ def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() ->
     for name in ("a", "b"):
         (g,) = groups[name]
         assert not g.prunable and "grouped convolution (4 groups) reached by a space that is not whole" in g.reason
+
+
+def test_a_gate_of_one_conv_is_refused_with_its_reason_not_a_crash(tmp_path) -> None:
+    """VoVNet's effective squeeze-excitation: one 1×1 conv reads the pooled channels and gates the same channels,
+    so it is a consumer and a producer of one group; at timm's ese_vovnet19b widths the refit crashed with a shape
+    mismatch (issue 71; the notebook). The group stays whole, with the reason, and the rest compresses."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "a", 3, 16, k=1)], "r")
+    gate = b.op("HardSigmoid", [b.conv(b.op("GlobalAveragePool", [y], "gap"), "fc", 16, 16, k=1)], "hs")
+    out = b.conv(b.op("Relu", [b.conv(b.op("Mul", [y, gate], "ese"), "mid", 16, 16, k=1)], "r2"), "head", 16, 8, k=1)
+    model = b.model([out])
+    groups = groups_of(b, [out])
+    (g,) = groups["a"]
+    assert not g.prunable and "reads the channels and writes them too" in g.reason
+    assert groups["mid"][0].prunable
+    rng = np.random.default_rng(0)
+    np.save(tmp_path / "calib.npy", rng.standard_normal((32, 3, 8, 8)).astype(np.float32))
+    pruned, _ = compress(model, load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model)),
+                         options_from(Ratio(0.6), allocate=Uniform(), provider="cpu"))  # every group narrows
+    weights = {n.name: n.input[1] for n in pruned.graph.node if n.op_type == "Conv"}
+    dims = {i.name: list(i.dims) for i in pruned.graph.initializer}
+    assert dims[weights["fc"]][:2] == [16, 16] and dims[weights["mid"]][0] < 16
 
 
 class _ResNeXtBlock(torch.nn.Module):

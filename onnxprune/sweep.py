@@ -105,7 +105,8 @@ def sweep(
     quantized (``onnxprune.quantize``, choosing on a split of the calibration samples) and its INT8 model judged
     and timed the same way. With ``keep``, also find the cheapest MAC ratio whose held-out metric less its spread
     (``SweepRow.lower``; of the INT8 model with ``int8``) is at least ``keep``: the targets, else ``KEEP_LADDER``
-    (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE`` halvings; a floor that the mildest budget misses is a TargetError."""
+    (then ``KEEP_MILDER`` while none keeps it), then ``KEEP_REFINE`` halvings; a floor that the mildest budget
+    misses is a TargetError."""
     start = time.perf_counter()
     if held is None and subset is not None:
         raise OptionError("a sweep holds out every fifth image of --calib when no --held folder is given, and "

@@ -239,11 +239,6 @@ class _Search:
             if all(c.node != node.name for c in group.consumers):
                 group.consumers.append(ConsumerUse(node.name, role.kind, tensor.name, repeat))
             group.slices.extend(slices)
-        if isinstance(role, (Producer, Consumer)) and node.name in group.producers and any(
-                c.node == node.name for c in group.consumers):
-            group.blockers.append(f"{node.op} {node.name} reads the channels and writes them too (a gate of one "
-                                  "conv, as VoVNet's effective squeeze-excitation): its refit would change its rows "
-                                  "as well as its columns, which is not supported")
         elif isinstance(role, Channelwise):
             group.slices.extend(s for s in slices if s not in group.slices)
             group.attrs.extend(a for a in role.attrs if a not in group.attrs)
@@ -253,6 +248,11 @@ class _Search:
                 o_offset = base + role.frames.get(other, 0)
                 self.visited.add((node.name, other, o_offset))
                 self.add_tensor(_port_tensors(node, other), o_axis, o_repeat, o_offset)
+        if isinstance(role, (Producer, Consumer)) and node.name in group.producers and any(
+                c.node == node.name for c in group.consumers):
+            group.blockers.append(f"{node.op} {node.name} reads the channels and writes them too (a gate of one "
+                                  "conv, as VoVNet's effective squeeze-excitation): its refit would change its rows "
+                                  "as well as its columns, which is not supported")
 
     def run(self) -> None:
         while self.queue:

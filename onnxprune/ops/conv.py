@@ -46,7 +46,8 @@ def _grouped_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span,
     """A grouped conv (not depthwise) passes whole conv groups: group k's input channels make only group k's
     outputs, so a space whose unit is a conv group (``Regroup``) maps unit k in to unit k out; dropping it drops
     the group's filters and lowers ``group`` by one. Channels within a group stay."""
-    unit = {("in", 0): weight[1], ("out", 0): weight[0] // group}.get(port)
+    out_unit = weight[0] // group
+    unit = {("in", 0): weight[1], ("out", 0): out_unit}.get(port)
     if unit is None or axis != 1:
         return Blocked(f"Conv {node.name}: channels reach the weight input")
     if weight[0] % group:
@@ -56,9 +57,9 @@ def _grouped_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span,
                        "whole conv groups (a range of a Concat or Split, or another unit)")
     if repeat < unit:
         return Regroup(unit // repeat, f"Conv {node.name}: {group} groups of {unit} channels")
-    bias = [SliceSite(node.name, 2, 0, weight[0] // group)] if len(node.inputs) > 2 else []
-    return Channelwise({("in", 0): (1, weight[1]), ("out", 0): (1, weight[0] // group)},
-                       [SliceSite(node.name, 1, 0, weight[0] // group), *bias], [AttrSite(node.name, "group")])
+    bias = [SliceSite(node.name, 2, 0, out_unit)] if len(node.inputs) > 2 else []
+    return Channelwise({("in", 0): (1, weight[1]), ("out", 0): (1, out_unit)},
+                       [SliceSite(node.name, 1, 0, out_unit), *bias], [AttrSite(node.name, "group")])
 
 
 def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

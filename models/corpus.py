@@ -1,6 +1,6 @@
 """Architectures of the export classes the third-party corpus makes here (random weights, for structure, time and
 memory): the way U-Nets, CenterNet-style face detectors, NMS-free heads, dense per-stride face heads, CRNN readers,
-and the ConvNeXt, ShuffleNetV2, DenseNet, RegNetY and GoogLeNet layouts are written in PyTorch, so that
+and the ConvNeXt, ShuffleNetV2, DenseNet, RegNetY, GoogLeNet and MobileViT layouts are written in PyTorch, so that
 ``torch.onnx.export`` writes what their users' exports hold."""
 
 from __future__ import annotations
@@ -310,6 +310,91 @@ class InceptionLike(nn.Module):
             _Inception(192, 64, (96, 128), (16, 32), 32), _Inception(256, 128, (128, 192), (32, 96), 64),
             nn.MaxPool2d(3, 2, 1), _Inception(480, 192, (96, 208), (16, 48), 64))
         self.fc = nn.Linear(512, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _MV2(nn.Module):
+    """MobileNetV2's inverted residual as MobileViT writes it: expansion 2, SiLU, the residual where shapes allow."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        hidden = 2 * c_in
+        self.f = nn.Sequential(conv_norm_act(c_in, hidden, 1, act=nn.SiLU),
+                               conv_norm_act(hidden, hidden, stride=stride, groups=hidden, act=nn.SiLU),
+                               conv_norm_act(hidden, c_out, 1, act=None))
+        self.residual = stride == 1 and c_in == c_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.f(x) if self.residual else self.f(x)
+
+
+class _Attention(nn.Module):
+    """timm's multi-head self-attention: one qkv Linear, heads split by reshape, softmax(q·kᵀ/√d)·v, a projection."""
+
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = nn.Linear(dim, 3 * dim)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, self.heads, c // self.heads).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * (c // self.heads) ** -0.5).softmax(-1)
+        return self.proj((attn @ v).transpose(1, 2).reshape(b, n, c))
+
+
+class _TransformerBlock(nn.Module):
+    """A pre-norm transformer block: LayerNorm, attention, residual; LayerNorm, a SiLU MLP of ratio 2, residual."""
+
+    def __init__(self, dim: int, heads: int = 4) -> None:
+        super().__init__()
+        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = _Attention(dim, heads)
+        self.mlp = nn.Sequential(nn.Linear(dim, 2 * dim), nn.SiLU(), nn.Linear(2 * dim, dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attn(self.norm1(x))
+        return x + self.mlp(self.norm2(x))
+
+
+class _MobileViTBlock(nn.Module):
+    """timm's MobileVitBlock: a local 3×3 and 1×1, the map unfolded into 2×2 patches folded into the batch
+    ([B·4, N, D]), transformer blocks, folded back, a 1×1 projection and a 3×3 fusion with the block's input."""
+
+    def __init__(self, c: int, dim: int, depth: int, patch: int = 2) -> None:
+        super().__init__()
+        self.local = nn.Sequential(conv_norm_act(c, c, act=nn.SiLU), nn.Conv2d(c, dim, 1, bias=False))
+        self.transformer = nn.Sequential(*(_TransformerBlock(dim) for _ in range(depth)), nn.LayerNorm(dim))
+        self.proj = conv_norm_act(dim, c, 1, act=nn.SiLU)
+        self.fusion = conv_norm_act(2 * c, c, act=nn.SiLU)
+        self.patch = patch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.local(x)
+        b, d, h, w = y.shape
+        p, nh, nw = self.patch, h // self.patch, w // self.patch
+        y = y.reshape(b * d * nh, p, nw, p).transpose(1, 2).reshape(b, d, nh * nw, p * p)
+        y = self.transformer(y.transpose(1, 3).reshape(b * p * p, nh * nw, d))
+        y = y.reshape(b, p * p, nh * nw, d).transpose(1, 3).reshape(b * d * nh, nw, p, p)
+        y = self.proj(y.transpose(1, 2).reshape(b, d, h, w))
+        return self.fusion(torch.cat((x, y), 1))
+
+
+class MobileViTLike(nn.Module):
+    """MobileViT-XXS's layout (timm): a stem, inverted residuals, then three stages of a strided inverted residual
+    and a MobileViT block (transformer widths 64, 80, 96; depths 2, 4, 3), a 1×1 to 320 and a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [conv_norm_act(3, 16, stride=2, act=nn.SiLU), _MV2(16, 16, 1), _MV2(16, 24, 2),
+                                   _MV2(24, 24, 1), _MV2(24, 24, 1)]
+        for c_in, c, dim, depth in ((24, 48, 64, 2), (48, 64, 80, 4), (64, 80, 96, 3)):
+            layers += [_MV2(c_in, c, 2), _MobileViTBlock(c, dim, depth)]
+        self.features = nn.Sequential(*layers, conv_norm_act(80, 320, 1, act=nn.SiLU))
+        self.fc = nn.Linear(320, 1000)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean((2, 3)))

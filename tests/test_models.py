@@ -104,3 +104,22 @@ def test_mobilenet_v2_imagenet_top1(tmp_path: Path) -> None:
         ref = build("mobilenet_v2").eval()(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(logits, ref, rtol=0, atol=1e-4 * np.abs(ref).max())
     assert (logits.argmax(1) == labels).sum() >= 14
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_mobilevit_like_macs_match_torch_with_patches_folded_into_the_batch(dynamic: bool, tmp_path: Path) -> None:
+    """MobileViT folds 2×2 patches into the batch ([4·B, N, D]): analysis counts every fold, at a static batch and a
+    dynamic one, as torch's own flop counter does (issue 71: the dynamic export was counted 248.5M of 407.4M)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from models.corpus import MobileViTLike
+    from onnxprune.analysis import analyze
+
+    torch.manual_seed(0)
+    model, x = MobileViTLike().eval(), torch.randn(1, 3, 64, 64)
+    with FlopCounterMode(display=False) as counter:
+        model(x)
+    path = tmp_path / "mobilevit.onnx"
+    torch.onnx.export(model, (x,), str(path), dynamo=False, opset_version=17, input_names=["input"],
+                      dynamic_axes={"input": {0: "batch"}} if dynamic else None)
+    assert analyze(onnx.load(path)).macs.total == counter.get_total_flops() // 2

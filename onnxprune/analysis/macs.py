@@ -1,8 +1,7 @@
 """MAC and parameter counts (the ops whose registry entry counts MACs: Conv, ConvTranspose, Gemm, MatMul,
 the pruning papers' convention).
 
-MACs are per sample (batch dimension excluded; where a static batch is declared, a first axis that folds more
-rows into it counts them all). ``MacModel`` also gives the exact count after
+MACs are per sample (batch dimension excluded; a first axis that folds more rows a sample into it counts them all). ``MacModel`` also gives the exact count after
 pruning for any choice of group widths, which the width allocation uses.
 """
 
@@ -16,6 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_shape, static_shape
+from onnxprune.ir.shapes import folds_of
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import ShapeError
 from onnxprune.ops.registry import Having, lookup
@@ -76,7 +76,7 @@ def node_macs(node: gs.Node, batch: int | None = None) -> int:
     try:
         if out is None or inp is None:
             raise ShapeError(node.name)
-        return entry.macs(node, inp, out) * _folds(out, batch)
+        return entry.macs(node, inp, out) * _folds(node.outputs[0], batch)
     except ShapeError:
         where = f"{node.op} {node.name}"
         stop = _static_end(node)
@@ -87,11 +87,14 @@ def node_macs(node: gs.Node, batch: int | None = None) -> int:
                          "output shape as value_info in the model") from None
 
 
-def _folds(out: list[int | None], batch: int | None) -> int:
+def _folds(out: gs.Tensor, batch: int | None) -> int:
     """How many of a single sample's rows a node's first axis holds: ``out[0] / batch`` where both are known and it
-    divides (MobileViT's [4·N, 256, 64] patches at batch N), else 1."""
-    first = out[0] if out else None
-    if batch is None or not isinstance(first, int) or first % batch:
+    divides (MobileViT's [4·N, 256, 64] patches at batch N), the k of a dynamic batch's ``N*k`` (``folded_symbol``),
+    else 1."""
+    first = out.shape[0] if out.shape else None
+    if folds_of(first):
+        return folds_of(first)
+    if batch is None or not isinstance(first, (int, np.integer)) or first % batch:
         return 1
     return max(first // batch, 1)
 

@@ -3,6 +3,7 @@ and 2, and the folding of shape-only values into constants."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import numpy as np
@@ -64,12 +65,32 @@ def infer_shapes(model: onnx.ModelProto, weights: Mapping[str, np.ndarray] | Non
 
     With a dynamic batch, dims that symbolic inference leaves unknown (a Reshape to ``[batch, C, -1]``)
     are taken from inference at batch 1 and at batch 2 where both agree: they do not depend on the batch.
-    Dims that are 1 and 2 there are the batch: they get the input's batch symbol."""
+    Dims that are 1 and 2 there are the batch: they get the input's batch symbol; dims that are k and 2k fold k
+    rows a sample into the batch (a vision transformer's patches): ``folded_symbol``."""
     try:
         inferred = onnx_infer(model, data_prop=True)
     except Exception:  # inference is best effort: analysis reports missing shapes itself
         return model
     return fill_shapes_from_run(_fill_per_sample_dims(inferred), weights)
+
+
+def folded_symbol(batch_symbol: str, rows: int) -> str:
+    """The dim param of an axis holding ``rows`` rows a sample for each of ``batch_symbol`` samples."""
+    return f"{batch_symbol}*{rows}"
+
+
+def folds_of(dim: object) -> int | None:
+    """The rows a sample that a dim written by ``folded_symbol`` holds, else None."""
+    match = re.fullmatch(r".+\*(\d+)", dim) if isinstance(dim, str) else None
+    return int(match[1]) if match else None
+
+
+def per_batch(at1: int | None, at2: int | None, symbol: str) -> str | None:
+    """The symbolic dim of a dim that is ``at1`` at batch 1 and ``at2`` at batch 2: the batch (1, 2), k rows a
+    sample folded into it (k, 2k), else None (unknown)."""
+    if at1 is None or at2 is None or at1 < 1 or at2 != 2 * at1:
+        return None
+    return symbol if at1 == 1 else folded_symbol(symbol, at1)
 
 
 def _known(value: onnx.ValueInfoProto, start: int = 0) -> bool:
@@ -106,8 +127,8 @@ def _fill_per_sample_dims(model: onnx.ModelProto) -> onnx.ModelProto:
         for d, a, b in zip(dims, at1, at2):
             if not d.HasField("dim_value") and a is not None and a == b:
                 d.dim_value = a
-            elif not d.HasField("dim_value") and batch_symbol and (a, b) == (1, 2):
-                d.dim_param = batch_symbol
+            elif not d.HasField("dim_value") and batch_symbol and per_batch(a, b, batch_symbol):
+                d.dim_param = per_batch(a, b, batch_symbol)
     return model
 
 
@@ -117,7 +138,7 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
     Exporters compute shapes in the graph (``Shape → Gather → Concat → Reshape``, tf2onnx's computed
     ``Pads``) where ONNX shape inference stops, yet one run at the declared input shape knows them all.
     With a dynamic batch the model runs at batch 1 and 2: a dim equal in both is static, a dim that is
-    1 and 2 is the batch (the input's batch symbol). Needs static non-batch input dims
+    1 and 2 is the batch (the input's batch symbol), k and 2k k rows a sample folded into it. Needs static non-batch input dims
     (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail. ``weights``: the
     arrays of the in-memory stubs among ``model``'s initializers (read only if it runs)."""
     inputs = real_inputs(model)
@@ -132,7 +153,8 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
     def complete(name: str) -> bool:
         v = values.get(name)
         return (v is not None and v.type.tensor_type.HasField("shape")
-                and all(d.HasField("dim_value") or (symbol and d.dim_param == symbol) for d in v.type.tensor_type.shape.dim))
+                and all(d.HasField("dim_value") or (symbol and (d.dim_param == symbol or folds_of(d.dim_param)))
+                        for d in v.type.tensor_type.shape.dim))
 
     outputs = {v.name for v in model.graph.output}  # as declared: what the written model promises its users
     missing = [o for n in model.graph.node for o in n.output if o and o not in outputs and not complete(o)]
@@ -153,7 +175,7 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
         at2 = runs[1][name] if len(runs) > 1 and runs[1] is not None else at1
         if at1.ndim != at2.ndim:
             continue
-        dims = [a if a == b and name not in varying else (symbol if (a, b) == (1, 2) else None)
+        dims = [a if a == b and name not in varying else (per_batch(a, b, symbol) if symbol else None)
                 for a, b in zip(at1.shape, at2.shape)]
         filled.graph.value_info.append(
             onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(at1.dtype), dims))

@@ -385,3 +385,36 @@ def test_task_seq_compares_the_steps_up_to_each_reference_end() -> None:
     past_end[0, 2:] = 5.0
     assert task.discrepancy([{"y": steps}], [{"y": past_end}]) == 0.0
     assert task.discrepancy([{"y": steps}], [{"y": steps[:, :2]}]) == pytest.approx(3 / 7)  # 3 steps of 7 missing
+
+
+# ----------------------------------------------------------------------------- rows folded into the batch
+
+
+@pytest.mark.parametrize(("batch", "computed"), [(1, False), ("N", False), ("N", True)])
+def test_an_mlp_on_patches_folded_into_the_batch_is_pruned_to_the_original(batch: int | str, computed: bool,
+                                                                          tmp_path: Path) -> None:
+    """MobileViT's transformer MLP reads [4·N, 16, 16]: 4 patches a sample folded into the batch. Its hidden
+    channels are cached ``[N, 4, 16, 12]`` between cuts and prune like any other (issue 71: "has no batch axis"),
+    and so do the channels of the MatMul ``m0`` in front, through the fold's Reshape (the channel axis unchanged).
+    ``computed``: the fold's target is ``[N·4, 16, 16]`` computed from the input's shape before the MatMul ``m0``
+    in front, as torch.onnx writes ``reshape(B * 4, ...)``; it becomes the constant ``[-1, 16, 16]`` rather than a
+    batch-less tensor cached at m0's cut."""
+    b = GraphBuilder({"x": [batch, 64, 16]})
+    if computed:
+        n = b.op("Gather", [b.op("Shape", ["x"], "shape"), b.const("zero", np.array(0), np.int64)], "n", axis=0)
+        rows = b.op("Unsqueeze", [b.op("Mul", [n, b.const("four", np.array(4), np.int64)], "rows"),
+                                  b.const("axes", np.array([0]), np.int64)], "rows1")
+        target = b.op("Concat", [rows, b.const("rest", np.array([16, 16]), np.int64)], "target", axis=0)
+    else:
+        target = b.const("fold", np.array([-1, 16, 16]), np.int64)
+    fold = b.op("Reshape", [b.op("Relu", [b.matmul("x", "m0", 16, 16)], "act0"), target], "fold")
+    hidden = b.op("Relu", [b.matmul(fold, "m1", 16, 12)], "act")
+    out = b.op("Reshape", [b.matmul(hidden, "m2", 12, 8), b.const("back", np.array([-1, 512]), np.int64)], "back")
+    model = b.model({out: [batch, 512]})
+    for name, dead in (("m0.w", [1, 4, 7, 10]), ("m1.w", [2, 5, 8])):  # a quarter each: the uniform allocation
+        weight = next(t for t in model.graph.initializer if t.name == name)
+        w = numpy_helper.to_array(weight).copy()
+        w[:, dead] = 0  # dead channels: the pruned model must equal the original
+        weight.CopyFrom(numpy_helper.from_array(w, weight.name))
+    pruned, _ = compress_dead(model, tmp_path, {"m0": 12, "m1": 9}, (1, 64, 16))
+    same_outputs(pruned, model, (1, 64, 16))

@@ -15,7 +15,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_shape, static_shape
-from onnxprune.ir.shapes import folds_of
+from onnxprune.ir.shapes import folds_of, graph_batch
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import ShapeError
 from onnxprune.ops.registry import Having, lookup
@@ -97,14 +97,6 @@ def _folds(out: gs.Tensor, batch: int | None) -> int:
     if batch is None or not isinstance(first, (int, np.integer)) or first % batch:
         return 1
     return max(first // batch, 1)
-
-
-def graph_batch(graph: gs.Graph) -> int | None:
-    """The static batch every graph input of rank ≥ 1 declares on its first axis (None: dynamic, or they differ)."""
-    shapes = [static_shape(t) for t in graph.inputs]
-    firsts = {shape[0] if shape else None for shape in shapes if shape != []}
-    first = firsts.pop() if len(firsts) == 1 else None
-    return first if isinstance(first, int) and first > 0 else None
 
 
 def _batch_first(shape: list[int | None] | None) -> list[int | None] | None:

@@ -16,6 +16,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.analysis import consumers
+from onnxprune.runtime.segments import native
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
@@ -42,6 +43,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
     map per sample (``strategies.objects.object_weights``) that weighs each output position of a consumer whose
     positions form a grid of the map's shape (``position_weights``); the others' positions weigh alike."""
     nodes_p = {n.name: n for n in graph.nodes}
+    ranks = {name: len(t.shape) for name, t in graph.tensors().items() if t.shape is not None}
     nodes_o = {n.name: n for n in original.nodes}
     out = []
     n = len(next(iter(prefix.values())))
@@ -54,9 +56,9 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         channels = len(full_o.weight)
         view = consumers.group_view(graph, node_p, group, use)
         current = view.linear(full_p)
-        rows = kept_rows.get(use.node)  # a stream producer whose outputs were sliced already
-        if rows is not None:
-            full_o = consumers.Linear(full_o.weight[rows], full_o.bias[rows], full_o.k)
+        kept = kept_rows.get(use.node)  # a stream producer whose outputs were sliced already
+        if kept is not None:
+            full_o = consumers.Linear(full_o.weight[kept], full_o.bias[kept], full_o.k)
         target = consumers.group_view(original, node_o, group, use).linear(full_o)
         w_o = torch.from_numpy(full_o.weight.astype(np.float32))
         b_o = torch.from_numpy(full_o.bias.astype(np.float32))
@@ -67,7 +69,9 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
         same = x_p is x_o and node_p.op == node_o.op and node_p.attrs == node_o.attrs  # the probes': unfold once
-        length = consumers.positions(node_p, x_p.shape)
+        rank = ranks.get(use.tensor, x_p.ndim)
+        folded = x_p.shape[1] if x_p.ndim == rank + 1 else 1  # rows a sample folded into the batch (cut_graph)
+        length = folded * consumers.positions(node_p, x_p.shape[1:] if folded > 1 else x_p.shape)
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
         sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
                                 chunk_bytes)
@@ -78,17 +82,18 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
-            x = consumers.unfold_every(node_p, _float(x_p[s:e]), stride, first)
-            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, _float(x_o[s:e]), stride,
-                                                                          first),
+            x = consumers.unfold_every(node_p, _float(native(x_p[s:e], rank)), stride, first)
+            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, _float(native(x_o[s:e], rank)),
+                                                                          stride, first),
                              out=targets.take((x.shape[0], len(w_o), x.shape[2])))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, view.take_rest(x))
             x = view.take(x)
             if partner is not None:
-                ref = reference[partner][s:e]
-                shift = (ref if rows is None else np.take(ref, rows, axis=1)) - prefix[partner][s:e]
+                ref = native(reference[partner][s:e], ranks.get(partner, -1))
+                shift = ((ref if kept is None else np.take(ref, kept, axis=1))
+                         - native(prefix[partner][s:e], ranks.get(partner, -1)))
                 t += consumers.thin(consumers.columns(node_o, _float(shift)), stride, first)
             weight = None if grid is None else position_weights(weights[s:e], grid, stride, first)
             folds[(s // bs) % 2].update(x, t, operands, weight)

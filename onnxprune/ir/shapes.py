@@ -85,6 +85,27 @@ def folds_of(dim: object) -> int | None:
     return int(match[1]) if match else None
 
 
+def graph_batch(graph: gs.Graph) -> int | None:
+    """The static batch every graph input of rank ≥ 1 declares on its first axis (None: dynamic, or they differ)."""
+    shapes = [static_shape(t) for t in graph.inputs]
+    firsts = {shape[0] if shape else None for shape in shapes if shape != []}
+    first = firsts.pop() if len(firsts) == 1 else None
+    return first if isinstance(first, int) and first > 0 else None
+
+
+def sample_rows(tensor: gs.Tensor, batch: int | None) -> int:
+    """The rows a sample on ``tensor``'s first axis: k where the graph folds k rows a sample into its batch (a vision
+    transformer's patches: ``N*k`` at a dynamic batch, ``[k, ...]`` at a static batch of 1), else 1. Only tensors
+    whose other dims are static (what a Reshape to samples first needs)."""
+    shape = tensor.shape
+    if not shape or len(shape) < 2 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape[1:]):
+        return 1
+    first = shape[0]
+    if folds_of(first):
+        return folds_of(first)
+    return int(first) if batch == 1 and isinstance(first, (int, np.integer)) and first > 1 else 1
+
+
 def per_batch(at1: int | None, at2: int | None, symbol: str) -> str | None:
     """The symbolic dim of a dim that is ``at1`` at batch 1 and ``at2`` at batch 2: the batch (1, 2), k rows a
     sample folded into it (k, 2k), else None (unknown)."""
@@ -308,7 +329,8 @@ def fold_shape_values(graph: gs.Graph) -> bool:
     and TF exports read a feature map's channel or spatial count) by its constant, where a run at batch 1 and
     one at batch 2 give the same value: with the inputs' other dims fixed it cannot change. A channel count read
     this way then is a constant the pruning passes can rewrite, and no batch-less tensor is cached between cuts.
-    Values that follow the batch stay computed (``copy_batch_dims``). Returns whether a value was folded."""
+    A Reshape target that follows the batch folds with -1 where the batch goes (``_batch_free_target``); other values
+    that follow it stay computed (``copy_batch_dims``). Returns whether a value was folded."""
     inputs = [t for t in graph.inputs if not isinstance(t, gs.Constant)]
     if not inputs or any(t.shape is None or any(not isinstance(d, (int, np.integer)) for d in t.shape[1:])
                          for t in inputs):
@@ -339,9 +361,32 @@ def fold_shape_values(graph: gs.Graph) -> bool:
     folded = False
     for name in names:
         values = [r[name] for r in runs]
-        if values[0].size <= _SMALL and all(v.shape == values[0].shape and np.array_equal(v, values[0]) for v in values):
-            tensor = tensors[name]
+        tensor = tensors[name]
+        if values[0].size > _SMALL or any(v.shape != values[0].shape for v in values):
+            continue
+        if all(np.array_equal(v, values[0]) for v in values):
             tensor.inputs.clear()
             tensor.to_constant(values[0])
             folded = True
+        elif (target := _batch_free_target(tensor, values)) is not None:
+            tensor.inputs.clear()
+            tensor.to_constant(target)
+            folded = True
     return folded
+
+
+def _batch_free_target(tensor: gs.Tensor, values: list[np.ndarray]) -> np.ndarray | None:
+    """A Reshape target that follows the batch, ``values`` at batch 1 and 2, as a constant: its one entry that is k
+    and 2k there (the batch, or k rows a sample folded into it: MobileViT's ``B·C·nh``) written -1; None where the
+    tensor is read otherwise, or more or other entries change."""
+    if len(values) != 2 or values[0].ndim != 1 or not tensor.outputs or any(
+            n.op != "Reshape" or n.inputs[1] is not tensor or n.inputs[0] is tensor or n.attrs.get("allowzero", 0)
+            for n in tensor.outputs):
+        return None
+    at1, at2 = values
+    changed = np.flatnonzero(at1 != at2)
+    if len(changed) != 1 or (at1 == -1).any() or at2[changed[0]] != 2 * at1[changed[0]]:
+        return None
+    target = at1.astype(np.int64)
+    target[changed[0]] = -1
+    return target

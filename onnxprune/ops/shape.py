@@ -66,7 +66,8 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
 def _same_axis(src: list[int | None], dst: list[int | None], axis: int) -> int | None:
     """Where axis ``axis`` of shape ``src`` is in ``dst`` when a reshape between them keeps it as one axis of the
     same size: only size-1 axes inserted or removed, or the same leading dims with the trailing ones merged or split
-    (``[N, C, H, W]`` ↔ ``[N, C, H·W]``, Paddle's flatten(2)); else None."""
+    (``[N, C, H, W]`` ↔ ``[N, C, H·W]``, Paddle's flatten(2)), or the axis and all after it unchanged with the
+    leading ones merged or split (``[N, 64, C]`` ↔ ``[4·N, 16, C]``, patches folded into the batch); else None."""
     non1_src = [(i, d) for i, d in enumerate(src) if d != 1]
     non1_dst = [(i, d) for i, d in enumerate(dst) if d != 1]
     if [d for _, d in non1_src] == [d for _, d in non1_dst] and None not in [d for _, d in non1_src][1:]:
@@ -77,6 +78,9 @@ def _same_axis(src: list[int | None], dst: list[int | None], axis: int) -> int |
     if (len(dst) > axis and dst[:axis] == src[:axis] and dst[axis] in (None, src[axis])
             and None not in tail_src and None not in tail_dst and math.prod(tail_src) == math.prod(tail_dst)):
         return axis
+    suffix = src[axis:]
+    if None not in suffix and len(dst) >= len(suffix) and dst[len(dst) - len(suffix):] == suffix:
+        return len(dst) - len(suffix)
     return None
 
 

@@ -34,7 +34,7 @@ from onnxprune.passes import remove_block, slice_channels
 from onnxprune.pipeline.memory import RUN_BYTES, plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
-from onnxprune.runtime.segments import Liveness, batchless, no_batch_axis, run_segment
+from onnxprune.runtime.segments import Liveness, batchless, cached_axis, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
 from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights, scan
@@ -306,9 +306,12 @@ class Compressor:
 
     def slice_cache(self, group: Group, keep: np.ndarray) -> None:
         """Slice the group's cached tensors like ``apply`` sliced the graph."""
-        sizes = {name: self.values_p[name].shape[axis] for name, (axis, _) in group.tensors.items() if name in self.values_p}
+        tensors = self.graph.tensors()
+        axes = {name: cached_axis(self.values_p[name], tensors[name], axis) for name, (axis, _) in group.tensors.items()
+                if name in self.values_p}
+        sizes = {name: self.values_p[name].shape[axis] for name, axis in axes.items()}
         for name, index in kept_entries(self.graph, group, keep, sizes).items():
-            self.values_p[name] = self.store.take(self.values_p[name], index, axis=group.tensors[name][0])
+            self.values_p[name] = self.store.take(self.values_p[name], index, axis=axes[name])
 
     def export(self) -> onnx.ModelProto:
         model = export_model(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))

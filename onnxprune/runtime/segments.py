@@ -16,6 +16,7 @@ import onnxruntime as ort
 
 from onnxprune.errors import AnalysisError
 from onnxprune.ir.ort import graph_session
+from onnxprune.ir.shapes import graph_batch, sample_rows
 from onnxprune.runtime.store import Array, Store
 from onnxprune.ir.subgraphs import outer_reads
 
@@ -110,8 +111,10 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
     """A copy of the nodes of ``graph`` that compute ``outputs`` (sorted) from the tensors ``values`` names.
 
     The cache holds every tensor samples first: a tensor with its batch on another axis (time-major, e.g. an
-    RNN's ``[T, N, C]``) enters through a Transpose from that order and leaves through one to it."""
-    symbol = batch_symbol(graph)
+    RNN's ``[T, N, C]``) enters through a Transpose from that order and leaves through one to it; a tensor that
+    folds k rows a sample into its first axis (``sample_rows``: a vision transformer's patches, ``[k·N, T, C]``) is
+    held ``[N, k, T, C]``, through a Reshape each way."""
+    symbol, batch = batch_symbol(graph), graph_batch(graph)
     g = _needed(graph, values, outputs).copy()
     tensors = g.tensors()
     inputs = []
@@ -120,18 +123,22 @@ def cut_graph(graph: gs.Graph, values: dict[str, Array], outputs: Iterable[str])
             continue
         tensor = tensors[name]
         tensor.inputs.clear()
-        axis = batch_axis(tensor, symbol)
-        if axis:
-            tensor = _samples_first(g, tensor, axis, entering=True)
         array = values[name]
+        axis = batch_axis(tensor, symbol)
+        if tensor.shape is not None and array.ndim == len(tensor.shape) + 1:
+            tensor = _samples_apart(g, tensor, array.shape[1:], entering=True)
+        elif axis:
+            tensor = _samples_first(g, tensor, axis, entering=True)
         tensor.dtype, tensor.shape = array.dtype, ["N", *array.shape[1:]]
         inputs.append(tensor)
     g.inputs = inputs
     g.outputs = []
     for name in sorted(set(outputs)):
         tensor = tensors[name]
-        axis = batch_axis(tensor, symbol)
-        if axis:
+        axis, rows = batch_axis(tensor, symbol), sample_rows(tensor, batch)
+        if rows > 1:
+            tensor = _samples_apart(g, tensor, (rows, *tensor.shape[1:]), entering=False)
+        elif axis:
             tensor = _samples_first(g, tensor, axis, entering=False)
         if tensor.dtype is None:
             tensor.dtype = np.float32
@@ -209,6 +216,36 @@ def _samples_first(g: gs.Graph, native: gs.Tensor, axis: int, entering: bool) ->
                                [outer], [native]))
     else:
         g.nodes.append(gs.Node("Transpose", f"{name}.samples_first", {"perm": to_first}, [native], [outer]))
+    return outer
+
+
+def cached_axis(array: Array, tensor: gs.Tensor, axis: int) -> int:
+    """Where axis ``axis`` of graph tensor ``tensor`` sits in its cached ``array``: one further on where the cache
+    holds its folded rows apart (``_samples_apart``)."""
+    return axis + (array.ndim - len(tensor.shape) if tensor.shape is not None else 0)
+
+
+def native(array: np.ndarray, rank: int) -> np.ndarray:
+    """A cached ``array`` (or a range of its samples) in its graph tensor's layout, of ``rank`` dims: the rows held
+    apart (``_samples_apart``) folded back into the first axis."""
+    return array.reshape(-1, *array.shape[2:]) if array.ndim == rank + 1 else array
+
+
+def _samples_apart(g: gs.Graph, native: gs.Tensor, per_sample: Iterable[int], entering: bool) -> gs.Tensor:
+    """As ``_samples_first`` for a tensor that folds rows of each sample into its first axis: a Reshape between
+    ``native`` (``[k·N, ...]``) and a new tensor under its name holding ``[N, *per_sample]`` (``per_sample`` =
+    ``(k, ...)``). A graph that folds samples into an axis runs one sample at a time (``ir.probe.fixed_batch`` finds
+    the fold), so the rows a run gives are its sample's."""
+    name = native.name
+    per_sample = [int(d) for d in per_sample]
+    outer = gs.Variable(name, dtype=native.dtype)
+    native.name = f"{name}.native"
+    if entering:
+        target = gs.Constant(f"{name}.to_native.shape", np.array([-1, *per_sample[1:]], np.int64))
+        g.nodes.append(gs.Node("Reshape", f"{name}.to_native", inputs=[outer, target], outputs=[native]))
+    else:
+        target = gs.Constant(f"{name}.samples_apart.shape", np.array([-1, *per_sample], np.int64))
+        g.nodes.append(gs.Node("Reshape", f"{name}.samples_apart", inputs=[native, target], outputs=[outer]))
     return outer
 
 

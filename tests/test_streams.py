@@ -149,3 +149,70 @@ def test_streams_and_the_blocks_on_them_pruned_together(name: str, tiny, zoo, tm
     assert {g.name for g in _streams(model)} <= {layer.group for layer in report.layers}
     assert all(0 <= layer.error < 1 for layer in report.layers), [(lay.group, lay.error) for lay in report.layers
                                                                   if not 0 <= lay.error < 1]
+
+
+
+def _layer_norm_stream(channels_last: bool) -> onnx.ModelProto:
+    """ConvNeXt in miniature. ``channels_last``: a stem conv, then channels-last a stream of two producers (the stem
+    and the MLP's second MatMul, summed by an Add) read through LayerNorms over the channels by the MLP and the head.
+    Else a stem conv, a LayerNorm over [C, H, W] (its scale per entry) and a 1×1 head. The second half of every
+    group's channels is dead (zeros), as ``FirstChannels`` prunes them: the masked original."""
+    from tests.onnx_builders import GraphBuilder, kill
+
+    b = GraphBuilder({"input": ["N", 3, 8, 8]})
+    stem = b.conv("input", "stem", 3, 8, 1)
+    if not channels_last:
+        norm = b.op("LayerNormalization", [stem, b.rand("ln.g", (8, 8, 8)), b.rand("ln.b", (8, 8, 8))], "ln", axis=1)
+        return kill(b.model([b.conv(norm, "head", 8, 5, 1)]), {"stem": [4, 5, 6, 7]})
+    s0 = b.op("Transpose", [stem], "nhwc", perm=[0, 2, 3, 1])
+    norm = b.op("LayerNormalization", [s0, b.rand("ln1.g", (8,)), b.rand("ln1.b", (8,))], "ln1", axis=-1)
+    hidden = b.op("Relu", [b.matmul(norm, "m1", 8, 16)], "act")
+    s1 = b.op("Add", [s0, b.matmul(hidden, "m2", 16, 8)], "add")
+    head = b.op("LayerNormalization", [s1, b.rand("ln2.g", (8,)), b.rand("ln2.b", (8,))], "ln2", axis=-1)
+    model = kill(b.model([b.matmul(head, "head", 8, 5)]), {"stem": [4, 5, 6, 7]})
+    for name, width in (("m1.w", 16), ("m2.w", 8)):  # a MatMul's output channels are its weight's columns
+        weight = next(t for t in model.graph.initializer if t.name == name)
+        w = onnx.numpy_helper.to_array(weight).copy()
+        w[:, width // 2:] = 0
+        weight.CopyFrom(onnx.numpy_helper.from_array(w, name))
+    return model
+
+
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_a_layer_norm_over_the_channels_prunes_to_the_masked_original(channels_last: bool, tmp_path) -> None:
+    """The pruned norm normalises its kept channels padded back with zeros, so its mean and variance are the masked
+    original's, where a dropped channel is a zero before the norm and dropped by its consumers after it (there it
+    is not a zero: a norm's output is its bias less the scaled mean). Issue 71: 'LayerNormalization is not known to
+    be channel-wise' left ConvNeXt's streams and norms unpruned."""
+    model = _layer_norm_stream(channels_last)
+    x = np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32)
+    np.save(tmp_path / "calib.npy", x)
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    options = options_from(MACs(analyze(model).macs.total - 1), FirstChannels(), Halves(), NoRefit(),
+                           provider="cpu", round_to=1, residual_streams=True)
+    pruned, report = compress(model, calib, options)
+    analysis = analyze(model)
+    order, _ = schedule(analysis, Liveness(analysis.graph), streams=True)
+    assert {layer.group for layer in report.layers} == {g.name for _, g in order} == (
+        {"stem", "m1"} if channels_last else {"stem"})
+    assert {"Pad", "Slice"} <= {n.op_type for n in pruned.graph.node}
+    graph = analysis.graph.copy()
+    for _, group in order:
+        graph = gs.import_onnx(infer_shapes(masked_original(graph, group, np.arange(group.channels) <
+                                                            group.channels // 2)))
+    (got,) = run(pruned, input=x[:4])
+    (want,) = run(gs.export_onnx(graph), input=x[:4])
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * float(np.abs(want).max()))
+
+
+def test_a_channels_last_stream_refits_the_consumer_before_its_add(tmp_path) -> None:
+    """The MLP's second MatMul writes into the stream's Add: its refit's target moves by the stream's change, taken
+    on its output's channel axis (the last, channels-last; axis 1 was taken and did not broadcast)."""
+    model = _layer_norm_stream(channels_last=True)
+    np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((24, 3, 8, 8)).astype(np.float32))
+    calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
+    options = options_from(MACs(analyze(model).macs.total - 1), allocate=Halves(), provider="cpu", round_to=1,
+                           residual_streams=True)
+    pruned, report = compress(model, calib, options)
+    assert {layer.group for layer in report.layers} == {"stem", "m1"}
+    assert all(0 <= layer.error < 1 for layer in report.layers)

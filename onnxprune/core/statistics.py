@@ -22,6 +22,7 @@ from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.stats import ConsumerStats, Scratch, neuron_gram
 from onnxprune.ir.graph import static_shape
+from onnxprune.ops.registry import lookup
 
 CURVE_GRAM_MACS = 10**10
 STATS_GRAM_MACS = 5 * 10**10
@@ -66,6 +67,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         partner = _residual_partner(node_o)
         if partner is not None and partner not in prefix:
             partner = None
+        out_axis = lookup(node_o.op).mixing.axis(node_o)  # the consumer's output channels (a MatMul's: the last)
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
         same = x_p is x_o and node_p.op == node_o.op and node_p.attrs == node_o.attrs  # the probes': unfold once
@@ -92,7 +94,7 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
             x = view.take(x)
             if partner is not None:
                 ref = native(reference[partner][s:e], ranks.get(partner, -1))
-                shift = ((ref if kept is None else np.take(ref, kept, axis=1))
+                shift = ((ref if kept is None else np.take(ref, kept, axis=out_axis))
                          - native(prefix[partner][s:e], ranks.get(partner, -1)))
                 t += consumers.thin(consumers.columns(node_o, _float(shift)), stride, first)
             weight = None if grid is None else position_weights(weights[s:e], grid, stride, first)

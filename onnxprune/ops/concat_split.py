@@ -129,10 +129,10 @@ def _slice_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -
 # ---- the bounds after slicing
 
 
-def _resize_split(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, opset: int) -> None:
+def _resize_split(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Rewrite a Split's sizes for the channel ``bounds`` of its pieces."""
     sizes = np.diff(bounds).astype(np.int64)
-    if opset >= 13:
+    if graph.opset >= 13:
         node.attrs.pop("num_outputs", None)
         split = gs.Constant(f"{node.name}.split{tag}", sizes)
         node.inputs = [node.inputs[0], split]
@@ -140,7 +140,7 @@ def _resize_split(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, 
         node.attrs["split"] = [int(s) for s in sizes]
 
 
-def _resize_slice(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, opset: int) -> None:
+def _resize_slice(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Rewrite a Slice's start and end on the channel axis to ``bounds``."""
     rank = len(node.inputs[0].shape)
     params = [np.array(np.asarray(t.values), dtype=np.int64).reshape(-1) for t in node.inputs[1:]]

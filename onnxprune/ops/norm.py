@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
 from onnxprune.ops.registry import OpEntry, register
-from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, SliceSite, Span
+from onnxprune.ir.graph import static_shape
+from onnxprune.ops.roles import Blocked, Channelwise, Port, ResizeSite, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given
 
 
@@ -19,6 +21,59 @@ def _norm(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role
     params = range(1, len(node.inputs)) if node.op == "BatchNormalization" else (1, 2)
     slices = [SliceSite(node.name, i, 0, repeat) for i in params]
     return Channelwise({("in", 0): (1, repeat), ("out", 0): (1, repeat)}, slices)
+
+
+def _layer_norm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """LayerNormalization normalises over the axes from ``axis`` on. Channels before them are normalised apart:
+    channel-wise. Channels among them share the mean and variance, which a dropped channel, as a zero in the masked
+    original, still counts in: the pruned node normalises its kept channels padded back with zeros to the original
+    width, then slices them (``_pad_layer_norm``), exactly the masked original (ConvNeXt's and a transformer's
+    streams)."""
+    if port not in (("in", 0), ("out", 0)):
+        return Blocked(f"LayerNormalization {node.name}: channels reach a parameter input")
+    shape = static_shape(node.inputs[0])
+    if shape is None:
+        return Blocked(f"LayerNormalization {node.name}: unknown shapes")
+    first = axis_of(node.attrs.get("axis", -1), len(shape))
+    ports = {("in", 0): (axis, repeat), ("out", 0): (axis, repeat)}
+    if axis < first:
+        return Channelwise(ports)
+    params = [t for t in node.inputs[1:3] if t is not None and t.name]
+    if any(len(t.outputs) and t.name for t in node.outputs[1:]) or repeat != 1 or shape[axis] is None:
+        return Blocked(f"LayerNormalization {node.name}: its mean or deviation is an output, or the channels are "
+                       "flattened")
+    if span != (0, shape[axis]) or any(len(p.shape or []) != len(shape) - first for p in params):
+        return Blocked(f"LayerNormalization {node.name}: normalises part of the channels, or broadcasts its scale")
+    slices = [SliceSite(node.name, i, axis - first, tensor=node.inputs[0].name) for i in range(1, 1 + len(params))]
+    return Channelwise(ports, slices, resizes=[ResizeSite(node.name, node.inputs[0].name, axis, (0, shape[axis]))])
+
+
+def _pad_layer_norm(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
+    """Normalise the kept channels padded with zeros to the original width (the scale and bias padded alike), then
+    keep them: the statistics of the masked original, where every dropped channel is a zero."""
+    x, out = node.inputs[0], node.outputs[0]
+    kept, full = int(x.shape[site.axis]), site.bounds[1] - site.bounds[0]
+    if kept == full:
+        return
+    rank = len(x.shape)
+    pads = np.zeros(2 * rank, np.int64)
+    pads[rank + site.axis] = full - kept
+    padded = gs.Variable(f"{x.name}.padded{tag}", dtype=x.dtype)
+    node.inputs[0] = padded
+    first = axis_of(node.attrs.get("axis", -1), rank)
+    for i in (1, 2):
+        if len(node.inputs) > i and isinstance(node.inputs[i], gs.Constant):
+            values = np.asarray(node.inputs[i].values)
+            widths = [(0, full - kept if a == site.axis - first else 0) for a in range(values.ndim)]
+            node.inputs[i] = gs.Constant(f"{node.inputs[i].name}.padded{tag}", np.pad(values, widths))
+    whole = gs.Variable(f"{out.name}.padded{tag}", dtype=out.dtype)
+    node.outputs[0] = whole
+    graph.nodes += [
+        gs.Node("Pad", f"{node.name}.pad{tag}", inputs=[x, gs.Constant(f"{node.name}.pads{tag}", pads)],
+                outputs=[padded]),
+        gs.Node("Slice", f"{node.name}.keep{tag}", inputs=[whole, *(gs.Constant(f"{node.name}.{n}{tag}", np.array(
+            [v], np.int64)) for n, v in (("starts", 0), ("ends", kept), ("axes", site.axis)))], outputs=[out]),
+    ]
 
 
 def _batch_norm(node: OpNode, x: Inputs) -> Tensor:
@@ -51,5 +106,5 @@ register(OpEntry(
     check=lambda n, p: "training_mode=1 (export the model in eval mode)" if n.get("training_mode", 0) else None,
 ))
 register(OpEntry("InstanceNormalization", channels=_norm, torch={1: _instance_norm}))
-register(OpEntry("LayerNormalization", torch={1: _layer_norm}))
+register(OpEntry("LayerNormalization", channels=_layer_norm_rule, resize=_pad_layer_norm, torch={1: _layer_norm}))
 register(OpEntry("LRN", torch={1: _lrn}))

@@ -78,7 +78,8 @@ class OpEntry:
 
     ``channels``: the channel rule (``onnxprune.ops.roles``); none: blocked. ``macs(node, in_shape,
     out_shape)``: MACs per sample; none: 0. ``mixing``: the op mixes channels (a producer and consumer).
-    ``resize(node, site, bounds, tag, opset)``: rewrite the node's channel bounds after a group was sliced.
+    ``resize(node, site, bounds, tag, graph)``: rewrite the node's channel bounds after a group was sliced (nodes
+    it adds go into ``graph``).
     ``torch``: torch kernels keyed by the opset each starts at (ONNX's since_version); none: the torch
     evaluator refuses the op. ``static_inputs``: input slots never trained (shapes, scales, statistics).
     ``check(node, proto)``: why a node cannot be evaluated, or None.
@@ -88,7 +89,7 @@ class OpEntry:
     channels: Rule | None = None
     macs: Callable[[gs.Node, Shape, Shape], int] | None = None
     mixing: Mixing | None = None
-    resize: Callable[[gs.Node, ResizeSite, list[int], int, int], None] | None = None
+    resize: Callable[[gs.Node, ResizeSite, list[int], int, gs.Graph], None] | None = None
     torch: Mapping[int, OpFn] | None = None
     static_inputs: frozenset[int] = field(default_factory=frozenset)
     check: Callable[[OpNode, onnx.NodeProto], str | None] | None = None

@@ -100,7 +100,7 @@ def _kept_axis(node: gs.Node, axis: int, out_axis: int, repeat: int, i_shape: li
     return Blocked(f"Reshape {node.name}: target shape fixes the channel count ({entry})")
 
 
-def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, opset: int) -> None:
+def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Rewrite entry ``site.axis`` of a Reshape's constant target, which held the channel count (or, for a flatten,
     the channels' entries): -1 ("the rest") when no other entry is, else the count ``bounds[1] - bounds[0]`` (the
     input's channel axis after slicing)."""

@@ -79,5 +79,5 @@ def slice_channels(graph: gs.Graph, group: Group, keep: np.ndarray) -> gs.Graph:
     for site in group.resizes:
         node = nodes[site.node]
         bounds = [group.layout.current(tensors, site.tensor, b) for b in site.bounds]
-        lookup(node.op).resize(node, site, bounds, group.id, graph.opset)
+        lookup(node.op).resize(node, site, bounds, group.id, graph)
     return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)

@@ -213,6 +213,6 @@ def test_a_channels_last_stream_refits_the_consumer_before_its_add(tmp_path) -> 
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
     options = options_from(MACs(analyze(model).macs.total - 1), allocate=Halves(), provider="cpu", round_to=1,
                            residual_streams=True)
-    pruned, report = compress(model, calib, options)
+    _, report = compress(model, calib, options)
     assert {layer.group for layer in report.layers} == {"stem", "m1"}
     assert all(0 <= layer.error < 1 for layer in report.layers)

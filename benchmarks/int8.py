@@ -66,7 +66,7 @@ def main() -> None:
                 timed[label] = fp32
                 timed[f"{label} INT8"] = int8
         rows[label] = {kind: _pool(results) for kind, results in per_fold.items()}
-        rows[label]["quantize"] = [{"method": r["method"], "float_nodes": r["float_nodes"],
+        rows[label]["quantize"] = [{"method": r["method"], "float_nodes": r["float_nodes"], "rounding": r["rounding"],
                                     "seconds": round(r["seconds"], 1), "reduce_range": r["reduce_range"]}
                                    for r in reports]
     latency = {}
@@ -82,7 +82,8 @@ def main() -> None:
              "|---|---|---|---|---|---|---|"]
     for label, row in rows.items():
         f, q = row["fp32"], row["int8"]
-        chosen = ", ".join(f"{r['method']}{' + ends in float' if r['float_nodes'] else ''}" for r in row["quantize"])
+        chosen = ", ".join(f"{r['method']}{' + ends in float' if r['float_nodes'] else ''}"
+                           f"{' + gptq' if r.get('rounding') == 'gptq' else ''}" for r in row["quantize"])
         lines.append(f"| {label} | {f['top1']:.1%} ± {f['top1_sd']:.1%} | {q['top1']:.1%} ± {q['top1_sd']:.1%} | "
                      f"{f['agreement']:.1%} | {q['agreement']:.1%} | {q['kl']:.3f} | {chosen} |")
     lines += ["", "Latency, onnxruntime CPU, median ms (speed-up against the original FP32):", "",

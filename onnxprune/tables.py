@@ -334,13 +334,14 @@ def print_sweep(result: SweepResult, folder: Path, kept: Path | None = None) -> 
 def print_quantize(r: QuantizeReport, output: Path) -> None:
     """quantize's candidates, the float input and the INT8 model against the reference, what stays in float."""
     table = Table(title=f"INT8 candidates ({r.runtime} layout), judged on {r.held_samples} held-out samples")
-    for col, justify in (("calibration", "left"), ("in float", "left"), (r.metric, "right"), ("KL", "right"),
-                         ("rel. L2", "right"), ("s", "right")):
+    for col, justify in (("calibration", "left"), ("in float", "left"), ("rounding", "left"), (r.metric, "right"),
+                         ("KL", "right"), ("rel. L2", "right"), ("s", "right")):
         table.add_column(col, justify=justify)
     for c in r.candidates:
-        chosen = c.method == r.method and c.float_nodes == r.float_nodes
+        chosen = (c.method, c.float_nodes, c.rounding) == (r.method, r.float_nodes, r.rounding)
         table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", f"{len(c.float_nodes)} layers" if c.float_nodes
-                      else "-", _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}", f"{c.seconds:.0f}")
+                      else "-", c.rounding, _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}",
+                      f"{c.seconds:.0f}")
     console.print(table)
 
     def score(d: dict) -> str:

@@ -16,7 +16,7 @@ from onnxprune.deploy.quantize import QuantizeOptions
 from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError
 from onnxprune.flags.deploy import (
-    FloatEndsOpt, MethodsOpt, QuantHeldOpt, QuantRefOpt, ReduceRangeOpt, RuntimeOpt, SamplesOpt,
+    FloatEndsOpt, MethodsOpt, QuantHeldOpt, QuantRefOpt, ReduceRangeOpt, RoundingOpt, RuntimeOpt, SamplesOpt,
 )
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, BgrOpt, CalibOpt, CropOpt, InputShapeOpt, LayoutOpt, MeanOpt, QuietOpt, ReportOpt,
@@ -111,6 +111,7 @@ def quantize_cmd(
     runtime: RuntimeOpt = QuantizeOptions.runtime,
     methods: MethodsOpt = ",".join(QuantizeOptions.methods),
     float_ends: FloatEndsOpt = QuantizeOptions.float_ends,
+    rounding: RoundingOpt = QuantizeOptions.rounding,
     samples: SamplesOpt = QuantizeOptions.samples,
     reduce_range: ReduceRangeOpt = None,
     subset: SubsetOpt = None,
@@ -127,9 +128,10 @@ def quantize_cmd(
 ) -> None:
     """Static INT8 quantization (QDQ, onnxruntime's tools) with the calibration images, judged against --ref.
 
-    Each calibration method is tried, then the best one with the first and last weighted layers kept in float; the
-    model whose task metric against --ref (a classifier's top-1 agreement, a detector's mAP50-95, ...) is best on
-    the held-out images is written, with the float input's and the INT8 model's scores beside it."""
+    Each calibration method is tried, then the best one with the first and last weighted layers kept in float, then
+    the best so far with its weights rounded by GPTQ (--rounding); the model whose task metric against --ref (a
+    classifier's top-1 agreement, a detector's mAP50-95, ...) is best on the held-out images is written, with the
+    float input's and the INT8 model's scores beside it."""
     values = dict(locals())
     try:
         if output.resolve() in (model.resolve(), *([ref.resolve()] if ref else [])):

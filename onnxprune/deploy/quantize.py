@@ -1,5 +1,6 @@
 """Static INT8 quantization (QDQ) with onnxruntime's tools, judged against the original: the calibration method,
-and whether the first and last weighted layers stay in float, chosen by the task metric on held-out samples.
+whether the first and last weighted layers stay in float, and whether the weights' integers are the nearest or
+GPTQ's (``deploy.rounding``), chosen by the task metric on held-out samples.
 
 Two layouts, one per runtime. ``onnxruntime``: unsigned asymmetric 8-bit activations, signed symmetric per-channel
 weights, int32 biases (its CPU kernels' fast path); on an x86 CPU without VNNI the weights use 7 bits, since its
@@ -26,6 +27,7 @@ from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, 
 from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_data
 
 from onnxprune.calib.sources import CalibrationSet
+from onnxprune.deploy.rounding import gptq_weights
 from onnxprune.errors import CalibrationError, ModelError, OptionError, check_choice
 from onnxprune.evaluation import EvalResult, evaluate, fidelity
 from onnxprune.ir.probe import fixed_batch
@@ -33,6 +35,7 @@ from onnxprune.ir.probe import fixed_batch
 RUNTIMES = ("onnxruntime", "tensorrt")
 METHODS = ("minmax", "percentile", "entropy")
 FLOAT_ENDS = ("auto", "yes", "no")
+ROUNDINGS = ("auto", "gptq", "nearest")
 WEIGHTED = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul"})
 QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "QLinearConv", "QLinearMatMul", "ConvInteger",
                            "MatMulInteger", "DynamicQuantizeLinear"})
@@ -51,11 +54,14 @@ class QuantizeOptions:
     ('minmax', 'percentile' at 99.999%, 'entropy'). float_ends: keep the first weighted layer and the last ones
     (those no other weighted layer follows) in float: 'auto' (where that scores better on the held-out samples),
     'yes' or 'no'. samples: calibration samples at most (evenly drawn from the calibration set).
-    reduce_range: 7-bit weights; None: on for 'onnxruntime' on an x86 CPU without VNNI, else off."""
+    reduce_range: 7-bit weights; None: on for 'onnxruntime' on an x86 CPU without VNNI, else off. rounding: the
+    weights' integers 'nearest' to each weight, or rounded by 'gptq' (``deploy.rounding``: the layer's output error
+    on the calibration samples kept small), or 'auto': the best candidate tried both ways, the better kept."""
 
     runtime: str = "onnxruntime"
     methods: tuple[str, ...] = METHODS
     float_ends: str = "auto"
+    rounding: str = "auto"
     samples: int = 128
     reduce_range: bool | None = None
     task: str = "auto"
@@ -64,6 +70,7 @@ class QuantizeOptions:
     def __post_init__(self) -> None:
         check_choice("runtime", self.runtime, RUNTIMES)
         check_choice("float_ends", self.float_ends, FLOAT_ENDS)
+        check_choice("rounding", self.rounding, ROUNDINGS)
         if not self.methods:
             raise OptionError(f"methods is empty: give one or more of {', '.join(METHODS)}", option="methods")
         for method in self.methods:
@@ -83,6 +90,7 @@ class Candidate:
     kl: float | None  # a classifier's KL to the reference (ties of the metric are broken by it, else by rel_l2)
     rel_l2: float  # the outputs' relative L2 error to the reference, averaged over the outputs
     seconds: float  # calibration (shared by a method's candidates, counted in its first) and quantization
+    rounding: str = "nearest"  # the weights' integers: nearest, or gptq
 
     def key(self) -> tuple[float, float]:
         """Larger is better: the metric, then the smaller KL (classifiers) or relative error."""
@@ -96,6 +104,7 @@ class QuantizeReport:
 
     runtime: str
     method: str
+    rounding: str  # the weights' integers: 'nearest' or 'gptq'
     float_nodes: list[str]  # weighted nodes this run kept in float (the ends, when they won)
     tail: list[str]  # the nodes after the last weighted ones (a head's decoding), always in float
     unquantized: list[str]  # every weighted node whose weights stay in float in the written model
@@ -266,7 +275,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     """The INT8 (QDQ) model of ``model`` calibrated on ``data`` (at most ``options.samples`` of it, evenly drawn)
     and its report; without ``held`` samples, every fifth sample of ``data`` is held out instead (``split``). Each
     calibration method is tried, then, with ``float_ends`` 'auto', the best one with the first and last weighted
-    layers kept in float; the candidate whose task metric against ``reference`` (default: the input model) on the
+    layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose task metric against ``reference`` (default: the input model) on the
     ``held`` samples is best is returned (ties: the smaller KL or output error). The nodes after the last weighted
     layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
@@ -287,7 +296,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     fixed = fixed_batch(model, sample)
     batch = fixed.size if fixed is not None else min(options.batch_size, CALIB_CHUNK)
     calib = _drawn(data, options.samples)
-    trials = len(options.methods) + (options.float_ends != "no")
+    trials = len(options.methods) + (options.float_ends != "no") + (options.rounding != "nearest")
     step = on_step or (lambda i, n, text: None)
 
     def judge(candidate: onnx.ModelProto, quantized: bool = True) -> EvalResult:
@@ -300,18 +309,22 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         onnx.save(model, str(model_path))
         caches: dict[str, Path] = {}
 
-        def trial(method: str, exclude: list[str]) -> None:
+        def trial(method: str, exclude: list[str], rounding: str = "nearest") -> None:
             t0 = time.perf_counter()
-            step(len(candidates), trials, f"{method}{' (ends in float)' if exclude else ''}")
+            step(len(candidates), trials, f"{method}{' (ends in float)' if exclude else ''}"
+                                          f"{', gptq rounding' if rounding == 'gptq' else ''}")
             if method not in caches:
                 caches[method] = Path(tmp) / f"{method}.json"
                 _calibrate(model_path, calib, method, batch, tensorrt, caches[method])
             q = _quantize(model_path, Path(tmp) / f"{method}-{len(candidates)}.onnx", method, caches[method],
                           [*exclude, *decoding], options.runtime, reduce_range)
+            if rounding == "gptq":
+                gptq_weights(q, model, lambda: calib.batches(batch))
             scores = judge(q)
             metric, value = fidelity(scores)
             rel = sum(scores.rel_l2.values()) / max(len(scores.rel_l2), 1)
-            candidates.append((Candidate(method, exclude, metric, value, scores.kl, rel, time.perf_counter() - t0), q))
+            candidates.append((Candidate(method, exclude, metric, value, scores.kl, rel, time.perf_counter() - t0,
+                                         rounding), q))
 
         for method in options.methods:
             trial(method, [])
@@ -320,11 +333,16 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             trial(best.method, ends(model))
             if options.float_ends == "yes":
                 candidates = candidates[-1:]
+        if options.rounding != "nearest":
+            best = max(candidates, key=lambda c: c[0].key())[0]
+            trial(best.method, best.float_nodes, "gptq")
+            if options.rounding == "gptq":
+                candidates = candidates[-1:]
         chosen, written = max(candidates, key=lambda c: c[0].key())
         step(trials, trials, "judging the input model")
         fp32, int8 = _summary(judge(model, quantized=False)), _summary(judge(written))
     report = QuantizeReport(
-        options.runtime, chosen.method, chosen.float_nodes, decoding, unquantized(written), reduce_range, tensorrt,
+        options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written), reduce_range, tensorrt,
         chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held), time.perf_counter() - start,
         judged_against)
     if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:

@@ -24,6 +24,10 @@ FloatEndsOpt = Annotated[str, typer.Option(
     help="Keep the first weighted layer and the last ones (no weighted layer after them) in float: 'auto' (where "
          "that scores better on the held-out samples), 'yes' or 'no'.")]
 SamplesOpt = Annotated[int, typer.Option(help="Calibration samples at most (evenly drawn from --calib).")]
+RoundingOpt = Annotated[str, typer.Option(
+    help="The weights' integers: 'nearest' to each weight, 'gptq' (rounded column by column, each error moved onto "
+         "the columns not rounded yet, so that the layer's output on the calibration samples moves least), or "
+         "'auto' (the best candidate both ways, the better on the held-out samples kept).")]
 ReduceRangeOpt = Annotated[Optional[bool], typer.Option(
     "--reduce-range/--no-reduce-range",
     help="7-bit weights (default: for --runtime onnxruntime on an x86 CPU without VNNI).")]
@@ -42,7 +46,7 @@ def quantize_options(values: Values) -> QuantizeOptions:
     """QuantizeOptions of quantize's flags (also those of compress --int8)."""
     return QuantizeOptions(runtime=values["runtime"], methods=tuple(m.strip() for m in values["methods"].split(",")
                                                                      if m.strip()),
-                           float_ends=values["float_ends"], samples=values["samples"],
+                           float_ends=values["float_ends"], rounding=values["rounding"], samples=values["samples"],
                            reduce_range=values["reduce_range"], task=values["task"])
 
 

@@ -45,6 +45,10 @@ def check_target(cost: MacModel | Cost, groups: list[Group], target: float, min_
                 if round_to > 1 else "")
         if share:
             hint += f"; this allocation keeps at least {share:.0%} of each group (the uniform one goes lower)"
+        units = sorted({g.unit for g in groups if g.unit > 1})
+        if units:
+            hint += (f"; a grouped convolution's channels count in whole conv groups ({', '.join(map(str, units))} "
+                     "channels each), the least it keeps")
         raise TargetError(f"target {cost.show(target)} is unreachable: the prunable groups allow at "
                           f"least {cost.show(floor)} ({floor / cost.total:.1%} of the original){hint}; "
                           "best effort prunes to that instead", option="best_effort")

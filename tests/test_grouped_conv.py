@@ -9,9 +9,10 @@ import onnx
 import pytest
 import torch
 
-from onnxprune.allocation import group_step
+from onnxprune.allocation import check_target, group_step
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import load_calibration
+from onnxprune.errors import TargetError
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.pipeline import compress
 from onnxprune.strategies import Ratio, Uniform, options_from
@@ -68,6 +69,13 @@ def test_round_to_counts_channels_not_conv_groups() -> None:
     otherwise narrow 64 channels a step), on groups of 4 two at a time."""
     assert group_step(55, 8, unit=8) == 1 and group_step(55, 8, unit=4) == 2 and group_step(55, 8) == 8
     assert group_step(8, 8, unit=4) == 2 and group_step(3, 8, unit=16) == 1
+
+
+def test_an_unreachable_target_says_grouped_convs_count_whole_conv_groups() -> None:
+    b, out = bottleneck()
+    analysis = analyze(b.model([out]))
+    with pytest.raises(TargetError, match=r"whole conv groups \(4 channels each\)"):
+        check_target(analysis.macs, analysis.prunable, 1.0, min_channels=1)
 
 
 def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() -> None:

@@ -22,7 +22,10 @@ from onnxprune.ir.ort import make_session
 
 DAMP = 0.01  # of the Gram matrix's mean diagonal, added to it: rounding stays defined where inputs are collinear
 COLUMNS = 1 << 22  # values of one sample's input columns at most, before positions are thinned
-GRAM_BYTES = 512 << 20  # Gram matrices held at once (a run over the calibration samples each)
+WORK = 1 << 27  # multiply-adds of one sample's Gram product at most (MobileNetV2 at 224²: 65M), before thinning
+INPUT_VALUES = 1 << 25  # input values of the samples the Gram matrices read, at most: 223 at 224², 27 at 640²
+MIN_SAMPLES = 8
+GRAM_BYTES = 1 << 30  # Gram matrices held at once (a run over the calibration samples each)
 
 
 def gptq_round(weight: np.ndarray, gram: np.ndarray, scale: np.ndarray, qmax: int) -> np.ndarray:
@@ -64,8 +67,10 @@ def _columns(node: onnx.NodeProto, x: torch.Tensor, kernel: list[int]) -> torch.
 def input_grams(model: onnx.ModelProto, nodes: list[onnx.NodeProto], feeds: Iterable[dict[str, np.ndarray]]
                 ) -> dict[str, np.ndarray]:
     """For each of ``nodes`` (Conv, Gemm, MatMul of ``model``), the Gram matrices of its input columns over the
-    ``feeds``, one per conv group: {node name: (groups, d, d)}, summed a sample at a time, on every ``k``-th position
-    where a sample's columns would hold more than ``COLUMNS`` values (a 3×3 conv at 80²)."""
+    first ``feeds`` (their samples' inputs holding at most ``INPUT_VALUES`` values, ``MIN_SAMPLES`` samples at least),
+    one per conv group: {node name: (groups, d, d)}, summed a sample at a time, on every ``k``-th position
+    where a sample's columns would hold more than ``COLUMNS`` values or its product cost more than ``WORK``
+    multiply-adds (a 3×3 conv of 512 channels at 20²: every 63rd position)."""
     names = sorted({n.input[0] for n in nodes})
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
@@ -75,12 +80,21 @@ def input_grams(model: onnx.ModelProto, nodes: list[onnx.NodeProto], feeds: Iter
     session, _ = make_session(probe, "cpu", quiet=True)
     dims = {t.name: list(t.dims) for t in model.graph.initializer}
     grams: dict[str, torch.Tensor] = {}
+    seen, limit = 0, None
     for feed in feeds:
+        if limit is None:
+            per_sample = sum(a[0].size for a in feed.values() if a.ndim)
+            limit = max(MIN_SAMPLES, INPUT_VALUES // max(per_sample, 1))
+        if seen >= limit:
+            break
         values = dict(zip(names, session.run(names, feed)))
+        take = min(limit - seen, len(next(iter(feed.values()))))
+        seen += take
         for node in nodes:
-            for sample in values[node.input[0]]:
+            for sample in values[node.input[0]][:take]:
                 cols = _columns(node, torch.from_numpy(sample[None].astype(np.float64)), dims[node.input[1]][2:])
-                cols = cols[:, :, ::max(1, cols[0].numel() // COLUMNS)]
+                groups, d, positions = cols.shape
+                cols = cols[:, :, ::max(1, d * positions // COLUMNS, groups * d * d * positions // WORK)]
                 gram = torch.bmm(cols, cols.transpose(1, 2))
                 grams[node.name] = grams[node.name] + gram if node.name in grams else gram
     return {name: g.numpy() for name, g in grams.items()}

@@ -44,6 +44,8 @@ def _layer_norm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Sp
                        "flattened")
     if span != (0, shape[axis]) or any(len(p.shape or []) != len(shape) - first for p in params):
         return Blocked(f"LayerNormalization {node.name}: normalises part of the channels, or broadcasts its scale")
+    if not all(isinstance(p, gs.Constant) for p in params):
+        return Blocked(f"LayerNormalization {node.name}: its scale or bias is computed, not a constant")
     slices = [SliceSite(node.name, i, axis - first, tensor=node.inputs[0].name) for i in range(1, 1 + len(params))]
     return Channelwise(ports, slices, resizes=[ResizeSite(node.name, node.inputs[0].name, axis, (0, shape[axis]))])
 

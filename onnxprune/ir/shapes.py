@@ -114,6 +114,14 @@ def per_batch(at1: int | None, at2: int | None, symbol: str) -> str | None:
     return symbol if at1 == 1 else folded_symbol(symbol, at1)
 
 
+def _run_dim(at1: int, at2: int, symbol: str | None, varying: bool) -> str | None:
+    """A dim that two runs (batch 1, 2) gave differently: the batch, or rows folded into it (``per_batch``); after a
+    data-shaped op only the batch itself (a decoded count of k and 2k is no fold), else unknown."""
+    if symbol is None or varying and (at1, at2) != (1, 2):
+        return None
+    return per_batch(at1, at2, symbol)
+
+
 def _known(value: onnx.ValueInfoProto, start: int = 0) -> bool:
     """Whether every dim of ``value`` from ``start`` on is a number (no shape or no tensor: True)."""
     if not value.type.HasField("tensor_type") or not value.type.tensor_type.HasField("shape"):
@@ -159,8 +167,8 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
     Exporters compute shapes in the graph (``Shape → Gather → Concat → Reshape``, tf2onnx's computed
     ``Pads``) where ONNX shape inference stops, yet one run at the declared input shape knows them all.
     With a dynamic batch the model runs at batch 1 and 2: a dim equal in both is static, a dim that is
-    1 and 2 is the batch (the input's batch symbol), k and 2k k rows a sample folded into it. Needs static non-batch input dims
-    (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail. ``weights``: the
+    1 and 2 is the batch (the input's batch symbol), k and 2k k rows a sample folded into it. Needs static non-batch
+    input dims (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail. ``weights``: the
     arrays of the in-memory stubs among ``model``'s initializers (read only if it runs)."""
     inputs = real_inputs(model)
     if not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs):
@@ -196,7 +204,7 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
         at2 = runs[1][name] if len(runs) > 1 and runs[1] is not None else at1
         if at1.ndim != at2.ndim:
             continue
-        dims = [a if a == b and name not in varying else (per_batch(a, b, symbol) if symbol else None)
+        dims = [a if a == b and name not in varying else _run_dim(a, b, symbol, name in varying)
                 for a, b in zip(at1.shape, at2.shape)]
         filled.graph.value_info.append(
             onnx.helper.make_tensor_value_info(name, onnx.helper.np_dtype_to_tensor_dtype(at1.dtype), dims))

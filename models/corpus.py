@@ -331,7 +331,8 @@ class _MV2(nn.Module):
 
 
 class _Attention(nn.Module):
-    """timm's multi-head self-attention: one qkv Linear, heads split by reshape, softmax(q·kᵀ/√d)·v, a projection."""
+    """timm's multi-head self-attention: one qkv Linear, heads split by reshape, softmax(q·kᵀ/√d)·v, a
+    projection."""
 
     def __init__(self, dim: int, heads: int) -> None:
         super().__init__()

@@ -423,8 +423,8 @@ def test_mac_counts_by_hand() -> None:
 
 @pytest.mark.parametrize("batch", [1, 2, "batch"])
 def test_a_first_axis_folding_patches_into_the_batch_counts_them_all(batch: int | str) -> None:
-    """MobileViT folds 4 patches a sample into the first axis ([4·N, 16, 16]): every fold counts (4 × 16 × 16 × 8 per
-    sample), at a static batch and a dynamic one (read from shape inference at batch 1 and 2)."""
+    """MobileViT folds 4 patches a sample into the first axis ([4·N, 16, 16]): every fold counts (4 × 16 × 16 × 8
+    per sample), at a static batch and a dynamic one (read from shape inference at batch 1 and 2)."""
     b = GraphBuilder({"x": [batch, 64, 16]})
     shape = b.const("shape", np.array([-1, 16, 16]), np.int64)
     mm = b.matmul(b.op("Reshape", ["x", shape], "fold"), "mm", 16, 8)

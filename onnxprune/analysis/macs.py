@@ -1,8 +1,9 @@
 """MAC and parameter counts (the ops whose registry entry counts MACs: Conv, ConvTranspose, Gemm, MatMul,
 the pruning papers' convention).
 
-MACs are per sample (batch dimension excluded; a first axis that folds more rows a sample into it counts them all). ``MacModel`` also gives the exact count after
-pruning for any choice of group widths, which the width allocation uses.
+MACs are per sample (batch dimension excluded; a first axis that folds more rows a sample into it counts them
+all). ``MacModel`` also gives the exact count after pruning for any choice of group widths, which the width
+allocation uses.
 """
 
 from __future__ import annotations
@@ -92,8 +93,8 @@ def _folds(out: gs.Tensor, batch: int | None) -> int:
     divides (MobileViT's [4·N, 256, 64] patches at batch N), the k of a dynamic batch's ``N*k`` (``folded_symbol``),
     else 1."""
     first = out.shape[0] if out.shape else None
-    if folds_of(first):
-        return folds_of(first)
+    if rows := folds_of(first):
+        return rows
     if batch is None or not isinstance(first, (int, np.integer)) or first % batch:
         return 1
     return max(first // batch, 1)

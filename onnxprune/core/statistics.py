@@ -16,7 +16,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.analysis import consumers
-from onnxprune.runtime.segments import native
+from onnxprune.runtime.segments import in_graph_layout
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
@@ -84,18 +84,17 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
-            x = consumers.unfold_every(node_p, _float(native(x_p[s:e], rank)), stride, first)
-            t = torch.matmul(w_o, x if same else consumers.unfold_every(node_o, _float(native(x_o[s:e], rank)),
-                                                                          stride, first),
-                             out=targets.take((x.shape[0], len(w_o), x.shape[2])))
+            x = consumers.unfold_every(node_p, _float(in_graph_layout(x_p[s:e], rank)), stride, first)
+            x_t = x if same else consumers.unfold_every(node_o, _float(in_graph_layout(x_o[s:e], rank)), stride, first)
+            t = torch.matmul(w_o, x_t, out=targets.take((x.shape[0], len(w_o), x.shape[2])))
             t += b_o[:, None]
             if view.rest.size:
                 t -= torch.matmul(w_rest, view.take_rest(x))
             x = view.take(x)
             if partner is not None:
-                ref = native(reference[partner][s:e], ranks.get(partner, -1))
+                ref = in_graph_layout(reference[partner][s:e], ranks.get(partner, -1))
                 shift = ((ref if kept is None else np.take(ref, kept, axis=out_axis))
-                         - native(prefix[partner][s:e], ranks.get(partner, -1)))
+                         - in_graph_layout(prefix[partner][s:e], ranks.get(partner, -1)))
                 t += consumers.thin(consumers.columns(node_o, _float(shift)), stride, first)
             weight = None if grid is None else position_weights(weights[s:e], grid, stride, first)
             folds[(s // bs) % 2].update(x, t, operands, weight)

@@ -275,9 +275,9 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     """The INT8 (QDQ) model of ``model`` calibrated on ``data`` (at most ``options.samples`` of it, evenly drawn)
     and its report; without ``held`` samples, every fifth sample of ``data`` is held out instead (``split``). Each
     calibration method is tried, then, with ``float_ends`` 'auto', the best one with the first and last weighted
-    layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose task metric against ``reference`` (default: the input model) on the
-    ``held`` samples is best is returned (ties: the smaller KL or output error). The nodes after the last weighted
-    layers (``tail``) always stay in float."""
+    layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose
+    task metric against ``reference`` (default: the input model) on the ``held`` samples is best is returned (ties:
+    the smaller KL or output error). The nodes after the last weighted layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
     start = time.perf_counter()
     done = quantized_nodes(model)
@@ -342,9 +342,9 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         step(trials, trials, "judging the input model")
         fp32, int8 = _summary(judge(model, quantized=False)), _summary(judge(written))
     report = QuantizeReport(
-        options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written), reduce_range, tensorrt,
-        chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held), time.perf_counter() - start,
-        judged_against)
+        options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written),
+        reduce_range, tensorrt, chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held),
+        time.perf_counter() - start, judged_against)
     if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:
         report.notes.append(f"the INT8 model keeps {chosen.metric} {int8['value']:.4f} where the float input has "
                             f"{fp32['value']:.4f}: keep the ends in float (--float-ends yes), try the other "

@@ -101,8 +101,8 @@ def sample_rows(tensor: gs.Tensor, batch: int | None) -> int:
     if not shape or len(shape) < 2 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape[1:]):
         return 1
     first = shape[0]
-    if folds_of(first):
-        return folds_of(first)
+    if rows := folds_of(first):
+        return rows
     return int(first) if batch == 1 and isinstance(first, (int, np.integer)) and first > 1 else 1
 
 
@@ -168,8 +168,8 @@ def fill_shapes_from_run(model: onnx.ModelProto, weights: Mapping[str, np.ndarra
     ``Pads``) where ONNX shape inference stops, yet one run at the declared input shape knows them all.
     With a dynamic batch the model runs at batch 1 and 2: a dim equal in both is static, a dim that is
     1 and 2 is the batch (the input's batch symbol), k and 2k k rows a sample folded into it. Needs static non-batch
-    input dims (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail. ``weights``: the
-    arrays of the in-memory stubs among ``model``'s initializers (read only if it runs)."""
+    input dims (``--input-shape``); returns ``model`` unchanged when nothing is missing or the runs fail.
+    ``weights``: the arrays of the in-memory stubs among ``model``'s initializers (read only if it runs)."""
     inputs = real_inputs(model)
     if not inputs or any(not v.type.tensor_type.shape.dim or not _known(v, 1) for v in inputs):
         return model

@@ -225,7 +225,7 @@ def cached_axis(array: Array, tensor: gs.Tensor, axis: int) -> int:
     return axis + (array.ndim - len(tensor.shape) if tensor.shape is not None else 0)
 
 
-def native(array: np.ndarray, rank: int) -> np.ndarray:
+def in_graph_layout(array: np.ndarray, rank: int) -> np.ndarray:
     """A cached ``array`` (or a range of its samples) in its graph tensor's layout, of ``rank`` dims: the rows held
     apart (``_samples_apart``) folded back into the first axis."""
     return array.reshape(-1, *array.shape[2:]) if array.ndim == rank + 1 else array

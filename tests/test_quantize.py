@@ -99,6 +99,12 @@ def test_the_tensorrt_layout_quantizes_every_weighted_input_symmetrically(tiny) 
         assert len(node.input) < 3 or node.input[2] in values  # float bias: TensorRT dequantizes int8 only
     for dq in (n for n in model.graph.node if n.op_type == "DequantizeLinear"):
         assert values[dq.input[2]].dtype == np.int8 and not values[dq.input[2]].any(), dq.name
+    users: dict[str, list] = {}
+    for n in model.graph.node:
+        for i in n.input:
+            users.setdefault(i, []).append(n)
+    for q in (n for n in model.graph.node if n.op_type == "QuantizeLinear"):  # before weighted inputs only
+        assert any(u.op_type in WEIGHTED for dq in users[q.output[0]] for u in users[dq.output[0]]), q.name
 
 
 def test_the_onnxruntime_layout_narrows_weights_only_where_the_cpu_saturates(tiny) -> None:

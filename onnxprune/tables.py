@@ -339,8 +339,8 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
         table.add_column(col, justify=justify)
     for c in r.candidates:
         chosen = (c.method, c.float_nodes, c.rounding) == (r.method, r.float_nodes, r.rounding)
-        table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", f"{len(c.float_nodes)} layers" if c.float_nodes
-                      else "-", c.rounding, _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}",
+        where = f"{len(c.float_nodes)} layers" + (f" (first {c.prefix} and before)" if c.prefix else "")
+        table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", where if c.float_nodes else "-", c.rounding, _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}",
                       f"{c.seconds:.0f}")
     console.print(table)
 
@@ -351,7 +351,8 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
     console.print(f"against {r.reference}: float input {score(r.fp32)}; INT8 {score(r.int8)}"
                   + (" (Q/DQ run in float, as TensorRT computes)" if r.simulated else ""))
     console.print(f"in float: {', '.join(r.unquantized) if r.unquantized else 'no weighted layer'}"
-                  + (f"; the {len(r.tail)} nodes after the last weighted layers (the head's decoding)" if r.tail else ""))
+                  + (f"; the {len(r.tail)} nodes after the last weighted layers (the head's decoding)" if r.tail else "")
+                  + (f"; every node up to the first {r.prefix} weighted layers (--max-loss)" if r.prefix else ""))
     for note in r.notes:
         console.print(f"note: {note}")
     console.print(f"{r.calibration_samples} calibration samples, {r.seconds:.0f} s; wrote {output}")

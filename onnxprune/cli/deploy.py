@@ -16,7 +16,8 @@ from onnxprune.deploy.quantize import QuantizeOptions
 from onnxprune.deploy.export import TensorRTUnavailable
 from onnxprune.errors import ModelError, OnnxPruneError, OutputError
 from onnxprune.flags.deploy import (
-    FloatEndsOpt, MethodsOpt, QuantHeldOpt, QuantRefOpt, ReduceRangeOpt, RoundingOpt, RuntimeOpt, SamplesOpt,
+    FloatEndsOpt, MaxLossOpt, MethodsOpt, QuantHeldOpt, QuantRefOpt, ReduceRangeOpt, RoundingOpt, RuntimeOpt,
+    SamplesOpt,
 )
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, BgrOpt, CalibOpt, CropOpt, InputShapeOpt, LayoutOpt, MeanOpt, QuietOpt, ReportOpt,
@@ -112,6 +113,7 @@ def quantize_cmd(
     methods: MethodsOpt = ",".join(QuantizeOptions.methods),
     float_ends: FloatEndsOpt = QuantizeOptions.float_ends,
     rounding: RoundingOpt = QuantizeOptions.rounding,
+    max_loss: MaxLossOpt = None,
     samples: SamplesOpt = QuantizeOptions.samples,
     reduce_range: ReduceRangeOpt = None,
     subset: SubsetOpt = None,
@@ -131,7 +133,8 @@ def quantize_cmd(
     Each calibration method is tried, then the best one with the first and last weighted layers kept in float, then
     the best so far with its weights rounded by GPTQ (--rounding); the model whose task metric against --ref (a
     classifier's top-1 agreement, a detector's mAP50-95, ...) is best on the held-out images is written, with the
-    float input's and the INT8 model's scores beside it."""
+    float input's and the INT8 model's scores beside it. With --max-loss, where that model loses more than it to
+    the float input, the first layers stay in float, as few as bring it within."""
     values = dict(locals())
     try:
         if output.resolve() in (model.resolve(), *([ref.resolve()] if ref else [])):

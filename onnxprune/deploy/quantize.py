@@ -56,7 +56,10 @@ class QuantizeOptions:
     'yes' or 'no'. samples: calibration samples at most (evenly drawn from the calibration set).
     reduce_range: 7-bit weights; None: on for 'onnxruntime' on an x86 CPU without VNNI, else off. rounding: the
     weights' integers 'nearest' to each weight, or rounded by 'gptq' (``deploy.rounding``: the layer's output error
-    on the calibration samples kept small), or 'auto': the best candidate tried both ways, the better kept."""
+    on the calibration samples kept small), or 'auto': the best candidate tried both ways, the better kept.
+    max_loss: where the best candidate's metric lies more than this below the float input's, the first weighted
+    layers (2, 4, 8, ... of them, at most half) stay in float with every node before them, the fewest that bring
+    it within (``prefix``; what they keep in float runs at float speed); None: never."""
 
     runtime: str = "onnxruntime"
     methods: tuple[str, ...] = METHODS
@@ -66,6 +69,7 @@ class QuantizeOptions:
     reduce_range: bool | None = None
     task: str = "auto"
     batch_size: int = 32
+    max_loss: float | None = None
 
     def __post_init__(self) -> None:
         check_choice("runtime", self.runtime, RUNTIMES)
@@ -77,6 +81,9 @@ class QuantizeOptions:
             check_choice("methods", method, METHODS)
         if self.samples < 1:
             raise OptionError(f"samples {self.samples} must be at least 1", option="samples")
+        if self.max_loss is not None and not 0 < self.max_loss < 1:
+            raise OptionError(f"max_loss {self.max_loss} must lie between 0 and 1 (a loss of the task metric, "
+                              "e.g. 0.03)", option="max_loss")
 
 
 @dataclass
@@ -91,6 +98,7 @@ class Candidate:
     rel_l2: float  # the outputs' relative L2 error to the reference, averaged over the outputs
     seconds: float  # calibration (shared by a method's candidates, counted in its first) and quantization
     rounding: str = "nearest"  # the weights' integers: nearest, or gptq
+    prefix: int = 0  # the first weighted layers kept in float with every node before them (``prefix``)
 
     def key(self) -> tuple[float, float]:
         """Larger is better: the metric, then the smaller KL (classifiers) or relative error."""
@@ -105,7 +113,7 @@ class QuantizeReport:
     runtime: str
     method: str
     rounding: str  # the weights' integers: 'nearest' or 'gptq'
-    float_nodes: list[str]  # weighted nodes this run kept in float (the ends, when they won)
+    float_nodes: list[str]  # weighted nodes this run kept in float (the ends and the prefix, when they won)
     tail: list[str]  # the nodes after the last weighted ones (a head's decoding), always in float
     unquantized: list[str]  # every weighted node whose weights stay in float in the written model
     reduce_range: bool
@@ -119,6 +127,7 @@ class QuantizeReport:
     seconds: float
     reference: str = "the input model"  # what the metrics are measured against
     notes: list[str] = field(default_factory=list)
+    prefix: int = 0  # the first weighted layers kept in float with every node before them (``max_loss``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -172,6 +181,20 @@ def ends(model: onnx.ModelProto) -> list[str]:
         return []
     followed = _followed(model, set(weighted))
     return list(dict.fromkeys([nodes[weighted[0]].name, *(nodes[i].name for i in weighted if not followed[i])]))
+
+
+def prefix(model: onnx.ModelProto, layers: int) -> list[str]:
+    """The nodes before the weighted node after the first ``layers`` ones, in the graph's (topological) order: those
+    layers, their activations and whatever else the graph computes before them, by name."""
+    weighted = _weighted(model)
+    stop = weighted[layers] if layers < len(weighted) else len(model.graph.node)
+    return [n.name for n in model.graph.node[:stop]]
+
+
+def prefixes(model: onnx.ModelProto) -> list[int]:
+    """The prefix widths ``max_loss`` tries: 2, 4, 8, ... weighted layers, at most half of them."""
+    half = len(_weighted(model)) // 2
+    return [2 ** i for i in range(1, max(half.bit_length(), 1)) if 2 ** i <= half]
 
 
 def tail(model: onnx.ModelProto) -> list[str]:
@@ -282,7 +305,9 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     calibration method is tried, then, with ``float_ends`` 'auto', the best one with the first and last weighted
     layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose
     task metric against ``reference`` (default: the input model) on the ``held`` samples is best is returned (ties:
-    the smaller KL or output error). The nodes after the last weighted layers (``tail``) always stay in float."""
+    the smaller KL or output error). With ``max_loss``, where that candidate loses more than it to the float input,
+    wider float prefixes (``prefixes``) follow until one is within it; the narrowest within it is returned. The
+    nodes after the last weighted layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
     start = time.perf_counter()
     done = quantized_nodes(model)
@@ -302,7 +327,10 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     batch = fixed.size if fixed is not None else min(options.batch_size, CALIB_CHUNK)
     calib = _drawn(data, options.samples)
     trials = len(options.methods) + (options.float_ends != "no") + (options.rounding != "nearest")
+    widths = prefixes(model) if options.max_loss is not None else []
+    trials += len(widths)
     step = on_step or (lambda i, n, text: None)
+    weighted = {model.graph.node[i].name for i in _weighted(model)}
 
     def judge(candidate: onnx.ModelProto, quantized: bool = True) -> EvalResult:
         return evaluate(candidate, held, ref=reference, batch_size=options.batch_size, provider="cpu",
@@ -314,22 +342,24 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         onnx.save(model, str(model_path))
         caches: dict[str, Path] = {}
 
-        def trial(method: str, exclude: list[str], rounding: str = "nearest") -> None:
+        def trial(method: str, exclude: list[str], rounding: str = "nearest", layers: int = 0) -> None:
             t0 = time.perf_counter()
             step(len(candidates), trials, f"{method}{' (ends in float)' if exclude else ''}"
-                                          f"{', gptq rounding' if rounding == 'gptq' else ''}")
+                                          f"{', gptq rounding' if rounding == 'gptq' else ''}"
+                                          f"{f', first {layers} layers in float' if layers else ''}")
+            in_float = list(dict.fromkeys([*prefix(model, layers), *exclude])) if layers else exclude
             if method not in caches:
                 caches[method] = Path(tmp) / f"{method}.json"
                 _calibrate(model_path, calib, method, batch, tensorrt, caches[method])
             q = _quantize(model_path, Path(tmp) / f"{method}-{len(candidates)}.onnx", method, caches[method],
-                          [*exclude, *decoding], options.runtime, reduce_range)
+                          [*in_float, *decoding], options.runtime, reduce_range)
             if rounding == "gptq":
                 gptq_weights(q, model, lambda: calib.batches(batch))
             scores = judge(q)
             metric, value = fidelity(scores)
             rel = sum(scores.rel_l2.values()) / max(len(scores.rel_l2), 1)
-            candidates.append((Candidate(method, exclude, metric, value, scores.kl, rel, time.perf_counter() - t0,
-                                         rounding), q))
+            candidates.append((Candidate(method, [n for n in in_float if n in weighted], metric, value, scores.kl, rel,
+                                         time.perf_counter() - t0, rounding, layers), q))
 
         for method in options.methods:
             trial(method, [])
@@ -343,17 +373,33 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             trial(best.method, best.float_nodes, "gptq")
             if options.rounding == "gptq":
                 candidates = candidates[-1:]
-        chosen, written = max(candidates, key=lambda c: c[0].key())
-        step(trials, trials, "judging the input model")
-        fp32, int8 = _summary(judge(model, quantized=False)), _summary(judge(written))
+        step(len(candidates), trials, "judging the input model")
+        fp32 = _summary(judge(model, quantized=False))
+        best = max(candidates, key=lambda c: c[0].key())[0]
+        ends_kept = best.float_nodes
+        for layers in widths:
+            if fp32["value"] is None or best.value is None or best.value >= fp32["value"] - options.max_loss:
+                break
+            trial(best.method, ends_kept, best.rounding, layers)
+            best = candidates[-1][0]
+        within = [c for c in candidates if options.max_loss is not None and fp32["value"] is not None
+                  and c[0].value is not None and c[0].value >= fp32["value"] - options.max_loss]
+        chosen, written = (min(within, key=lambda c: (c[0].prefix, [-k for k in c[0].key()])) if within
+                           else max(candidates, key=lambda c: c[0].key()))
+        step(trials, trials, "judging the INT8 model")
+        int8 = _summary(judge(written))
     report = QuantizeReport(
         options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written),
         reduce_range, tensorrt, chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held),
-        time.perf_counter() - start, judged_against)
+        time.perf_counter() - start, judged_against, prefix=chosen.prefix)
+    if options.max_loss is not None and not within:
+        report.notes.append(f"no candidate came within --max-loss {options.max_loss:g} of the float input's "
+                            f"{chosen.metric} {fp32['value']:.4f} on the held-out samples, with up to "
+                            f"{max(widths, default=0)} first layers in float: the best is written")
     if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:
         report.notes.append(f"the INT8 model keeps {chosen.metric} {int8['value']:.4f} where the float input has "
-                            f"{fp32['value']:.4f}: keep the ends in float (--float-ends yes), try the other "
-                            "--runtime's layout, or give more calibration images")
+                            f"{fp32['value']:.4f}: keep the first layers in float where that loss is too much "
+                            "(--max-loss), try the other --runtime's layout, or give more calibration images")
     if reduce_range and options.reduce_range is None:
         report.notes.append("weights in 7 bits: this x86 CPU has no VNNI, and onnxruntime's 8-bit products saturate "
                             "on it (reduce_range)")

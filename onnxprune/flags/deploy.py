@@ -28,6 +28,10 @@ RoundingOpt = Annotated[str, typer.Option(
     help="The weights' integers: 'nearest' to each weight, 'gptq' (rounded column by column, each error moved onto "
          "the columns not rounded yet, so that the layer's output on the calibration samples moves least), or "
          "'auto' (the best candidate both ways, the better on the held-out samples kept).")]
+MaxLossOpt = Annotated[Optional[float], typer.Option(
+    help="Where the best INT8 candidate's task metric lies more than this below the float input's on the held-out "
+         "samples (e.g. 0.03), keep the first weighted layers in float (2, 4, 8, ... of them, at most half, with "
+         "every node before them), the fewest that bring it within; those layers run at float speed.")]
 ReduceRangeOpt = Annotated[Optional[bool], typer.Option(
     "--reduce-range/--no-reduce-range",
     help="7-bit weights (default: for --runtime onnxruntime on an x86 CPU without VNNI).")]
@@ -47,7 +51,7 @@ def quantize_options(values: Values) -> QuantizeOptions:
     return QuantizeOptions(runtime=values["runtime"], methods=tuple(m.strip() for m in values["methods"].split(",")
                                                                      if m.strip()),
                            float_ends=values["float_ends"], rounding=values["rounding"], samples=values["samples"],
-                           reduce_range=values["reduce_range"], task=values["task"])
+                           reduce_range=values["reduce_range"], task=values["task"], max_loss=values["max_loss"])
 
 
 def quantize(values: Values, on_step: Callable[[int, int, str], None] | None = None) -> api.Result:

@@ -66,7 +66,8 @@ def print_analysis(result: Analysis, model: Path) -> None:
     for g in result.groups:
         status = (f"[green]yes[/]{' (a removable block)' * (g.id in result.blocks)}" if g.prunable
                   else f"[red]no[/]: {g.reason}")
-        table.add_row(str(g.id), g.name, str(g.channels), str(len(g.producers)), str(len(g.consumers)), status)
+        width = f"{g.channels * g.unit} ({g.channels} conv groups)" if g.unit > 1 else str(g.channels)
+        table.add_row(str(g.id), g.name, width, str(len(g.producers)), str(len(g.consumers)), status)
     console.print(table)
     console.print(f"MACs {mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
                   f"{len(result.prunable)}/{len(result.groups)} groups prunable, "
@@ -92,7 +93,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         table.add_column(col)
     for layer in result.layers:
         greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
-        kept = f"{layer.kept}/{layer.channels}" if layer.kept else f"block removed (0/{layer.channels})"
+        kept = f"{layer.kept * layer.unit}/{layer.channels * layer.unit}" + (
+            f" ({layer.kept}/{layer.channels} conv groups)" if layer.unit > 1 else "")
+        kept = kept if layer.kept else f"block removed (0/{layer.channels * layer.unit})"
         by = (_selected_by(layer.selection),) * chosen
         table.add_row(layer.group, kept, *by, greedy, f"{layer.error_fold:.3f}", f"{layer.error:.3f}",
                       f"{layer.seconds:.1f}")
@@ -103,11 +106,11 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
                       f"on {sum(1 for x in result.layers if x.selection and 'global' in x.selection)} groups")
     for s in result.skipped:
         console.print(f"[dim]not pruned: {s['group']} ({s['channels']} ch): {s['reason']}[/]")
-    finer = [layer for layer in result.layers if layer.step < round_to]
+    finer = [layer for layer in result.layers if layer.step * layer.unit < round_to]
     if finer:
         console.print(f"{len(finer)} groups narrower than {4 * round_to} channels were cut in finer steps than "
-                      f"--round-to {round_to}: " + ", ".join(f"{x.group} ({x.kept}/{x.channels}, step {x.step})"
-                                                              for x in finer))
+                      f"--round-to {round_to}: " + ", ".join(f"{x.group} ({x.kept * x.unit}/{x.channels * x.unit}, "
+                                                              f"step {x.step * x.unit})" for x in finer))
     if result.written_batch is not None:
         console.print(f"the input fixes the batch ({result.written_batch['reason']}) and nothing in the graph does: "
                       f"calibration batched samples through a copy with a free batch; the written model keeps batch "

@@ -9,6 +9,7 @@ import onnx
 import pytest
 import torch
 
+from onnxprune import tables
 from onnxprune.allocation import check_target, group_step
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import load_calibration
@@ -147,6 +148,16 @@ def test_a_resnext_compresses_its_grouped_bottlenecks(tmp_path) -> None:
     for n in convs:  # every kept group keeps its 4 channels in and out
         w = next(i for i in pruned.graph.initializer if i.name == n.input[1])
         assert w.dims[1] == 4 and w.dims[0] == 4 * widths[n.name]
+    layers = [x for x in report.layers if x.unit == 4]  # the report counts conv groups, and says how wide they are
+    assert layers and all(layer.kept in widths.values() and layer.step == 2 for layer in layers)
+    with tables.console.capture() as printed:
+        tables.print_compress(report, "omp", "refit", 8, tmp_path / "out.onnx")
+    for layer in layers:  # the user reads channels (4 per conv group); two groups a step are --round-to 8's step
+        assert f"{4 * layer.kept}/32 ({layer.kept}/8 conv groups)" in printed.get()
+    assert "finer steps" not in printed.get()
+    with tables.console.capture() as printed:
+        tables.print_analysis(analyze(model), tmp_path / "resnext.onnx")
+    assert printed.get().count("32 (8 conv groups)") == 2
     want = run(model, input=x[:8].numpy())[0]
     got = run(pruned, input=x[:8].numpy())[0]
     assert np.linalg.norm(got - want) / np.linalg.norm(want) < 0.5

@@ -189,6 +189,17 @@ def test_compress_int8_writes_the_int8_model_beside_the_pruned_one(tiny, tmp_pat
     assert data["int8"]["reference"] == str(tiny.path) and data["int8"]["fp32"]["value"] < 1.0  # the pruned model
 
 
+def test_compress_int8_passes_max_loss_to_its_quantization(tiny, tmp_path: Path) -> None:
+    from onnxprune.flags import int8
+
+    out = tmp_path / "small.onnx"
+    args = ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib), "--target-ratio", "0.7", "-q"]
+    refused = CliRunner().invoke(app, [*args, "--max-loss", "0.01"])
+    assert refused.exit_code == 2 and "give it with --int8" in refused.output and not out.exists()
+    values = {"int8": True, "runtime": "onnxruntime", "task": "auto", "max_loss": 0.02}
+    assert int8(values).max_loss == 0.02 and int8({**values, "max_loss": None}).max_loss is None
+
+
 def test_an_int8_model_counts_the_parameters_of_its_float_model(tiny) -> None:
     quantized = api.quantize(tiny.path, tiny.calib, options=FAST).model
     assert count_params(gs.import_onnx(quantized)) == count_params(gs.import_onnx(tiny.model))

@@ -26,7 +26,7 @@ from onnxprune.flags import (
     TrainBatchOpt, TrainOpt,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
-from onnxprune.flags.deploy import Int8Opt, RuntimeOpt
+from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
 from onnxprune.recovery import Progress as RecoveryProgress
 from onnxprune.strategies import CompressOptions, Local, Random
 from onnxprune.tables import (console, print_analysis, print_compress, print_quantize, print_recovery, print_sweep,
@@ -104,6 +104,7 @@ def compress_cmd(
              "<output>.sweep/).")] = None,
     int8: Int8Opt = False,
     runtime: RuntimeOpt = QuantizeOptions.runtime,
+    max_loss: MaxLossOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
@@ -207,6 +208,7 @@ def sweep_cmd(
                        "calibration images), judge and time it the same way: the table and the picture show both; "
                        "--keep then judges the INT8 models.")] = False,
     runtime: RuntimeOpt = QuantizeOptions.runtime,
+    max_loss: MaxLossOpt = None,
     quiet: QuietOpt = False,
 ) -> None:
     """Compress to several budgets on one calibration and one set of output-allocation probes; judge each model

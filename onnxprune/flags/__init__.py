@@ -19,7 +19,7 @@ import typer
 from onnxprune import api
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.deploy.quantize import QuantizeOptions
-from onnxprune.errors import OnnxPruneError, TargetError
+from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.recovery.options import DISTILL_LRS
 from onnxprune.recovery.train import LR_TRIAL
@@ -368,8 +368,12 @@ def compress_job(values: Values) -> CompressJob:
 
 
 def int8(values: Values) -> QuantizeOptions | None:
-    """The quantization that --int8 asks for (in --runtime's layout, judged by --task), None without it."""
-    return QuantizeOptions(runtime=values["runtime"], task=values["task"]) if values["int8"] else None
+    """The quantization that --int8 asks for (in --runtime's layout, judged by --task, widening its float prefix to
+    --max-loss), None without it; --max-loss without --int8 is an OptionError."""
+    if values["max_loss"] is not None and not values["int8"]:
+        raise OptionError("--max-loss bounds the INT8 model's loss: give it with --int8", option="max_loss")
+    return (QuantizeOptions(runtime=values["runtime"], task=values["task"], max_loss=values["max_loss"])
+            if values["int8"] else None)
 
 
 def _store(values: Values) -> dict[str, Any]:

@@ -252,6 +252,11 @@ def print_recovery(r: RecoverReport) -> None:
     console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
                   f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
+    if r.samples_given > r.samples_train:
+        console.print(f"trained on {r.samples_train} of the {r.samples_given} training samples, evenly drawn: the "
+                      f"forward passes over every sample at each block take their share of --time "
+                      f"{r.options['time']:.0f} s only for that many at this input size (more time, more samples)",
+                      highlight=False, soft_wrap=True)
 
 
 

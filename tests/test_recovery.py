@@ -15,6 +15,7 @@ from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, Optio
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
 from onnxprune.recovery.options import DISTILL_LRS
+from onnxprune.recovery.samples import within
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, Uniform, options_from
 from tests.onnx_builders import export_torch, run
@@ -386,6 +387,27 @@ def test_the_block_stage_leaves_a_head_that_is_one_changed_segment_to_the_distil
     assert left_to_distill(classifier, options) is None  # the head's two changed segments: block-wise first
     assert left_to_distill(detector, RecoverOptions(method="block")) is None
     assert left_to_distill(detector, RecoverOptions(distill_segments=0)) is None  # whole model: blocks first
+    from onnxprune.recovery.stages import block_plan
+
+    head_only = [seg(["a"]), seg(["b"]), seg(["c"], ["c"]), seg(["dfl"])]  # pruning changed the head alone
+    assert block_plan(head_only, options)[1:] == (2, []) and block_plan(detector, options)[2] == [0]
+
+
+def test_a_block_stage_with_nothing_to_train_is_not_run(tiny, student, monkeypatch) -> None:
+    """Where every changed segment is left to the distillation, the block stage would only pass every sample
+    through both models (YOLOv8s at 640²: five minutes of a one-minute budget, for nothing): it does not run."""
+    import onnxprune.recovery.run as run_module
+
+    def no_blocks(segments, options):
+        return segments, None, []
+
+    def never(*args, **kwargs):
+        raise AssertionError("the block stage ran")
+
+    monkeypatch.setattr(run_module, "block_plan", no_blocks)
+    monkeypatch.setattr(run_module, "block_stage", never)
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"))
+    assert not report.segments and report.distill is not None and report.writeback_error <= 1e-4
 
 
 def test_a_time_budget_runs_each_loop_for_its_share(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -431,6 +453,32 @@ def test_the_learning_rate_is_chosen_by_short_trials_from_the_same_start() -> No
     assert result.held_before == 16.0 and result.steps == 100
     alone, _ = run((1.0,))
     assert alone.trials == result.trials[1:2]  # the start was restored after the trial at 20
+
+
+
+def test_rates_are_tried_no_longer_than_the_trials_overrun_their_time(monkeypatch) -> None:
+    """Under seconds, a trial whose held-out measure alone takes ten times the trial's time ends the trials (the
+    first, gentlest rate is the one kept): a detector's head at 640² spent 135 s of a one-minute budget on four."""
+    import onnxprune.recovery.train as train
+
+    now = [0.0]
+    monkeypatch.setattr(train.time, "monotonic", lambda: now[0])
+    w = torch.nn.Parameter(torch.tensor([4.0]))
+
+    def held() -> float:
+        now[0] += 30.0  # a slow held-out measure: 30 s each
+        return float(w.detach()[0] ** 2)
+
+    def loss(gen):
+        now[0] += 0.01
+        return (w**2).sum()
+
+    trials, chosen, _ = train.choose_lr([w], loss, held, (1e-3, 1.0, 20.0), [w.detach().clone()], steps=5,
+                                        seconds=0.1, pull=0.0, seed=0)
+    assert [lr for lr, _ in trials] == [1e-3] and chosen == 1e-3
+    trials, _, _ = train.choose_lr([w], loss, held, (1e-3, 1.0, 20.0), [w.detach().clone()], steps=5,
+                                   seconds=10.0, pull=0.0, seed=0)
+    assert [lr for lr, _ in trials] == [1e-3, 1.0, 20.0]  # trials within their time try every rate
 
 
 def test_the_loop_goes_on_from_the_winning_trial_whose_weights_are_no_checkpoint() -> None:
@@ -530,13 +578,13 @@ def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(t
 
 
 def test_progress_names_the_work_before_the_training_loops(tiny, student) -> None:
-    """Reading the samples and caching the head's views are reported before any training step (a detector at 640²
-    spent minutes there with its bar at 'starting')."""
+    """Reading the samples, the block stage's passes and caching the head's views are reported before any training
+    step (a detector at 640² spent minutes in each with its bar at the label before)."""
     labels: list[str] = []
     recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"),
             on_progress=lambda label, step, total, held: labels.append(label))
-    first = [labels.index(next(x for x in labels if x.startswith(p))) for p in ("reading the samples", "block 1/",
-                                                                              "distill: caching", "distill ·")]
+    first = [labels.index(next(x for x in labels if x.startswith(p)))
+             for p in ("reading the samples", "block stage: the teacher's", "block 1/", "distill: caching", "distill ·")]
     assert first == sorted(first), labels[:3]
 
 
@@ -671,3 +719,30 @@ def test_detectors_whose_boxes_the_export_leaves_encoded_train_on_the_same_objec
         assert float(loss.detach()) == pytest.approx(expected, rel=1e-9) and expected > 0
         loss.backward()
         assert all(y.grad is not None and torch.isfinite(y.grad).all() for y in ys)
+
+
+def test_the_training_samples_are_thinned_evenly_in_whole_blocks_to_what_fits() -> None:
+    train = np.arange(100)
+    assert within(train, 20, 1000) is train
+    kept = within(train, 20, 60)
+    assert len(kept) == 40 and kept[0] == 0 and kept[-1] == 99 and np.all(np.diff(kept) >= 2)
+    pairs = within(train, 20, 60, pair=2)  # an image and its mirror stay together
+    assert len(pairs) == 40 and np.all(pairs[1::2] == pairs[::2] + 1) and np.all(pairs[::2] % 2 == 0)
+    assert len(within(train, 20, 0, least=8)) == 8 and len(within(train, 20, 0, pair=2, least=4)) == 8
+
+
+def test_a_time_budget_trains_on_as_many_samples_as_its_passes_fit(tiny, student, monkeypatch, capsys) -> None:
+    """Under a time, the block stage's passes over every sample (unbounded by the loops' clocks: a detector at 640²
+    spent four minutes of a one-minute budget there) are sized to their share of it from the teacher's time on the
+    held-out samples; the rest of the training samples are left out, and the report says so."""
+    import onnxprune.recovery.run as run_module
+    from onnxprune.tables import print_recovery
+
+    calib = _calib(tiny)
+    _, report = recover(student, tiny.model, calib, RecoverOptions(time=3.0, provider="cpu"))
+    assert report.samples_given == report.samples_train  # the tiny model's passes fit many times over
+    monkeypatch.setattr(run_module, "PASSES_SHARE", 1e-9)
+    _, report = recover(student, tiny.model, calib, RecoverOptions(time=3.0, provider="cpu", batch_size=8))
+    assert report.samples_train == 8 < report.samples_given and report.writeback_error <= 1e-4
+    print_recovery(report)
+    assert f"trained on 8 of the {report.samples_given} training samples" in capsys.readouterr().out

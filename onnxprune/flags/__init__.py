@@ -163,7 +163,8 @@ CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .np
 RecoverTimeOpt = Annotated[Optional[str], typer.Option(
     "--time", help="Bound the whole recovery (e.g. 15m, 900s, 1h; default 15m unless --steps or --distill-steps "
                    "is given): each training loop runs for its share of the time, the best held-out checkpoint "
-                   "kept, with the time left in the progress line. Fidelity against minutes: "
+                   "kept, with the time left in the progress line; the training samples are thinned where "
+                   "the passes over them would take more than 30% of it. Fidelity against minutes: "
                    "benchmarks/results/notebook.md, 'Fidelity against minutes of recovery'.")]
 
 

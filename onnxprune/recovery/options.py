@@ -66,8 +66,9 @@ DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a fe
 STEPS, DISTILL_STEPS = 200, 600  # the step counts where steps bound the run and one of them is left out
 # the distillation's candidate learning rates where none is given: YOLOv8n's neck and head (2M weights, one segment)
 # lose mAP within ten steps at 1e-4 and gain at 3e-6, MobileNetV2's classifier gains at neither after the block stages
-# (the notebook's "Choosing the distillation's learning rate")
-DISTILL_LRS = (1e-4, 3e-5, 1e-5, 3e-6)
+# (the notebook's "Choosing the distillation's learning rate"); the gentlest first, as the one tried where the
+# budget affords one trial (``train.TRIALS_OVERRUN``)
+DISTILL_LRS = (3e-6, 1e-5, 3e-5, 1e-4)
 
 
 @dataclass
@@ -136,6 +137,10 @@ class RecoverOptions:
 
 RESERVE = 0.05  # of a time budget, kept for the written model's check and the verdict
 ROUND_SHARE = 0.05  # of a time budget, the least left after the stages for another round of the block windows
+PASSES_SHARE = 0.3  # of a time budget, at most for the block stage's forward passes over every sample (the teacher's
+# and the student's at each segment), which no loop's clock bounds: YOLOv8s at 640² spent 4 of a one-minute budget's
+# minutes on them over 436 photos
+PASSES_COST = 3  # those passes, in passes of the teacher over the same samples
 VIEWS_SHARE = 0.25  # of a head distillation's time, at most for caching its augmented views: YOLOv8n 320 on 441
 # photos cached 8 views of 353 under `--time 1m` and took 104 s, with the share 1 view and 64 s
 

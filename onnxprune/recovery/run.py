@@ -18,11 +18,13 @@ from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.recovery.objective import detect_task
-from onnxprune.recovery.options import Clock, Progress, RecoverOptions, writeback_tolerance
+from onnxprune.recovery.options import (
+    PASSES_COST, PASSES_SHARE, Clock, Progress, RecoverOptions, writeback_tolerance,
+)
 from onnxprune.recovery.report import RecoverReport
-from onnxprune.recovery.samples import discrepancy, samples
+from onnxprune.recovery.samples import discrepancy, samples, within
 from onnxprune.recovery.segments import find_segments
-from onnxprune.recovery.stages import another_round, block_stage, distill_stage
+from onnxprune.recovery.stages import another_round, block_plan, block_stage, distill_stage
 from onnxprune.recovery.verdict import confidence, scores
 from onnxprune.runtime.segments import run_segment
 
@@ -91,10 +93,23 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              outputs, provider=options.provider, batch_size=options.batch_size)
         return [out[name] for name in outputs]
 
+    t0 = time.perf_counter()
     teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
+    given = len(train_idx)
+    plan, skip, blocks = block_plan(segments, options) if options.method.block else ([], None, [])
+    if clock.seconds is not None and blocks:  # the block stage's passes over every sample, sized to the budget
+        per_sample = (time.perf_counter() - t0) / (len(held_idx) + len(verdict_idx))
+        fit = int(PASSES_SHARE * clock.seconds / (PASSES_COST * per_sample))
+        pair = getattr(calib, "flip", False) + 1
+        kept = within(train_idx, len(held_idx) + len(verdict_idx), fit, pair, least=options.batch_size // pair)
+        if len(kept) < given:
+            rows = np.concatenate([kept, held_idx, verdict_idx])
+            values = {name: store.copy(v, rows) for name, v in values.items()}
+            train_idx, held_idx, verdict_idx = np.split(np.arange(len(rows)), [len(kept), len(kept) + len(held_idx)])
     task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
     report = RecoverReport(len(train_idx), len(held_idx) + len(verdict_idx), len(verdict_idx), held is not None, "",
-                           0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options))
+                           0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options),
+                           samples_given=given)
     if task is not None:
         held = [dict(enumerate(t)) for t in (teacher_held, teacher_verdict)]  # two chunks of the held-out samples
         found = task.with_objects(held)
@@ -103,7 +118,9 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     report.metric, report.before, report.agreement_before = discrepancy(student_verdict, teacher_verdict, task)
 
     recovered, trained_held = s_model, None
-    if options.method.block:
+    if skip is not None:
+        report.block_skipped = plan[skip].end
+    if blocks:  # a stage with nothing to train would pass every sample through both models for nothing
         recovered, cur = block_stage(s_model, t_graph, segments, values, train_idx, held_idx, options, report,
                                      on_progress, store, clock)
         trained_held = [cur[name][held_idx] for name in outputs]
@@ -116,8 +133,9 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                                      on_progress, store, clock, round_=report.segments[-1].round + 1)
         trained_held = [cur[name][held_idx] for name in outputs]
 
-    report.writeback_error = max(float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
-                                 for o, t in zip(outputs_of(recovered, held_idx), trained_held))
+    report.writeback_error = 0.0 if trained_held is None else max(
+        float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
+        for o, t in zip(outputs_of(recovered, held_idx), trained_held))
     tolerance = writeback_tolerance(options.torch_device())
     if not report.writeback_error <= tolerance:
         raise OnnxPruneError(f"recover: the written model differs from the trained weights by "

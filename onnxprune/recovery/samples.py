@@ -62,6 +62,18 @@ def samples(calib: CalibrationSet, held: CalibrationSet | None, options: Recover
     return both, np.arange(n), *halves(np.arange(n, n + m), pair)
 
 
+def within(train: np.ndarray, fixed: int, fit: int, pair: int = 1, least: int = 1) -> np.ndarray:
+    """The training samples to keep where at most ``fit`` samples in all fit the time for the passes over them, of
+    which ``fixed`` (the held-out ones) stay: ``train`` evenly thinned, in whole blocks of ``pair`` (an image and its
+    mirror), never below ``least`` blocks (one training batch); all of it where it fits."""
+    blocks = len(train) // pair
+    keep = max(least, 1, (fit - fixed) // pair)
+    if keep >= blocks:
+        return train
+    chosen = np.unique(np.linspace(0, blocks - 1, keep).round().astype(int))
+    return train.reshape(blocks, pair)[chosen].reshape(-1)
+
+
 def discrepancy(student: list[np.ndarray], teacher: list[np.ndarray], task: Detect | None = None
                 ) -> tuple[str, float, float | None]:
     """(metric, value, top-1 agreement), lower is better: for a detector (``task``), 1 − the mAP50-95 of the

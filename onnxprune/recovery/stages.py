@@ -35,14 +35,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     budget every loop gets an equal share, the distillation's loop counted in the first round (``block_share``);
     a later round (``another_round``) shares what is left among the windows alone."""
     n = len(next(iter(values.values())))
-    skip = left_to_distill(segments, options)
-    if skip is None:
-        segments = windows(segments, options.block_window)
-    else:  # the segment left to the distillation stays whole
-        report.block_skipped = segments[skip].end
-        before = windows(segments[:skip], options.block_window)
-        segments, skip = before + segments[skip:], len(before)
-    train = [i for i, s in enumerate(segments) if s.trainable and i != skip]
+    segments, _, train = block_plan(segments, options)
     stage = clock.loop(block_share(len(train), options.method.distill and round_ == 1)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
@@ -50,6 +43,8 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     model, trainable, done = s_model, len(train), 0
     for i, seg in enumerate(segments):
         t0 = time.perf_counter()
+        if on_progress is not None:  # the passes over every sample take minutes at 640² before any loop
+            on_progress(f"block stage: the teacher's tensors at {seg.end[0]}{clock.label()}", i, len(segments), None)
         net = TorchGraph(s_model, outputs=seg.end, inputs_at=seg.start).to(options.torch_device())
         xs = [cur[name] for name in net.input_names]
         new_ref, _ = run_segment(t_graph, ref, seg.end, provider=options.provider, batch_size=options.batch_size,
@@ -79,6 +74,18 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
         ys = evaluate_net(net, xs, np.arange(n), options.batch_size, store)
         cur = {**{k: v for k, v in cur.items() if k in values}, **dict(zip(seg.end, ys))}
     return model, cur
+
+
+def block_plan(segments: list[Segment], options: RecoverOptions) -> tuple[list[Segment], int | None, list[int]]:
+    """The block stage's segments (``windows`` of them; one the distillation trains whole stays one: ``left_to_
+    distill``), the index of that one (None without), and the indices of those it trains."""
+    skip = left_to_distill(segments, options)
+    if skip is None:
+        segments = windows(segments, options.block_window)
+    else:
+        before = windows(segments[:skip], options.block_window)
+        segments, skip = before + segments[skip:], len(before)
+    return segments, skip, [i for i, s in enumerate(segments) if s.trainable and i != skip]
 
 
 def block_share(loops: int, distill: bool) -> float:

@@ -15,6 +15,8 @@ from onnxprune.runtime.torch_eval import TorchGraph
 
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
 LR_TRIAL = 0.05  # of a loop's steps or seconds, each candidate learning rate's trial (``choose_lr``)
+TRIALS_OVERRUN = 10  # trials that took this many times their seconds each (their held-out measures alone: YOLOv8s's
+# head at 640², 34 s a trial of 0.2 s under a one-minute budget) try no more rates
 PATIENCE = 3  # held-out measures of a loop (of its ``evals``): where none of the first ones beats the start, the loop
 # ends there and its time goes to the loops after it (MobileNetV2 170M's last block and its distillation kept their
 # start after 280 of 855 seconds)
@@ -148,9 +150,13 @@ def choose_lr(
     """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
     rate for ``steps`` Adam steps (for ``seconds`` where given), then measured by ``held()``; ``start`` is loaded back
     after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
-    left. ``on_step(step, train_loss)`` counts the steps of all trials."""
+    left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
+    took ``TRIALS_OVERRUN`` times theirs, the rates after them are not tried."""
     trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
-    for lr in lrs:
+    first = time.monotonic()
+    for k, lr in enumerate(lrs):
+        if seconds is not None and k and time.monotonic() - first > TRIALS_OVERRUN * seconds * k:
+            break
         gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
         begin, step = time.monotonic(), 0
         while step < steps if seconds is None else step == 0 or time.monotonic() - begin < seconds:

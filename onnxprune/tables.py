@@ -348,8 +348,8 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
     for c in r.candidates:
         chosen = (c.method, c.float_nodes, c.rounding) == (r.method, r.float_nodes, r.rounding)
         where = f"{len(c.float_nodes)} layers" + (f" (first {c.prefix} and before)" if c.prefix else "")
-        table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", where if c.float_nodes else "-", c.rounding, _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}",
-                      f"{c.seconds:.0f}")
+        table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", where if c.float_nodes else "-", c.rounding,
+                      _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}", f"{c.seconds:.0f}")
     console.print(table)
 
     def score(d: dict) -> str:

@@ -480,6 +480,14 @@ def test_rates_are_tried_no_longer_than_the_trials_overrun_their_time(monkeypatc
                                    seconds=10.0, pull=0.0, seed=0)
     assert [lr for lr, _ in trials] == [1e-3, 1.0, 20.0]  # trials within their time try every rate
 
+    def quick_held() -> float:
+        now[0] += 5.0  # fifty times a trial's 0.1 s, but under TRIALS_FLOOR in all: nothing a user waits for
+        return float(w.detach()[0] ** 2)
+
+    trials, _, _ = train.choose_lr([w], loss, quick_held, (1e-3, 1.0), [w.detach().clone()], steps=5, seconds=0.1,
+                                   pull=0.0, seed=0)
+    assert [lr for lr, _ in trials] == [1e-3, 1.0]
+
 
 def test_the_loop_goes_on_from_the_winning_trial_whose_weights_are_no_checkpoint() -> None:
     """The loop's first step starts where the winning trial ended, each trial from the start; the trial's own
@@ -742,6 +750,7 @@ def test_a_time_budget_trains_on_as_many_samples_as_its_passes_fit(tiny, student
     _, report = recover(student, tiny.model, calib, RecoverOptions(time=3.0, provider="cpu"))
     assert report.samples_given == report.samples_train  # the tiny model's passes fit many times over
     monkeypatch.setattr(run_module, "PASSES_SHARE", 1e-9)
+    monkeypatch.setattr(run_module, "PASSES_FLOOR", 1e-9)
     _, report = recover(student, tiny.model, calib, RecoverOptions(time=3.0, provider="cpu", batch_size=8))
     assert report.samples_train == 8 < report.samples_given and report.writeback_error <= 1e-4
     print_recovery(report)

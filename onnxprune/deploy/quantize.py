@@ -194,7 +194,7 @@ def prefix(model: onnx.ModelProto, layers: int) -> list[str]:
 def prefixes(model: onnx.ModelProto) -> list[int]:
     """The prefix widths ``max_loss`` tries: 2, 4, 8, ... weighted layers, at most half of them."""
     half = len(_weighted(model)) // 2
-    return [2 ** i for i in range(1, max(half.bit_length(), 1)) if 2 ** i <= half]
+    return [2 ** i for i in range(1, half.bit_length())]
 
 
 def tail(model: onnx.ModelProto) -> list[str]:
@@ -392,7 +392,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written),
         reduce_range, tensorrt, chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held),
         time.perf_counter() - start, judged_against, prefix=chosen.prefix)
-    if options.max_loss is not None and not within:
+    if options.max_loss is not None and fp32["value"] is not None and not within:
         report.notes.append(f"no candidate came within --max-loss {options.max_loss:g} of the float input's "
                             f"{chosen.metric} {fp32['value']:.4f} on the held-out samples, with up to "
                             f"{max(widths, default=0)} first layers in float: the best is written")

@@ -164,7 +164,7 @@ RecoverTimeOpt = Annotated[Optional[str], typer.Option(
     "--time", help="Bound the whole recovery (e.g. 15m, 900s, 1h; default 15m unless --steps or --distill-steps "
                    "is given): each training loop runs for its share of the time, the best held-out checkpoint "
                    "kept, with the time left in the progress line; the training samples are thinned where "
-                   "the passes over them would take more than 30% of it. Fidelity against minutes: "
+                   "the passes over them would take more than 30% of it (and 30 s). Fidelity against minutes: "
                    "benchmarks/results/notebook.md, 'Fidelity against minutes of recovery'.")]
 
 

@@ -19,7 +19,7 @@ from onnxprune.ir.probe import fixed_batch, static_batch
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
-    PASSES_COST, PASSES_SHARE, Clock, Progress, RecoverOptions, writeback_tolerance,
+    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, writeback_tolerance,
 )
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples, within
@@ -98,8 +98,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     given = len(train_idx)
     plan, skip, blocks = block_plan(segments, options) if options.method.block else ([], None, [])
     if clock.seconds is not None and blocks:  # the block stage's passes over every sample, sized to the budget
-        per_sample = (time.perf_counter() - t0) / (len(held_idx) + len(verdict_idx))
-        fit = int(PASSES_SHARE * clock.seconds / (PASSES_COST * per_sample))
+        per_sample = max(time.perf_counter() - t0, 1e-9) / (len(held_idx) + len(verdict_idx))
+        fit = int(max(PASSES_SHARE * clock.seconds, PASSES_FLOOR) / (PASSES_COST * per_sample))
         pair = getattr(calib, "flip", False) + 1
         kept = within(train_idx, len(held_idx) + len(verdict_idx), fit, pair, least=options.batch_size // pair)
         if len(kept) < given:

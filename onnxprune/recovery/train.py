@@ -16,7 +16,8 @@ from onnxprune.runtime.torch_eval import TorchGraph
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
 LR_TRIAL = 0.05  # of a loop's steps or seconds, each candidate learning rate's trial (``choose_lr``)
 TRIALS_OVERRUN = 10  # trials that took this many times their seconds each (their held-out measures alone: YOLOv8s's
-# head at 640², 34 s a trial of 0.2 s under a one-minute budget) try no more rates
+# head at 640², 34 s a trial of 0.2 s under a one-minute budget) and more than TRIALS_FLOOR seconds try no more rates
+TRIALS_FLOOR = 10.0  # (below it the trials cost nothing a user waits for, whatever a loaded machine makes of them)
 PATIENCE = 3  # held-out measures of a loop (of its ``evals``): where none of the first ones beats the start, the loop
 # ends there and its time goes to the loops after it (MobileNetV2 170M's last block and its distillation kept their
 # start after 280 of 855 seconds)
@@ -151,11 +152,12 @@ def choose_lr(
     rate for ``steps`` Adam steps (for ``seconds`` where given), then measured by ``held()``; ``start`` is loaded back
     after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
     left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
-    took ``TRIALS_OVERRUN`` times theirs, the rates after them are not tried."""
+    took ``TRIALS_OVERRUN`` times theirs and more than ``TRIALS_FLOOR``, the rates after them are not tried."""
     trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
     first = time.monotonic()
     for k, lr in enumerate(lrs):
-        if seconds is not None and k and time.monotonic() - first > TRIALS_OVERRUN * seconds * k:
+        spent = time.monotonic() - first
+        if seconds is not None and k and spent > max(TRIALS_OVERRUN * seconds * k, TRIALS_FLOOR):
             break
         gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
         begin, step = time.monotonic(), 0

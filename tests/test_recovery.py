@@ -579,10 +579,12 @@ def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(t
         return real(*args, seconds=0.1 if "loss" in kw else seconds, **kw)
 
     monkeypatch.setattr(stages, "fit", quick_distill)
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=4.0, provider="cpu"))
+    budget = 8.0  # the distillation's fixed work (its views, one step and a held-out measure per rate) takes ~1 s
+    # here, 2.6 s on a loaded machine: at 4 s it sometimes left less than ROUND_SHARE, and no round started
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=budget, provider="cpu"))
     rounds = [seg.round for seg in report.segments]
     assert rounds[0] == 1 and max(rounds) >= 2 and rounds == sorted(rounds)
-    assert report.improved and report.writeback_error <= 1e-4 and report.seconds < 4.0 * 1.5
+    assert report.improved and report.writeback_error <= 1e-4 and report.seconds < budget * 1.5
 
 
 def test_progress_names_the_work_before_the_training_loops(tiny, student) -> None:

@@ -93,9 +93,9 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
         table.add_column(col)
     for layer in result.layers:
         greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
-        kept = f"{layer.kept * layer.unit}/{layer.channels * layer.unit}" + (
+        width = f"{layer.kept * layer.unit}/{layer.channels * layer.unit}" + (
             f" ({layer.kept}/{layer.channels} conv groups)" if layer.unit > 1 else "")
-        kept = kept if layer.kept else f"block removed (0/{layer.channels * layer.unit})"
+        kept = width if layer.kept else f"block removed (0/{layer.channels * layer.unit})"
         by = (_selected_by(layer.selection),) * chosen
         table.add_row(layer.group, kept, *by, greedy, f"{layer.error_fold:.3f}", f"{layer.error:.3f}",
                       f"{layer.seconds:.1f}")

@@ -336,22 +336,24 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
         return evaluate(candidate, held, ref=reference, batch_size=options.batch_size, provider="cpu",
                         task=options.task, simulate_qdq=tensorrt and quantized)
 
-    candidates: list[tuple[Candidate, onnx.ModelProto]] = []
+    candidates: list[tuple[Candidate, onnx.ModelProto, EvalResult]] = []
+    tried = 0  # trials run (``candidates`` keeps only those still to choose from)
     with tempfile.TemporaryDirectory(prefix="onnxprune-quantize-") as tmp, _quiet():
         model_path = Path(tmp) / "model.onnx"
         onnx.save(model, str(model_path))
         caches: dict[str, Path] = {}
 
         def trial(method: str, exclude: list[str], rounding: str = "nearest", layers: int = 0) -> None:
+            nonlocal tried
             t0 = time.perf_counter()
-            step(len(candidates), trials, f"{method}{' (ends in float)' if exclude else ''}"
+            step(tried, trials, f"{method}{' (ends in float)' if exclude else ''}"
                                           f"{', gptq rounding' if rounding == 'gptq' else ''}"
                                           f"{f', first {layers} layers in float' if layers else ''}")
             in_float = list(dict.fromkeys([*prefix(model, layers), *exclude])) if layers else exclude
             if method not in caches:
                 caches[method] = Path(tmp) / f"{method}.json"
                 _calibrate(model_path, calib, method, batch, tensorrt, caches[method])
-            q = _quantize(model_path, Path(tmp) / f"{method}-{len(candidates)}.onnx", method, caches[method],
+            q = _quantize(model_path, Path(tmp) / f"{method}-{tried}.onnx", method, caches[method],
                           [*in_float, *decoding], options.runtime, reduce_range)
             if rounding == "gptq":
                 gptq_weights(q, model, lambda: calib.batches(batch))
@@ -359,7 +361,8 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             metric, value = fidelity(scores)
             rel = sum(scores.rel_l2.values()) / max(len(scores.rel_l2), 1)
             candidates.append((Candidate(method, [n for n in in_float if n in weighted], metric, value, scores.kl, rel,
-                                         time.perf_counter() - t0, rounding, layers), q))
+                                         time.perf_counter() - t0, rounding, layers), q, scores))
+            tried += 1
 
         for method in options.methods:
             trial(method, [])
@@ -373,7 +376,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             trial(best.method, best.float_nodes, "gptq")
             if options.rounding == "gptq":
                 candidates = candidates[-1:]
-        step(len(candidates), trials, "judging the input model")
+        step(tried, trials, "judging the input model")
         fp32 = _summary(judge(model, quantized=False))
         best = max(candidates, key=lambda c: c[0].key())[0]
         ends_kept = best.float_nodes
@@ -384,13 +387,12 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             best = candidates[-1][0]
         within = [c for c in candidates if options.max_loss is not None and fp32["value"] is not None
                   and c[0].value is not None and c[0].value >= fp32["value"] - options.max_loss]
-        chosen, written = (min(within, key=lambda c: (c[0].prefix, [-k for k in c[0].key()])) if within
-                           else max(candidates, key=lambda c: c[0].key()))
-        step(trials, trials, "judging the INT8 model")
-        int8 = _summary(judge(written))
+        chosen, written, scores = (min(within, key=lambda c: (c[0].prefix, [-k for k in c[0].key()])) if within
+                                   else max(candidates, key=lambda c: c[0].key()))
+        int8 = _summary(scores)  # as its trial judged it
     report = QuantizeReport(
         options.runtime, chosen.method, chosen.rounding, chosen.float_nodes, decoding, unquantized(written),
-        reduce_range, tensorrt, chosen.metric, fp32, int8, [c for c, _ in candidates], len(calib), len(held),
+        reduce_range, tensorrt, chosen.metric, fp32, int8, [c for c, _, _ in candidates], len(calib), len(held),
         time.perf_counter() - start, judged_against, prefix=chosen.prefix)
     if options.max_loss is not None and fp32["value"] is not None and not within:
         report.notes.append(f"no candidate came within --max-loss {options.max_loss:g} of the float input's "

@@ -39,6 +39,7 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_u2net_like_320_dynamo_op18.onnx": (corpus.SkipSizedUNet, (1, 3, 320, 320), dict(opset=18, dynamo=True)),
     "pt_convnext_like_224_dynamic_op17.onnx": (corpus.ConvNeXtLike, (1, 3, 224, 224), dict(opset=17, dynamic=True)),
     "pt_shufflenet_like_224_static_op13.onnx": (corpus.ShuffleNetLike, (1, 3, 224, 224), dict(opset=13)),
+    "pt_ghostnet_like_224_static_op13.onnx": (corpus.GhostNetLike, (1, 3, 224, 224), dict(opset=13)),
     "pt_densenet_like_224_dynamic_op15.onnx": (corpus.DenseNetLike, (1, 3, 224, 224), dict(opset=15, dynamic=True)),
     "pt_regnet_like_224_static_op12.onnx": (corpus.RegNetLike, (1, 3, 224, 224), dict(opset=12)),
     "pt_mobilevit_like_256_dynamic_op13.onnx": (corpus.MobileViTLike, (1, 3, 256, 256), dict(opset=13, dynamic=True)),

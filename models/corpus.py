@@ -1,6 +1,6 @@
 """Architectures of the export classes the third-party corpus makes here (random weights, for structure, time and
 memory): the way U-Nets, CenterNet-style face detectors, NMS-free heads, dense per-stride face heads, CRNN readers,
-and the ConvNeXt, ShuffleNetV2, DenseNet, RegNetY, GoogLeNet and MobileViT layouts are written in PyTorch, so that
+and the ConvNeXt, ShuffleNetV2, GhostNet, DenseNet, RegNetY, GoogLeNet and MobileViT layouts are written in PyTorch, so that
 ``torch.onnx.export`` writes what their users' exports hold."""
 
 from __future__ import annotations
@@ -313,6 +313,71 @@ class InceptionLike(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean((2, 3)))
+
+
+class _GhostModule(nn.Module):
+    """timm's GhostModule: a 1×1 conv to half the outputs, a depthwise 3×3 of those ("cheap operation"), both
+    concatenated and sliced to the output count (``out[:, :out_chs]``)."""
+
+    def __init__(self, c_in: int, c_out: int, act: bool = True) -> None:
+        super().__init__()
+        self.c_out, init = c_out, (c_out + 1) // 2
+        self.primary = conv_norm_act(c_in, init, 1, act=nn.ReLU if act else None)
+        self.cheap = conv_norm_act(init, init, 3, groups=init, act=nn.ReLU if act else None)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.primary(x)
+        return torch.cat((y, self.cheap(y)), 1)[:, :self.c_out]
+
+
+class _GhostBottleneck(nn.Module):
+    """timm's GhostBottleneck: ghost module to ``mid``, a strided depthwise conv where it strides, squeeze-excite
+    where asked, a ghost module to the output without activation, plus the shortcut (identity, or a depthwise and a
+    1×1 conv)."""
+
+    def __init__(self, c_in: int, mid: int, c_out: int, kernel: int, stride: int, se: bool) -> None:
+        super().__init__()
+        self.ghost1 = _GhostModule(c_in, mid)
+        self.dw = conv_norm_act(mid, mid, kernel, stride, groups=mid, act=None) if stride > 1 else nn.Identity()
+        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(mid, _divisible(mid // 4), 1), nn.ReLU(),
+                                nn.Conv2d(_divisible(mid // 4), mid, 1), nn.Hardsigmoid()) if se else None
+        self.ghost2 = _GhostModule(mid, c_out, act=False)
+        self.shortcut = nn.Identity() if c_in == c_out and stride == 1 else nn.Sequential(
+            conv_norm_act(c_in, c_in, kernel, stride, groups=c_in, act=None), conv_norm_act(c_in, c_out, 1, act=None))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dw(self.ghost1(x))
+        if self.se is not None:
+            y = y * self.se(y)
+        return self.ghost2(y) + self.shortcut(x)
+
+
+def _divisible(c: int, by: int = 4) -> int:
+    return max(by, (c + by // 2) // by * by)
+
+
+class GhostNetLike(nn.Module):
+    """GhostNet 1.0× (timm's ``ghostnet_100`` layout): a 3×3 stem to 16, sixteen ghost bottlenecks, a 1×1 to 960,
+    pooling, a 1×1 head to 1280 and a linear classifier."""
+
+    CONFIG = ((3, 16, 16, 0, 1), (3, 48, 24, 0, 2), (3, 72, 24, 0, 1), (5, 72, 40, 1, 2), (5, 120, 40, 1, 1),
+              (3, 240, 80, 0, 2), (3, 200, 80, 0, 1), (3, 184, 80, 0, 1), (3, 184, 80, 0, 1), (3, 480, 112, 1, 1),
+              (3, 672, 112, 1, 1), (5, 672, 160, 1, 2), (5, 960, 160, 0, 1), (5, 960, 160, 1, 1), (5, 960, 160, 0, 1),
+              (5, 960, 160, 1, 1))
+
+    def __init__(self) -> None:
+        super().__init__()
+        blocks: list[nn.Module] = [conv_norm_act(3, 16, stride=2)]
+        c = 16
+        for kernel, mid, c_out, se, stride in self.CONFIG:
+            blocks.append(_GhostBottleneck(c, mid, c_out, kernel, stride, bool(se)))
+            c = c_out
+        self.features = nn.Sequential(*blocks, conv_norm_act(c, 960, 1))
+        self.head = nn.Sequential(nn.Conv2d(960, 1280, 1), nn.ReLU())
+        self.fc = nn.Linear(1280, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.head(self.features(x).mean((2, 3), keepdim=True)).flatten(1))
 
 
 class _MV2(nn.Module):

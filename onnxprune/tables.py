@@ -66,7 +66,7 @@ def print_analysis(result: Analysis, model: Path) -> None:
     for g in result.groups:
         status = (f"[green]yes[/]{' (a removable block)' * (g.id in result.blocks)}" if g.prunable
                   else f"[red]no[/]: {g.reason}")
-        width = f"{g.channels * g.unit} ({g.channels} conv groups)" if g.unit > 1 else str(g.channels)
+        width = f"{g.channels * g.unit} ({g.channels} {g.units})" if g.unit > 1 else str(g.channels)
         table.add_row(str(g.id), g.name, width, str(len(g.producers)), str(len(g.consumers)), status)
     console.print(table)
     console.print(f"MACs {mmacs(result.macs.total)}, params {result.params / 1e6:.2f}M, "
@@ -94,7 +94,7 @@ def print_compress(result: CompressReport, method: str, reconstruct: str, round_
     for layer in result.layers:
         greedy = "-" if layer.imitation_loss is None else f"{layer.imitation_loss:.3f}"
         width = f"{layer.kept * layer.unit}/{layer.channels * layer.unit}" + (
-            f" ({layer.kept}/{layer.channels} conv groups)" if layer.unit > 1 else "")
+            f" ({layer.kept}/{layer.channels} {layer.units})" if layer.unit > 1 else "")
         kept = width if layer.kept else f"block removed (0/{layer.channels * layer.unit})"
         by = (_selected_by(layer.selection),) * chosen
         table.add_row(layer.group, kept, *by, greedy, f"{layer.error_fold:.3f}", f"{layer.error:.3f}",

@@ -18,9 +18,11 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
+from onnxprune.cost import Cost
 from onnxprune.pipeline import compress
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import MACs, Uniform, options_from
+from onnxprune.strategies.base import Allocator
 
 OPSET = 17
 
@@ -128,15 +130,30 @@ def kill(model: onnx.ModelProto, dead: dict[str, list[int]]) -> onnx.ModelProto:
     return model
 
 
+class Fixed(Allocator):
+    """The widths a test names, by group id; every other group keeps all its channels."""
+
+    needs_curves = False
+
+    def __init__(self, widths: dict[int, int]) -> None:
+        self.given = widths
+
+    def widths(self, cost: Cost, groups: list[Group], curves: dict[int, np.ndarray], target: float,
+               min_channels: int, round_to: int) -> dict[int, int]:
+        return {g.id: self.given.get(g.id, g.channels) for g in groups}
+
+
 def compress_dead(model: onnx.ModelProto, tmp_path: Path, live: dict[str, int], shape: tuple[int, ...],
-                   samples: int = 12, **options) -> tuple[onnx.ModelProto, object]:
-    """Compress ``model`` to exactly the MACs of its groups (named by first producer) at the ``live`` widths."""
+                   samples: int = 12, fixed: bool = False, **options) -> tuple[onnx.ModelProto, object]:
+    """Compress ``model`` to exactly the MACs of its groups (named by first producer) at the ``live`` widths, by the
+    uniform allocation (``fixed``: at those widths, the other groups whole)."""
     analysis = analyze(model)
     widths = {g.id: live.get(g.name, g.channels) for g in analysis.prunable}
     target = analysis.macs.macs(widths)
     np.save(tmp_path / "calib.npy", np.random.default_rng(0).standard_normal((samples, *shape[1:])).astype(np.float32))
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
-    opts = options_from(MACs(target), allocate=Uniform(), round_to=1, provider="cpu", **options)
+    allocate = Fixed(widths) if fixed else Uniform()
+    opts = options_from(MACs(target), allocate=allocate, round_to=1, provider="cpu", **options)
     pruned, report = compress(model, calib, opts)
     kept = {layer.group: layer.kept for layer in report.layers}
     assert kept == {name: w for name, w in live.items()}, kept

@@ -87,6 +87,7 @@ class Group:
     partial: bool = False  # some member tensor holds other channels too, or these channels twice
     piece: str = ""  # "[a:b]" when the group is a range of its first producer's output channels
     unit: int = 1  # entries of its first producer's output a channel is: a conv group's channels (``Regroup``)
+    units: str = "conv groups"  # what such a channel is, in the user's words (``Regroup.what``)
     layout: Layout = field(default_factory=Layout)
 
     @property
@@ -133,6 +134,7 @@ class Group:
             "name": self.name,
             "channels": self.channels,
             "unit": self.unit,
+            "units": self.units,
             "producers": self.producers,
             "consumers": [c.node for c in self.consumers],
             "coupled": self.coupled,
@@ -182,9 +184,9 @@ class _CutFound(Exception):
 
 
 class _RegroupFound(Exception):
-    def __init__(self, unit: int) -> None:
-        super().__init__(unit)
-        self.unit = unit
+    def __init__(self, role: Regroup) -> None:
+        super().__init__(role.unit)
+        self.role = role
 
 
 class _Search:
@@ -228,8 +230,9 @@ class _Search:
             raise _CutFound(role.at)
         if isinstance(role, Regroup):
             if self.regroup:
-                raise _RegroupFound(role.unit)
-            role = Blocked(f"{role.reason}, read from a range of a tensor or in another unit")
+                raise _RegroupFound(role)
+            role = Blocked(role.reason if role.tentative else
+                           f"{role.reason}, read from a range of a tensor or in another unit")
         if isinstance(role, Blocked):
             group.blockers.append(role.reason)
         elif isinstance(role, Producer):
@@ -241,7 +244,8 @@ class _Search:
             group.slices.extend(slices)
         elif isinstance(role, Channelwise):
             group.slices.extend(s for s in slices if s not in group.slices)
-            group.attrs.extend(a for a in role.attrs if a not in group.attrs)
+            attrs = [replace(a, offset=offset) for a in role.attrs]
+            group.attrs.extend(a for a in attrs if a not in group.attrs)
             group.resizes.extend(r for r in role.resizes if r not in group.resizes)
             base = offset - role.frames.get(port, 0)
             for other, (o_axis, o_repeat) in role.ports.items():
@@ -270,37 +274,81 @@ class _Search:
                         self.visit(node, ("in", k), axis, repeat, offset)
 
 
-def _search(graph: gs.Graph, node: gs.Node, axis: int, start: int, length: int, unit: int = 1,
-            regroup: bool = True) -> Group:
-    """The group seeded by entries [start, start + length) of producer ``node``'s output, ``unit`` entries a
-    channel (``regroup`` False: a grouped conv that would need another unit blocks the group)."""
-    group = Group(id=-1, channels=length // unit, unit=unit)
+def _search(graph: gs.Graph, node: gs.Node, axis: int, starts: list[int], length: int, unit: int = 1,
+            regroup: bool = True, units: str = "conv groups") -> Group:
+    """The group seeded by entries [start, start + length) of producer ``node``'s output at each of ``starts`` (the
+    same channels twice where ranges of it reach one tensor as the same channels), ``unit`` entries a channel,
+    ``units`` what one is (``regroup`` False: a grouped conv that would need another unit blocks the group)."""
+    group = Group(id=-1, channels=length // unit, unit=unit, units=units)
     search = _Search(graph, group, regroup)
     out = node.outputs[0]
-    search.visited.add((node.name, ("out", 0), start // unit))
-    role = role_of(node, ("out", 0), axis, unit, (start // unit, length // unit))
     group.producers.append(node.name)
-    if isinstance(role, Blocked):
-        group.blockers.append(role.reason)
-        group.tensors[out.name] = (axis, unit)
-        group.offsets[out.name] = [start // unit]
-        return group
-    group.slices.extend(replace(s, tensor=out.name, offset=start // unit) for s in role.slices)
-    search.add_tensor(out, axis, unit, start // unit)
+    for start in starts:
+        search.visited.add((node.name, ("out", 0), start // unit))
+        role = role_of(node, ("out", 0), axis, unit, (start // unit, length // unit))
+        if isinstance(role, Blocked):
+            group.blockers.append(role.reason)
+            group.tensors[out.name] = (axis, unit)
+            group.offsets.setdefault(out.name, []).append(start // unit)
+            continue
+        group.slices.extend(replace(s, tensor=out.name, offset=start // unit) for s in role.slices)
+        search.add_tensor(out, axis, unit, start // unit)
     search.run()
     return group
 
 
+def _sharing(groups: list[Group]) -> list[list[int]]:
+    """Clusters (of two or more) of ``groups`` that hold one tensor at one offset: ranges of a producer's output that
+    reach a tensor as the same channels (a residual sum of a 1×1 conv's output with Ghost's concatenation of a
+    conv's output and a depthwise conv of it)."""
+    owner: dict[tuple[str, int], int] = {}
+    parent = list(range(len(groups)))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    for i, group in enumerate(groups):
+        for name, offsets in group.offsets.items():
+            for offset in offsets:
+                j = owner.setdefault((name, offset), i)
+                parent[root(i)] = root(j)
+    clusters: dict[int, list[int]] = {}
+    for i in range(len(groups)):
+        clusters.setdefault(root(i), []).append(i)
+    return [c for c in clusters.values() if len(c) > 1]
+
+
 def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list[Group]:
     """The groups of a producer's output: one range at first, cut wherever a Split/Slice/Concat needs; where a
-    grouped conv reads the whole output, one channel is a conv group's entries (``Regroup``)."""
-    bounds, unit, regroup_ok = [0, channels], 1, True
+    grouped conv reads the whole output, one channel is a conv group's entries, where a reshape splits it into heads
+    a head's, if that leaves the group unblocked (``Regroup``)."""
+    bounds, unit, regroup_ok, units, tentative = [0, channels], 1, True, "conv groups", False
     while True:
         groups = []
         try:
             for a, b in zip(bounds, bounds[1:]):
-                groups.append(_search(graph, node, axis, a, b - a, unit, regroup_ok))
+                groups.append(_search(graph, node, axis, [a], b - a, unit, regroup_ok, units))
                 groups[-1].piece = f"[{a}:{b}]" if len(bounds) > 2 else ""
+            for cluster in _sharing(groups):
+                ranges = [(bounds[i], bounds[i + 1]) for i in cluster]
+                if len({b - a for a, b in ranges}) > 1:
+                    where = ", ".join(f"[{a}:{b}]" for a, b in ranges)
+                    for i in cluster:
+                        groups[i].blockers.append(f"{node.op} {node.name}: its channels {where} reach one tensor as "
+                                                  "the same channels, in ranges of unequal widths")
+                    continue
+                merged = _search(graph, node, axis, [a for a, _ in ranges], ranges[0][1] - ranges[0][0], unit,
+                                 regroup_ok, units)
+                merged.piece = "+".join(f"[{a}:{b}]" for a, b in ranges)
+                groups[cluster[0]] = merged
+                for i in cluster[1:]:
+                    groups[i] = None  # type: ignore[call-overload]
+            groups = [g for g in groups if g is not None]
+            if tentative and any(g.blockers for g in groups):
+                bounds, unit, regroup_ok, tentative = [0, channels], 1, False, False
+                continue
             return groups
         except _CutFound as cut:
             a = bounds[len(groups)]
@@ -309,7 +357,7 @@ def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list
             if len(bounds) > 2 or unit > 1 or not regroup_ok:  # of a range, or of conv groups: not supported
                 bounds, unit, regroup_ok = [0, channels], 1, False
             else:
-                unit = regroup.unit
+                unit, units, tentative = regroup.role.unit, regroup.role.what, regroup.role.tentative
 
 
 def _finish(group: Group, tensor_map: dict[str, gs.Tensor]) -> None:

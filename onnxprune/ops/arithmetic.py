@@ -13,9 +13,10 @@ from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, SliceSite, Spa
 from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, binary, is_float
 
 
-def _per_channel_const(node: gs.Node, index: int, data_rank: int, axis: int, channels: int | None,
+def _per_channel_const(node: gs.Node, index: int, data_rank: int, axis: int, entries: int | None,
                        repeat: int) -> SliceSite | None | Blocked:
-    """Slice site for a broadcast constant operand, None when it does not vary by channel."""
+    """Slice site for a broadcast constant operand, None when it does not vary by channel (``entries``: the
+    data's size on the channel axis, ``repeat`` entries a channel)."""
     value = const_value(node.inputs[index])
     if value is None:
         return Blocked(f"{node.name}: input {node.inputs[index].name} is not constant")
@@ -24,7 +25,7 @@ def _per_channel_const(node: gs.Node, index: int, data_rank: int, axis: int, cha
     c_axis = axis - (data_rank - value.ndim)
     if c_axis < 0 or value.shape[c_axis] == 1:
         return None
-    if channels is not None and value.shape[c_axis] != channels * repeat:
+    if entries is not None and value.shape[c_axis] != entries:
         return Blocked(f"{node.name}: constant {node.inputs[index].name} has shape {value.shape}, "
                        "not broadcastable per channel")
     return SliceSite(node.name, index, c_axis, repeat)

@@ -8,7 +8,7 @@ import torch
 
 from onnxprune.ir.graph import const_shape, const_value, static_shape
 from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
-from onnxprune.ops.roles import Blocked, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
+from onnxprune.ops.roles import Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
 # ---- channel rules
@@ -34,6 +34,8 @@ def _gemm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) ->
 
 def _matmul_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     weight = const_shape(node.inputs[1])
+    if weight is None and const_shape(node.inputs[0]) is None:
+        return _product_rule(node, port, axis, repeat)
     if weight is None or len(weight) != 2:
         return Blocked(f"MatMul {node.name}: weight is not a constant matrix")
     rank = rank_of(node.outputs[0] if port[0] == "out" else node.inputs[0])
@@ -44,6 +46,30 @@ def _matmul_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     if port == ("in", 0):
         return Consumer("matmul", [SliceSite(node.name, 1, 0, repeat)])
     return Blocked(f"MatMul {node.name}: channels reach the weight input")
+
+
+def _product_rule(node: gs.Node, port: Port, axis: int, repeat: int) -> Role:
+    """A MatMul of two computed tensors (an attention's q·kᵀ and attn·v): channel-wise in an axis both inputs batch
+    over (an attention's heads), in the columns of the second input (v's channels, for attn·v) and in the rows of
+    the first; the axis the product sums over mixes the channels of both, which no refit of one consumer undoes."""
+    shapes = [static_shape(t) for t in (*node.inputs, node.outputs[0])]
+    if any(s is None or len(s) < 2 for s in shapes) or len({len(s) for s in shapes}) != 1:
+        return Blocked(f"MatMul {node.name}: a product of two computed tensors of unknown or unequal ranks")
+    rank = len(shapes[0])
+    at = {("in", 0): 0, ("in", 1): 1, ("out", 0): 2}.get(port)
+    if at is None:
+        return Blocked(f"MatMul {node.name}: channels reach an unsupported input")
+    if axis < rank - 2:
+        if len({s[axis] for s in shapes}) != 1:
+            return Blocked(f"MatMul {node.name}: an input broadcasts over the channel axis")
+        return Channelwise({p: (axis, repeat) for p in (("in", 0), ("in", 1), ("out", 0))})
+    if (at, axis) in ((1, rank - 1), (2, rank - 1)):
+        return Channelwise({("in", 1): (rank - 1, repeat), ("out", 0): (rank - 1, repeat)})
+    if (at, axis) in ((0, rank - 2), (2, rank - 2)):
+        return Channelwise({("in", 0): (rank - 2, repeat), ("out", 0): (rank - 2, repeat)})
+    return Blocked(f"MatMul {node.name}: a product of two computed tensors sums over these channels (an "
+                   "attention's q·kᵀ, a point cloud's x·xᵀ), which no refit of one consumer undoes; only whole heads "
+                   "prune there, where q, k and v carry them on an axis of their own")
 
 
 def _last_axis(node: gs.Node) -> int | None:

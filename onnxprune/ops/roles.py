@@ -13,9 +13,10 @@ channels) reaches one port of a node. It answers what the node does with those c
 * ``Blocked`` — anything else, with the reason. Unknown ops are blocked, never guessed.
 * ``Cut`` — the space reaches a Split/Slice/Concat boundary inside its channel range: the search
   restarts with the range cut there (a producer whose output is split becomes one group per piece).
-* ``Regroup`` — the space reaches a grouped convolution whose groups split its channels: the search
-  restarts with a conv group as the unit (a "channel" of the space is then ``unit`` consecutive
-  entries, kept or dropped together, as ``repeat`` counts them).
+* ``Regroup`` — the space reaches a grouped convolution whose groups split its channels, or a reshape that
+  splits its channel axis into (heads, entries of a head): the search restarts with a conv group or a head as
+  the unit (a "channel" of the space is then ``unit`` consecutive entries, kept or dropped together, as
+  ``repeat`` counts them).
 
 A space may hold only part of a tensor's channel axis (one input of a channel-axis Concat, one
 piece of a Split): ``span`` is its (offset, length) there, and ``Channelwise.frames`` shifts the
@@ -56,6 +57,7 @@ class ResizeSite:
     tensor: str
     axis: int
     bounds: tuple[int, ...]
+    per: int = 1  # entries of the node's output a channel holds there (a Reshape's target counts entries)
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,7 @@ class AttrSite:
     node: str
     attr: str
     per: int = 1
+    offset: int = 0  # of the group's channels in the node's input: a group there twice loses twice (Ghost's concat)
 
 
 @dataclass
@@ -101,8 +104,11 @@ class Cut:
 
 @dataclass
 class Regroup:
-    unit: int  # entries per channel of the space: the channels of one conv group
+    unit: int  # entries per channel of the space: the channels of one conv group, or of one head
     reason: str
+    what: str = "conv groups"  # what a unit is, in the user's words
+    tentative: bool = False  # where the unit leaves the group blocked, the search by single channels stands (and
+    # ``reason`` blocks it there)
 
 
 Role = Channelwise | Producer | Consumer | Blocked | Cut | Regroup

@@ -10,7 +10,7 @@ import torch
 
 from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.ops.registry import OpEntry, register
-from onnxprune.ops.roles import Blocked, Channelwise, Port, ResizeSite, Role, Span, rank_of
+from onnxprune.ops.roles import Blocked, Channelwise, Port, Regroup, ResizeSite, Role, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
 
 
@@ -32,10 +32,11 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
         return Blocked(f"{node.op} {node.name}: unknown shapes")
     if port == ("out", 0):
         in_axis = _same_axis(o_shape, i_shape, axis)
-        if in_axis is None:
-            return Blocked(f"{node.op} {node.name} builds these channels out of other axes (an RNN's gates split "
-                           "from one vector, say): a channel here is not one channel before it")
-        return _kept_axis(node, in_axis, axis, repeat, i_shape)
+        if in_axis is not None:
+            return _kept_axis(node, in_axis, axis, repeat, i_shape)
+        regrouped = _regrouped(node, port, axis, repeat, span, i_shape, o_shape)
+        return regrouped or Blocked(f"{node.op} {node.name} builds these channels out of other axes (an RNN's "
+                                    "gates split from one vector, say): a channel here is not one channel before it")
     lead = i_shape[:axis]
     inner = i_shape[axis + 1:]
     out_axis = _same_axis(i_shape, o_shape, axis)
@@ -43,7 +44,8 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
         return _kept_axis(node, axis, out_axis, repeat, i_shape)
     # Case 2: flatten of [*lead, C, *spatial] into [*lead, C*prod(spatial)].
     if None in inner or len(o_shape) != axis + 1 or o_shape[:axis][1:] != lead[1:]:
-        return Blocked(f"{node.op} {node.name}: reshapes across the channel axis")
+        return _regrouped(node, port, axis, repeat, span, i_shape, o_shape) or Blocked(
+            f"{node.op} {node.name}: reshapes across the channel axis")
     spatial = int(np.prod(inner)) if inner else 1
     channels = i_shape[axis]
     if channels is None or o_shape[axis] not in (None, channels * spatial):
@@ -57,9 +59,59 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
         if len(target) != axis + 1:
             return Blocked(f"Reshape {node.name}: reshapes across the channel axis")
         if int(target[-1]) != -1:
-            if -1 in target.tolist():
+            if -1 in target.tolist() and (span[0] != 0 or span[1] * repeat != channels):
                 return Blocked(f"Reshape {node.name}: its target fixes the flattened width ({int(target[-1])})")
-            role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, int(channels))))
+            role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, span[1]), repeat * spatial))
+    return role
+
+
+def _split_of(merged: list[int | None], split: list[int | None], axis: int) -> int | None:
+    """How many entries of ``merged``'s axis ``axis`` each index of ``split``'s axis ``axis`` spans, where ``split`` is
+    ``merged`` with that axis split in two or more (``[B, N, D]`` -> ``[B, N, H, D/H]``: D/H) and every other axis
+    kept (the batch may differ, as where rows fold into it); else None."""
+    tail = merged[axis + 1:]
+    if axis >= len(merged) or len(split) <= len(merged) or split[1:axis] != merged[1:axis] or None in tail:
+        return None
+    if tail and split[len(split) - len(tail):] != tail:
+        return None
+    inner = split[axis + 1:len(split) - len(tail)]
+    if not inner or None in inner or split[axis] is None or merged[axis] is None:
+        return None
+    return math.prod(inner) if split[axis] * math.prod(inner) == merged[axis] else None
+
+
+def _regrouped(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, i_shape: list[int | None],
+               o_shape: list[int | None]) -> Role | None:
+    """A reshape that splits the channel axis into (channels, entries each) or merges them back (an attention's
+    heads: ``[B, N, D]`` <-> ``[B, N, H, D/H]``), the space on the outer axis: channel-wise where a channel of the
+    space spans whole indices of it; where the space arrives one entry a channel, a unit of those entries (a head)
+    becomes its channel (``Regroup``); None where the shapes are not such a split."""
+    here, there = (i_shape, o_shape) if port[0] == "in" else (o_shape, i_shape)
+    if len(here) < len(there):  # the space arrives at the merged side
+        inner = _split_of(here, there, axis)
+        if inner is None:
+            return None
+        if repeat % inner:
+            return Regroup(inner, f"{node.op} {node.name}: reshapes across the channel axis", "heads",
+                           tentative=True) if repeat == 1 else None
+        out_repeat = repeat // inner
+    else:  # at the split side, a channel spanning ``inner`` of the merged axis
+        inner = _split_of(there, here, axis)
+        if inner is None:
+            return None
+        out_repeat = repeat * inner
+    if span[0] != 0 or span[1] * repeat != here[axis]:
+        return Blocked(f"{node.op} {node.name}: splits or merges a channel axis that holds other channels too")
+    ports = {port: (axis, repeat), ("in" if port[0] == "out" else "out", 0): (axis, out_repeat)}
+    role = Channelwise({("in", 0): ports[("in", 0)], ("out", 0): ports[("out", 0)]})
+    if node.op != "Reshape":
+        return role
+    entry = _shape_entry(node.inputs[1], axis)
+    if entry == -1:
+        return role
+    if entry != o_shape[axis] or const_value(node.inputs[1]) is None:
+        return Blocked(f"Reshape {node.name}: its target fixes the channel count ({entry})")
+    role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, span[1]), ports[("out", 0)][1]))
     return role
 
 
@@ -103,10 +155,10 @@ def _kept_axis(node: gs.Node, axis: int, out_axis: int, repeat: int, i_shape: li
 def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Rewrite entry ``site.axis`` of a Reshape's constant target, which held the channel count (or, for a flatten,
     the channels' entries): -1 ("the rest") when no other entry is, else the count ``bounds[1] - bounds[0]`` (the
-    input's channel axis after slicing)."""
+    input's channel axis after slicing) times the entries a channel holds there (``site.per``)."""
     target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
-    target[site.axis] = -1 if -1 not in np.delete(target, site.axis).tolist() else bounds[1] - bounds[0]
-    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.keep{tag}", target)
+    target[site.axis] = -1 if -1 not in np.delete(target, site.axis).tolist() else (bounds[1] - bounds[0]) * site.per
+    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)  # a shared target: one each
 
 
 def _shape_entry(tensor: gs.Tensor, index: int) -> int | None:

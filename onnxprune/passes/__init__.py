@@ -7,6 +7,7 @@ from onnxprune.passes.refit_consumer import refit_consumer
 from onnxprune.passes.remove_block import remove_block
 from onnxprune.passes.scale_columns import scale_columns
 from onnxprune.passes.slice_channels import slice_channels
+from onnxprune.passes.split_qkv import split_qkv
 
 __all__ = ["flatten_channels_first", "fold_branches", "refit_consumer", "remove_block", "scale_columns",
-           "slice_channels"]
+           "slice_channels", "split_qkv"]

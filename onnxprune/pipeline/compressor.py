@@ -239,7 +239,7 @@ class Compressor:
         layer = LayerReport(group.name, group.channels, len(keep), [c.node for c in group.consumers], rel, err_fold,
                             err, ridges, time.perf_counter() - t0,
                             group_step(group.channels, self.options.round_to, group.unit),
-                            self.notes.pop(group.name, None), group.unit)
+                            self.notes.pop(group.name, None), group.unit, group.units)
         energy = sum(centred_energy(d.stats) for d in now)
         tally = [err * energy, energy]
         self.pending += [Pending(self.live.position[d.use.node], group, d.use, layer, tally) for d in deferred]
@@ -255,7 +255,8 @@ class Compressor:
         names = {n.name for n in self.graph.nodes}
         self.pending = [p for p in self.pending if p.use.node in names]
         return LayerReport(group.name, group.channels, 0, [d.use.node], None, 1.0, 1.0, [], time.perf_counter() - t0,
-                           group_step(group.channels, self.options.round_to, group.unit), unit=group.unit)
+                           group_step(group.channels, self.options.round_to, group.unit), unit=group.unit,
+                           units=group.units)
 
     def refit_pending(self, upto: int) -> None:
         """Refit the residual streams' later consumers that run before position ``upto``, on their inputs as

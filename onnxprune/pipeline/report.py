@@ -21,6 +21,7 @@ class LayerReport:
     step: int  # widths were multiples of this: --round-to, or finer for a group narrower than 4 steps
     selection: dict | None = None  # what the selector noted: global/auto's method, discrepancies, why
     unit: int = 1  # channels per counted channel: a grouped conv's group (channels, kept and step count groups)
+    units: str = "conv groups"  # what a counted channel is where unit > 1: conv groups, or heads
 
 
 @dataclass

@@ -1,0 +1,118 @@
+"""Attention blocks (issue 71): a fused q/k/v projection split into three, whole heads pruned through the reshapes
+and the two products of computed tensors, and a linear map reshaped into feature maps pruned by whole maps.
+
+The oracle is exactness, as in ``test_real_exports``: the heads (maps) a test removes are dead, so the pruned model
+must reproduce the original's outputs in onnxruntime."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from onnxprune import api
+from onnxprune.analysis import analyze
+from onnxprune.ir.load import import_graph
+from onnxprune.passes.split_qkv import has_fused_qkv
+from tests.onnx_builders import compress_dead, export_torch, run, same_outputs
+
+TOKENS, DIM, HEADS = 16, 32, 4
+
+
+class Attention(nn.Module):
+    """timm's multi-head self-attention between two linear maps: one qkv Linear, heads split by a reshape,
+    softmax(q·kᵀ/√d)·v, a projection; ``dead`` heads have zero values (their output is zero)."""
+
+    def __init__(self, dead: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.embed, self.qkv, self.proj = nn.Linear(DIM, DIM), nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.head = nn.Linear(DIM, 10)
+        width = DIM // HEADS
+        with torch.no_grad():
+            for h in dead:
+                self.qkv.weight[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
+                self.qkv.bias[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, HEADS, c // HEADS).permute(2, 0, 3, 1, 4)
+        attn = (q @ k.transpose(-2, -1) * (c // HEADS) ** -0.5).softmax(-1)
+        return self.head(self.proj((attn @ v).transpose(1, 2).reshape(b, n, c)))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_a_fused_qkv_splits_into_three_projections_equal_to_the_original(dynamic: bool, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    path = export_torch(Attention(), tmp_path / "attn.onnx", (1, TOKENS, DIM), dynamic_batch=dynamic)
+    model = onnx.load(str(path))
+    assert has_fused_qkv(import_graph(model))
+    split = api.load(model)
+    assert sum(n.op_type == "MatMul" for n in split.graph.node) == sum(
+        n.op_type == "MatMul" for n in model.graph.node) + 2
+    assert not has_fused_qkv(import_graph(split))
+    x = np.random.default_rng(0).standard_normal((2 if dynamic else 1, TOKENS, DIM)).astype(np.float32)
+    np.testing.assert_allclose(run(split, input=x)[0], run(model, input=x)[0], rtol=1e-5, atol=1e-6)
+
+
+def test_attention_heads_prune_to_the_masked_original(tmp_path: Path) -> None:
+    """q, k and v are one group of 4 heads of 8 entries, the output projection its consumer; with head 2's values
+    dead, keeping 3 heads drops it and the pruned model equals the original."""
+    torch.manual_seed(0)
+    model = api.load(export_torch(Attention(dead=(2,)), tmp_path / "attn.onnx", (1, TOKENS, DIM)))
+    heads = [g for g in analyze(model).groups if g.unit > 1]
+    assert [(g.channels, g.unit, g.units, g.prunable, len(g.producers)) for g in heads] == [(HEADS, 8, "heads", True,
+                                                                                              3)]
+    pruned, report = compress_dead(model, tmp_path, {heads[0].name: 3}, (1, TOKENS, DIM))
+    same_outputs(pruned, model, (2, TOKENS, DIM))
+    layer = next(x for x in report.layers if x.group == heads[0].name)
+    assert (layer.kept, layer.unit, layer.units) == (3, 8, "heads")
+
+
+def test_the_width_a_product_sums_over_is_not_pruned_and_says_why(tmp_path: Path) -> None:
+    """Without the heads' reshape (one head), q·kᵀ sums over the projections' channels: q's and k's group is
+    blocked by that product, in words; v's channels run through attn·v to the projection and prune."""
+
+    class OneHead(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.q, self.k, self.v, self.proj = (nn.Linear(DIM, DIM) for _ in range(4))
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            attn = (self.q(x) @ self.k(x).transpose(-2, -1)).softmax(-1)
+            return self.proj(attn @ self.v(x))
+
+    torch.manual_seed(0)
+    model = api.load(export_torch(OneHead(), tmp_path / "one.onnx", (1, TOKENS, DIM)))
+    reasons = {g.name.split("/")[1]: g.reason for g in analyze(model).groups}
+    assert "a product of two computed tensors sums over these channels" in reasons["q"]
+    assert "a product of two computed tensors sums over these channels" in reasons["k"]
+    assert reasons["v"] is None
+
+
+class MapDecoder(nn.Module):
+    """A linear map reshaped into 8 feature maps of 4x4, then a 1x1 conv: the maps are the conv's input channels."""
+
+    def __init__(self, dead: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.fc, self.conv = nn.Linear(16, 8 * 16), nn.Conv2d(8, 4, 1)
+        with torch.no_grad():
+            for c in dead:
+                self.fc.weight[c * 16:(c + 1) * 16] = 0
+                self.fc.bias[c * 16:(c + 1) * 16] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.conv(torch.relu(self.fc(x)).reshape(-1, 8, 4, 4))
+
+
+def test_a_linear_map_reshaped_into_feature_maps_prunes_whole_maps(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = api.load(export_torch(MapDecoder(dead=(1, 6)), tmp_path / "dec.onnx", (1, 16)))
+    (group,) = [g for g in analyze(model).groups if g.prunable]
+    assert (group.channels, group.unit) == (8, 16)
+    pruned, _ = compress_dead(model, tmp_path, {group.name: 6}, (1, 16))
+    same_outputs(pruned, model, (3, 16))

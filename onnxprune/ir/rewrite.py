@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
 
 import onnx
 import onnx_graphsurgeon as gs
@@ -10,6 +11,7 @@ import onnx_graphsurgeon as gs
 from onnxprune.ir.graph import export_model, restore_subgraphs
 from onnxprune.ir.load import inferred_graph
 
+T = TypeVar("T")
 Rewrite = tuple[Callable[[gs.Graph], bool], Callable[[gs.Graph], gs.Graph]]  # (finds something, the pass)
 
 
@@ -31,3 +33,13 @@ def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite]) -> onnx.Model
     del out.opset_import[:]
     out.opset_import.extend(model.opset_import)
     return restore_subgraphs(out, model)
+
+
+def matches(graph: gs.Graph, op: str, match: Callable[[gs.Node, set[str]], T | None]) -> Iterator[tuple[gs.Node, T]]:
+    """Each node of type ``op`` in ``graph`` (listed before any is rewritten) with what ``match`` finds at it, given
+    the graph's output names (a tensor a pass must keep); nodes where it finds nothing are skipped."""
+    outputs = {t.name for t in graph.outputs}
+    for node in [n for n in graph.nodes if n.op == op]:
+        found = match(node, outputs)
+        if found is not None:
+            yield node, found

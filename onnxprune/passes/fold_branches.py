@@ -17,7 +17,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_value, static_shape
-from onnxprune.ir.rewrite import rewritten
+from onnxprune.ir.rewrite import matches, rewritten
 
 
 @dataclass
@@ -37,12 +37,7 @@ def fold_branches(graph: gs.Graph) -> gs.Graph:
     1 with as many outputs as inputs), by one Conv computing the sum.
 
     In place: ``graph`` is modified, then cleaned up and sorted; returns the same graph."""
-    outputs = {t.name for t in graph.outputs}
-    for add in [n for n in graph.nodes if n.op == "Add"]:
-        folded = _foldable(add, outputs)
-        if folded is None:
-            continue
-        x, weight, bias, conv = folded
+    for add, (x, weight, bias, conv) in matches(graph, "Add", _foldable):
         out = add.outputs[0]
         add.outputs.clear()
         attrs = {k: v for k, v in conv.attrs.items() if k not in ("pads", "kernel_shape", "auto_pad")}
@@ -56,8 +51,7 @@ def fold_branches(graph: gs.Graph) -> gs.Graph:
 
 def has_branches(graph: gs.Graph) -> bool:
     """Whether ``fold_branches`` finds a sum of branches to fold in ``graph``."""
-    outputs = {t.name for t in graph.outputs}
-    return any(n.op == "Add" and _foldable(n, outputs) is not None for n in graph.nodes)
+    return next(matches(graph, "Add", _foldable), None) is not None
 
 
 def _foldable(add: gs.Node, outputs: set[str]) -> tuple[gs.Variable, np.ndarray, np.ndarray, gs.Node] | None:

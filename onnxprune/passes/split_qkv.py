@@ -16,6 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import const_value
+from onnxprune.ir.rewrite import matches
 
 
 @dataclass
@@ -33,11 +34,7 @@ def split_qkv(graph: gs.Graph) -> gs.Graph:
     ``[0, .., 0, H, D/H]`` and Transposes, writing the tensors q, k and v the graph read before.
 
     In place: ``graph`` is modified, then cleaned up and sorted; returns the same graph."""
-    outputs = {t.name for t in graph.outputs}
-    for node in [n for n in graph.nodes if n.op == "MatMul"]:
-        fused = _fused(node, outputs)
-        if fused is None:
-            continue
+    for node, fused in matches(graph, "MatMul", _fused):
         x, weight = node.inputs[0], np.asarray(node.inputs[1].values)
         lead = len(fused.perm) - 2  # the projection's input axes before its channels
         target = np.array([0] * lead + [fused.heads, fused.width], np.int64)  # each its own: pruning rewrites it
@@ -65,8 +62,7 @@ def split_qkv(graph: gs.Graph) -> gs.Graph:
 
 def has_fused_qkv(graph: gs.Graph) -> bool:
     """Whether ``split_qkv`` finds a fused q/k/v projection in ``graph``."""
-    outputs = {t.name for t in graph.outputs}
-    return any(n.op == "MatMul" and _fused(n, outputs) is not None for n in graph.nodes)
+    return next(matches(graph, "MatMul", _fused), None) is not None
 
 
 def _only_reader(tensor: gs.Tensor, outputs: set[str]) -> gs.Node | None:

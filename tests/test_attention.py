@@ -59,11 +59,34 @@ def test_a_fused_qkv_splits_into_three_projections_equal_to_the_original(dynamic
     np.testing.assert_allclose(run(split, input=x)[0], run(model, input=x)[0], rtol=1e-5, atol=1e-6)
 
 
-def test_attention_heads_prune_to_the_masked_original(tmp_path: Path) -> None:
+class SeparateAttention(nn.Module):
+    """Multi-head attention with q, k and v each their own Linear, split into heads by ``view`` and ``transpose``
+    (as DeiT-style and Hugging Face blocks write it); ``dead`` heads have zero values."""
+
+    def __init__(self, dead: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.embed, self.proj, self.head = nn.Linear(DIM, DIM), nn.Linear(DIM, DIM), nn.Linear(DIM, 10)
+        self.q, self.k, self.v = (nn.Linear(DIM, DIM) for _ in range(3))
+        width = DIM // HEADS
+        with torch.no_grad():
+            for h in dead:
+                self.v.weight[h * width:(h + 1) * width] = 0
+                self.v.bias[h * width:(h + 1) * width] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        b, n, c = x.shape
+        q, k, v = (f(x).view(b, n, HEADS, c // HEADS).transpose(1, 2) for f in (self.q, self.k, self.v))
+        attn = (q @ k.transpose(-2, -1) * (c // HEADS) ** -0.5).softmax(-1)
+        return self.head(self.proj((attn @ v).transpose(1, 2).reshape(b, n, c)))
+
+
+@pytest.mark.parametrize("block", [Attention, SeparateAttention])
+def test_attention_heads_prune_to_the_masked_original(block: type[nn.Module], tmp_path: Path) -> None:
     """q, k and v are one group of 4 heads of 8 entries, the output projection its consumer; with head 2's values
     dead, keeping 3 heads drops it and the pruned model equals the original."""
     torch.manual_seed(0)
-    model = api.load(export_torch(Attention(dead=(2,)), tmp_path / "attn.onnx", (1, TOKENS, DIM)))
+    model = api.load(export_torch(block(dead=(2,)), tmp_path / "attn.onnx", (1, TOKENS, DIM)))
     heads = [g for g in analyze(model).groups if g.unit > 1]
     assert [(g.channels, g.unit, g.units, g.prunable, len(g.producers)) for g in heads] == [(HEADS, 8, "heads", True,
                                                                                               3)]

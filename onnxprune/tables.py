@@ -347,7 +347,7 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
         table.add_column(col, justify=justify)
     for c in r.candidates:
         chosen = (c.method, c.float_nodes, c.rounding) == (r.method, r.float_nodes, r.rounding)
-        where = f"{len(c.float_nodes)} layers" + (f" (first {c.prefix} and before)" if c.prefix else "")
+        where = f"{len(c.float_nodes)} layers" + (f" (first and last {c.prefix})" if c.prefix else "")
         table.add_row(f"{c.method}{' (chosen)' if chosen else ''}", where if c.float_nodes else "-", c.rounding,
                       _fmt(c.value, ".4f"), _fmt(c.kl, ".4f"), f"{c.rel_l2:.4f}", f"{c.seconds:.0f}")
     console.print(table)
@@ -360,7 +360,8 @@ def print_quantize(r: QuantizeReport, output: Path) -> None:
                   + (" (Q/DQ run in float, as TensorRT computes)" if r.simulated else ""))
     console.print(f"in float: {', '.join(r.unquantized) if r.unquantized else 'no weighted layer'}"
                   + (f"; the {len(r.tail)} nodes after the last weighted layers (the head's decoding)" if r.tail else "")
-                  + (f"; every node up to the first {r.prefix} weighted layers (--max-loss)" if r.prefix else ""))
+                  + (f"; every node up to the first and from the last {r.prefix} weighted layers (--max-loss)"
+                     if r.prefix else ""))
     for note in r.notes:
         console.print(f"note: {note}")
     console.print(f"{r.calibration_samples} calibration samples, {r.seconds:.0f} s; wrote {output}")

@@ -17,7 +17,17 @@ from typer.testing import CliRunner
 from onnxprune import api
 from onnxprune.analysis.macs import count_params
 from onnxprune.cli import app
-from onnxprune.deploy.quantize import WEIGHTED, QuantizeOptions, ends, prefix, prefixes, saturating_cpu, split, tail
+from onnxprune.deploy.quantize import (
+    WEIGHTED,
+    QuantizeOptions,
+    ends,
+    prefix,
+    prefixes,
+    saturating_cpu,
+    split,
+    suffix,
+    tail,
+)
 from onnxprune.deploy.rounding import gptq_round, input_grams
 from onnxprune.evaluation import evaluate
 from tests.onnx_builders import run
@@ -310,15 +320,18 @@ def test_quantize_with_gptq_keeps_the_scales_and_lowers_every_layers_output_erro
     assert totals[1] < 0.9 * totals[0]  # on average a layer's error falls by more than a tenth
 
 
-def test_a_float_prefix_holds_the_first_weighted_layers_and_every_node_before_them(tiny) -> None:
+def test_float_ends_hold_the_first_and_last_weighted_layers_and_every_node_before_and_after(tiny) -> None:
     model = api.load(tiny.path)
     nodes = list(model.graph.node)
     weighted = [i for i, n in enumerate(nodes) if n.op_type in WEIGHTED]
     widths = prefixes(model)
-    assert widths == [w for w in (2, 4, 8, 16, 32) if w <= len(weighted) // 2] and widths
+    assert widths == [w for w in (2, 4, 8, 16, 32) if w <= len(weighted) // 4] and widths
     for width in widths:
         assert prefix(model, width) == [n.name for n in nodes[:weighted[width]]]
         assert sum(nodes[i].name in prefix(model, width) for i in weighted) == width
+        assert suffix(model, width) == [n.name for n in nodes[weighted[-width]:]]
+        assert sum(nodes[i].name in suffix(model, width) for i in weighted) == width
+    assert suffix(model, 0) == []
 
 
 def test_max_loss_widens_the_float_prefix_to_the_narrowest_within_it(tiny) -> None:
@@ -332,8 +345,8 @@ def test_max_loss_widens_the_float_prefix_to_the_narrowest_within_it(tiny) -> No
     loss = widest.fp32["value"] - (none + at_two) / 2
     report = api.quantize(tiny.path, tiny.calib, options=QuantizeOptions(**raw, max_loss=loss)).report
     assert [c.prefix for c in report.candidates] == [0, two] and report.prefix == two
-    assert report.unquantized == report.float_nodes and len(report.unquantized) == two
-    assert set(report.unquantized) <= set(prefix(api.load(tiny.path), two))
+    assert report.unquantized == report.float_nodes and len(report.unquantized) == 2 * two
+    assert set(report.unquantized) <= set(prefix(api.load(tiny.path), two)) | set(suffix(api.load(tiny.path), two))
     within = api.quantize(tiny.path, tiny.calib, options=QuantizeOptions(**raw, max_loss=0.5)).report
     assert [c.prefix for c in within.candidates] == [0] and within.prefix == 0
     assert not any("--max-loss" in note for note in within.notes)

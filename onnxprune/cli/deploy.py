@@ -134,7 +134,7 @@ def quantize_cmd(
     the best so far with its weights rounded by GPTQ (--rounding); the model whose task metric against --ref (a
     classifier's top-1 agreement, a detector's mAP50-95, ...) is best on the held-out images is written, with the
     float input's and the INT8 model's scores beside it. With --max-loss, where that model loses more than it to
-    the float input, the first layers stay in float, as few as bring it within."""
+    the float input, the first and the last layers stay in float, as few as bring it within."""
     values = dict(locals())
     try:
         if output.resolve() in (model.resolve(), *([ref.resolve()] if ref else [])):

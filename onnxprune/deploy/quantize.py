@@ -57,9 +57,10 @@ class QuantizeOptions:
     reduce_range: 7-bit weights; None: on for 'onnxruntime' on an x86 CPU without VNNI, else off. rounding: the
     weights' integers 'nearest' to each weight, or rounded by 'gptq' (``deploy.rounding``: the layer's output error
     on the calibration samples kept small), or 'auto': the best candidate tried both ways, the better kept.
-    max_loss: where the best candidate's metric lies more than this below the float input's, the first weighted
-    layers (2, 4, 8, ... of them, at most half) stay in float with every node before them, the fewest that bring
-    it within (``prefix``; what they keep in float runs at float speed); None: never."""
+    max_loss: where the best candidate's metric lies more than this below the float input's, the first and the
+    last weighted layers (2, 4, 8, ... of them at each end, at most a quarter) stay in float with every node before
+    / after them, the fewest that bring it within (``prefix``; what they keep in float runs at float speed); None:
+    never."""
 
     runtime: str = "onnxruntime"
     methods: tuple[str, ...] = METHODS
@@ -98,7 +99,7 @@ class Candidate:
     rel_l2: float  # the outputs' relative L2 error to the reference, averaged over the outputs
     seconds: float  # calibration (shared by a method's candidates, counted in its first) and quantization
     rounding: str = "nearest"  # the weights' integers: nearest, or gptq
-    prefix: int = 0  # the first weighted layers kept in float with every node before them (``prefix``)
+    prefix: int = 0  # the first and the last weighted layers kept in float, with every node before / after them
 
     def key(self) -> tuple[float, float]:
         """Larger is better: the metric, then the smaller KL (classifiers) or relative error."""
@@ -127,7 +128,7 @@ class QuantizeReport:
     seconds: float
     reference: str = "the input model"  # what the metrics are measured against
     notes: list[str] = field(default_factory=list)
-    prefix: int = 0  # the first weighted layers kept in float with every node before them (``max_loss``)
+    prefix: int = 0  # the first and the last weighted layers kept in float, every node before / after (``max_loss``)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -191,10 +192,18 @@ def prefix(model: onnx.ModelProto, layers: int) -> list[str]:
     return [n.name for n in model.graph.node[:stop]]
 
 
+def suffix(model: onnx.ModelProto, layers: int) -> list[str]:
+    """The nodes from the first of the last ``layers`` weighted ones on, in the graph's (topological) order: those
+    layers, their activations and whatever else the graph computes after them, by name (none for 0 layers)."""
+    weighted = _weighted(model)
+    start = weighted[-layers] if 0 < layers <= len(weighted) else len(model.graph.node)
+    return [n.name for n in model.graph.node[start:]]
+
+
 def prefixes(model: onnx.ModelProto) -> list[int]:
-    """The prefix widths ``max_loss`` tries: 2, 4, 8, ... weighted layers, at most half of them."""
-    half = len(_weighted(model)) // 2
-    return [2 ** i for i in range(1, half.bit_length())]
+    """The widths ``max_loss`` tries at each end: 2, 4, 8, ... weighted layers, at most a quarter of them."""
+    quarter = len(_weighted(model)) // 4
+    return [2 ** i for i in range(1, quarter.bit_length())]
 
 
 def tail(model: onnx.ModelProto) -> list[str]:
@@ -306,7 +315,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose
     task metric against ``reference`` (default: the input model) on the ``held`` samples is best is returned (ties:
     the smaller KL or output error). With ``max_loss``, where that candidate loses more than it to the float input,
-    wider float prefixes (``prefixes``) follow until one is within it; the narrowest within it is returned. The
+    wider float ends (``prefixes``: the first and the last layers) follow until one is within it; the narrowest within it is returned. The
     nodes after the last weighted layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
     start = time.perf_counter()
@@ -348,8 +357,9 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
             t0 = time.perf_counter()
             step(tried, trials, f"{method}{' (ends in float)' if exclude else ''}"
                                           f"{', gptq rounding' if rounding == 'gptq' else ''}"
-                                          f"{f', first {layers} layers in float' if layers else ''}")
-            in_float = list(dict.fromkeys([*prefix(model, layers), *exclude])) if layers else exclude
+                                          f"{f', first and last {layers} layers in float' if layers else ''}")
+            in_float = list(dict.fromkeys([*prefix(model, layers), *suffix(model, layers), *exclude])) \
+                if layers else exclude
             if method not in caches:
                 caches[method] = Path(tmp) / f"{method}.json"
                 _calibrate(model_path, calib, method, batch, tensorrt, caches[method])

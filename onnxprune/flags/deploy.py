@@ -30,8 +30,9 @@ RoundingOpt = Annotated[str, typer.Option(
          "'auto' (the best candidate both ways, the better on the held-out samples kept).")]
 MaxLossOpt = Annotated[Optional[float], typer.Option(
     help="Where the best INT8 candidate's task metric lies more than this below the float input's on the held-out "
-         "samples (e.g. 0.03), keep the first weighted layers in float (2, 4, 8, ... of them, at most half, with "
-         "every node before them), the fewest that bring it within; those layers run at float speed.")]
+         "samples (e.g. 0.03), keep the first and the last weighted layers in float (2, 4, 8, ... at each end, at "
+         "most a quarter, with every node before / after them), the fewest that bring it within; those layers run "
+         "at float speed.")]
 ReduceRangeOpt = Annotated[Optional[bool], typer.Option(
     "--reduce-range/--no-reduce-range",
     help="7-bit weights (default: for --runtime onnxruntime on an x86 CPU without VNNI).")]

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models._layers import conv_norm_act
+from models._layers import conv_norm_act, make_divisible
+from models.mobilenet_v3 import SqueezeExcitation
 from models.unet import UNet
 
 
@@ -339,21 +340,13 @@ class _GhostBottleneck(nn.Module):
         super().__init__()
         self.ghost1 = _GhostModule(c_in, mid)
         self.dw = conv_norm_act(mid, mid, kernel, stride, groups=mid, act=None) if stride > 1 else nn.Identity()
-        self.se = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Conv2d(mid, _divisible(mid // 4), 1), nn.ReLU(),
-                                nn.Conv2d(_divisible(mid // 4), mid, 1), nn.Hardsigmoid()) if se else None
+        self.se = SqueezeExcitation(mid, make_divisible(mid // 4, 4)) if se else nn.Identity()
         self.ghost2 = _GhostModule(mid, c_out, act=False)
         self.shortcut = nn.Identity() if c_in == c_out and stride == 1 else nn.Sequential(
             conv_norm_act(c_in, c_in, kernel, stride, groups=c_in, act=None), conv_norm_act(c_in, c_out, 1, act=None))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = self.dw(self.ghost1(x))
-        if self.se is not None:
-            y = y * self.se(y)
-        return self.ghost2(y) + self.shortcut(x)
-
-
-def _divisible(c: int, by: int = 4) -> int:
-    return max(by, (c + by // 2) // by * by)
+        return self.ghost2(self.se(self.dw(self.ghost1(x)))) + self.shortcut(x)
 
 
 class GhostNetLike(nn.Module):

@@ -13,6 +13,7 @@ import onnx
 import torch
 from torch import nn
 
+from models._layers import conv_norm_act
 from onnxprune.analysis import analyze
 from tests.onnx_builders import compress_dead, export_torch, same_outputs
 
@@ -27,18 +28,14 @@ def _silence(conv_bn: nn.Sequential, channels: list[int]) -> None:
         conv_bn[1].bias[channels] = 0
 
 
-def _conv_bn(c_in: int, c_out: int, k: int = 1, stride: int = 1, groups: int = 1, act: bool = True) -> nn.Sequential:
-    layers = [nn.Conv2d(c_in, c_out, k, stride, k // 2, groups=groups, bias=False), nn.BatchNorm2d(c_out)]
-    return nn.Sequential(*layers, *([nn.ReLU()] if act else []))
-
-
 class Ghost(nn.Module):
     """timm's GhostModule: a 1×1 conv to INIT channels, a depthwise 3×3 of them, concatenated, sliced."""
 
     def __init__(self, c_in: int, c_out: int, act: bool) -> None:
         super().__init__()
         self.c_out = c_out
-        self.primary, self.cheap = _conv_bn(c_in, INIT, act=act), _conv_bn(INIT, INIT, 3, groups=INIT, act=act)
+        relu = nn.ReLU if act else None
+        self.primary, self.cheap = conv_norm_act(c_in, INIT, 1, act=relu), conv_norm_act(INIT, INIT, groups=INIT, act=relu)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.primary(x)
@@ -52,10 +49,10 @@ class GhostNetTiny(nn.Module):
 
     def __init__(self, dead: str = "") -> None:
         super().__init__()
-        self.stem = _conv_bn(3, 12, 3)
-        self.ghost1, self.dw = Ghost(12, 2 * INIT, True), _conv_bn(2 * INIT, 2 * INIT, 3, 2, 2 * INIT, act=False)
-        self.ghost2, self.shortcut = Ghost(2 * INIT, 2 * INIT, False), _conv_bn(12, 2 * INIT, 1, 2, act=False)
-        self.head, self.fc = _conv_bn(2 * INIT, 24), nn.Linear(24, 10)
+        self.stem = conv_norm_act(3, 12)
+        self.ghost1, self.dw = Ghost(12, 2 * INIT, True), conv_norm_act(2 * INIT, 2 * INIT, 3, 2, 2 * INIT, act=None)
+        self.ghost2, self.shortcut = Ghost(2 * INIT, 2 * INIT, False), conv_norm_act(12, 2 * INIT, 1, 2, act=None)
+        self.head, self.fc = conv_norm_act(2 * INIT, 24, 1), nn.Linear(24, 10)
         for m in self.modules():
             if isinstance(m, nn.BatchNorm2d):
                 with torch.no_grad():

@@ -20,9 +20,9 @@ from onnxprune.cli import app
 from onnxprune.deploy.quantize import (
     WEIGHTED,
     QuantizeOptions,
+    end_widths,
     ends,
     prefix,
-    prefixes,
     saturating_cpu,
     split,
     suffix,
@@ -324,7 +324,7 @@ def test_float_ends_hold_the_first_and_last_weighted_layers_and_every_node_befor
     model = api.load(tiny.path)
     nodes = list(model.graph.node)
     weighted = [i for i, n in enumerate(nodes) if n.op_type in WEIGHTED]
-    widths = prefixes(model)
+    widths = end_widths(model)
     assert widths == [w for w in (2, 4, 8, 16, 32) if w <= len(weighted) // 4] and widths
     for width in widths:
         assert prefix(model, width) == [n.name for n in nodes[:weighted[width]]]
@@ -338,7 +338,7 @@ def test_max_loss_widens_the_float_prefix_to_the_narrowest_within_it(tiny) -> No
     raw = {"methods": ("minmax",), "float_ends": "no", "rounding": "nearest", "samples": 16, "task": "raw"}
     widest = api.quantize(tiny.path, tiny.calib, options=QuantizeOptions(**raw, max_loss=1e-9)).report
     tried = [(c.prefix, c.value) for c in widest.candidates]
-    assert [p for p, _ in tried] == [0, *prefixes(api.load(tiny.path))]  # never within: every width tried
+    assert [p for p, _ in tried] == [0, *end_widths(api.load(tiny.path))]  # never within: every width tried
     assert widest.notes and "no candidate came within --max-loss" in widest.notes[0]
     (_, none), (two, at_two) = tried[:2]
     assert at_two > none  # two layers in float lose less

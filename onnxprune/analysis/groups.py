@@ -331,6 +331,7 @@ def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list
             for a, b in zip(bounds, bounds[1:]):
                 groups.append(_search(graph, node, axis, [a], b - a, unit, regroup_ok, units))
                 groups[-1].piece = f"[{a}:{b}]" if len(bounds) > 2 else ""
+            merged_away: set[int] = set()
             for cluster in _sharing(groups):
                 ranges = [(bounds[i], bounds[i + 1]) for i in cluster]
                 if len({b - a for a, b in ranges}) > 1:
@@ -343,9 +344,8 @@ def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list
                                  regroup_ok, units)
                 merged.piece = "+".join(f"[{a}:{b}]" for a, b in ranges)
                 groups[cluster[0]] = merged
-                for i in cluster[1:]:
-                    groups[i] = None  # type: ignore[call-overload]
-            groups = [g for g in groups if g is not None]
+                merged_away.update(cluster[1:])
+            groups = [g for i, g in enumerate(groups) if i not in merged_away]
             if tentative and any(g.blockers for g in groups):
                 bounds, unit, regroup_ok, tentative = [0, channels], 1, False, False
                 continue

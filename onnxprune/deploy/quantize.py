@@ -200,7 +200,7 @@ def suffix(model: onnx.ModelProto, layers: int) -> list[str]:
     return [n.name for n in model.graph.node[start:]]
 
 
-def prefixes(model: onnx.ModelProto) -> list[int]:
+def end_widths(model: onnx.ModelProto) -> list[int]:
     """The widths ``max_loss`` tries at each end: 2, 4, 8, ... weighted layers, at most a quarter of them."""
     quarter = len(_weighted(model)) // 4
     return [2 ** i for i in range(1, quarter.bit_length())]
@@ -315,8 +315,8 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     layers kept in float, then, with ``rounding`` 'auto', the best so far with GPTQ's integers; the candidate whose
     task metric against ``reference`` (default: the input model) on the ``held`` samples is best is returned (ties:
     the smaller KL or output error). With ``max_loss``, where that candidate loses more than it to the float input,
-    wider float ends (``prefixes``: the first and the last layers) follow until one is within it; the narrowest within it is returned. The
-    nodes after the last weighted layers (``tail``) always stay in float."""
+    wider float ends (``end_widths``: the first and the last layers) follow until one is within it; the narrowest
+    within it is returned. The nodes after the last weighted layers (``tail``) always stay in float."""
     options = options or QuantizeOptions()
     start = time.perf_counter()
     done = quantized_nodes(model)
@@ -336,7 +336,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     batch = fixed.size if fixed is not None else min(options.batch_size, CALIB_CHUNK)
     calib = _drawn(data, options.samples)
     trials = len(options.methods) + (options.float_ends != "no") + (options.rounding != "nearest")
-    widths = prefixes(model) if options.max_loss is not None else []
+    widths = end_widths(model) if options.max_loss is not None else []
     trials += len(widths)
     step = on_step or (lambda i, n, text: None)
     weighted = {model.graph.node[i].name for i in _weighted(model)}
@@ -407,7 +407,7 @@ def quantize(model: onnx.ModelProto, data: CalibrationSet, held: CalibrationSet 
     if options.max_loss is not None and fp32["value"] is not None and not within:
         report.notes.append(f"no candidate came within --max-loss {options.max_loss:g} of the float input's "
                             f"{chosen.metric} {fp32['value']:.4f} on the held-out samples, with up to "
-                            f"{max(widths, default=0)} first layers in float: the best is written")
+                            f"{max(widths, default=0)} first and last layers in float: the best is written")
     if fp32["value"] is not None and int8["value"] is not None and int8["value"] < fp32["value"] - LOSS_NOTED:
         report.notes.append(f"the INT8 model keeps {chosen.metric} {int8['value']:.4f} where the float input has "
                             f"{fp32['value']:.4f}: keep the first layers in float where that loss is too much "

@@ -73,6 +73,35 @@ def const_value(tensor: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+def node_constant(tensor: gs.Tensor) -> np.ndarray | None:
+    """The value of a constant tensor, folded (``const_value``) or still a ``Constant`` node's output (a graph as
+    exported, before the import folds them), else None."""
+    value = const_value(tensor)
+    node = tensor.inputs[0] if value is None and len(tensor.inputs) == 1 else None
+    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
+        value = np.asarray(node.attrs["value"].values)
+    return value
+
+
+def shape_entry(tensor: gs.Tensor, index: int) -> int | None:
+    """Entry ``index`` of a shape vector that is a constant or a Concat of pieces, None if unknown (computed at run
+    time, as torch.onnx writes ``reshape(B, N, 3, heads, C // heads)``)."""
+    value = node_constant(tensor)
+    if value is not None:
+        return int(value.reshape(-1)[index]) if index < value.size else None
+    node = tensor.inputs[0] if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1 else None
+    if node is None or node.op != "Concat":
+        return None
+    for piece in node.inputs:
+        shape = static_shape(piece)
+        if shape is None or len(shape) != 1 or shape[0] is None:
+            return None
+        if index < shape[0]:
+            return shape_entry(piece, index)
+        index -= shape[0]
+    return None
+
+
 def const_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     """The shape of a constant tensor without loading its values (a lazily imported weight stays on disk or in the
     proto: VGG-11's 411 MB classifier was loaded at each of the analysis's 18 visits), else None."""

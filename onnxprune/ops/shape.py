@@ -8,7 +8,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.ir.graph import const_value, static_shape
+from onnxprune.ir.graph import const_value, shape_entry, static_shape
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Regroup, ResizeSite, Role, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
@@ -102,16 +102,15 @@ def _regrouped(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, i_
         out_repeat = repeat * inner
     if span[0] != 0 or span[1] * repeat != here[axis]:
         return Blocked(f"{node.op} {node.name}: splits or merges a channel axis that holds other channels too")
-    ports = {port: (axis, repeat), ("in" if port[0] == "out" else "out", 0): (axis, out_repeat)}
-    role = Channelwise({("in", 0): ports[("in", 0)], ("out", 0): ports[("out", 0)]})
+    role = Channelwise({port: (axis, repeat), ("in" if port[0] == "out" else "out", 0): (axis, out_repeat)})
     if node.op != "Reshape":
         return role
-    entry = _shape_entry(node.inputs[1], axis)
+    entry = shape_entry(node.inputs[1], axis)
     if entry == -1:
         return role
     if entry != o_shape[axis] or const_value(node.inputs[1]) is None:
         return Blocked(f"Reshape {node.name}: its target fixes the channel count ({entry})")
-    role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, span[1]), ports[("out", 0)][1]))
+    role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, span[1]), role.ports[("out", 0)][1]))
     return role
 
 
@@ -142,7 +141,7 @@ def _kept_axis(node: gs.Node, axis: int, out_axis: int, repeat: int, i_shape: li
     role = Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
     if node.op != "Reshape":
         return role
-    entry = _shape_entry(node.inputs[1], out_axis)
+    entry = shape_entry(node.inputs[1], out_axis)
     copied = entry == 0 and out_axis == axis and not node.attrs.get("allowzero", 0)
     if entry is None or entry == -1 or copied:
         return role
@@ -159,24 +158,6 @@ def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int
     target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
     target[site.axis] = -1 if -1 not in np.delete(target, site.axis).tolist() else (bounds[1] - bounds[0]) * site.per
     node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)  # a shared target: one each
-
-
-def _shape_entry(tensor: gs.Tensor, index: int) -> int | None:
-    """Entry ``index`` of a shape vector that is a constant or a Concat of pieces, None if unknown."""
-    value = const_value(tensor)
-    if value is not None:
-        return int(value.reshape(-1)[index]) if index < value.size else None
-    node = tensor.inputs[0] if isinstance(tensor, gs.Variable) and len(tensor.inputs) == 1 else None
-    if node is None or node.op != "Concat":
-        return None
-    for piece in node.inputs:
-        shape = static_shape(piece)
-        if shape is None or len(shape) != 1 or shape[0] is None:
-            return None
-        if index < shape[0]:
-            return _shape_entry(piece, index)
-        index -= shape[0]
-    return None
 
 
 def _indices(node: gs.Node, length: int) -> list[int] | None:

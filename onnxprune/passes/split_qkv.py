@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value
+from onnxprune.ir.graph import node_constant, shape_entry, static_shape
 from onnxprune.ir.rewrite import matches
 
 
@@ -80,14 +80,17 @@ def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
     bias = None
     if reader is not None and reader.op == "Add":
         other = [t for t in reader.inputs if t is not node.outputs[0]]
-        value = _value(other[0]) if len(other) == 1 else None
+        value = node_constant(other[0]) if len(other) == 1 else None
         if value is None or value.shape != (weight.shape[1],):
             return None
         bias, reader = value, _only_reader(reader.outputs[0], graph_outputs)
     if reader is None or reader.op != "Reshape":
         return None
-    target = _entries(reader.inputs[1])
-    if target is None or len(target) < 4 or target[-3] != 3 or not target[-2] or reader.attrs.get("allowzero", 0):
+    length = static_shape(reader.inputs[1])
+    if length is None or len(length) != 1 or length[0] is None or length[0] < 4 or reader.attrs.get("allowzero", 0):
+        return None
+    target = [shape_entry(reader.inputs[1], i) for i in range(length[0])]  # None where computed at run time
+    if target[-3] != 3 or not target[-2]:
         return None
     heads = int(target[-2])
     width = weight.shape[1] // 3 // heads
@@ -109,7 +112,7 @@ def _pieces(tensor: gs.Tensor) -> list[gs.Tensor] | None:
     readers = tensor.outputs
     if len(readers) == 1 and readers[0].op == "Split" and int(readers[0].attrs.get("axis", 0)) == 0 \
             and len(readers[0].outputs) == 3:
-        sizes = _value(readers[0].inputs[1]) if len(readers[0].inputs) > 1 else None
+        sizes = node_constant(readers[0].inputs[1]) if len(readers[0].inputs) > 1 else None
         split = readers[0].attrs.get("split")
         if (sizes is not None and sizes.tolist() != [1, 1, 1]) or (split is not None and list(split) != [1, 1, 1]):
             return None
@@ -117,7 +120,7 @@ def _pieces(tensor: gs.Tensor) -> list[gs.Tensor] | None:
         for piece in readers[0].outputs:
             squeeze = piece.outputs[0] if len(piece.outputs) == 1 else None
             axes = None if squeeze is None or squeeze.op != "Squeeze" else (
-                squeeze.attrs.get("axes") if "axes" in squeeze.attrs else _value(squeeze.inputs[1])
+                squeeze.attrs.get("axes") if "axes" in squeeze.attrs else node_constant(squeeze.inputs[1])
                 if len(squeeze.inputs) > 1 else None)
             if axes is None or np.asarray(axes).reshape(-1).tolist() != [0]:
                 return None
@@ -125,38 +128,8 @@ def _pieces(tensor: gs.Tensor) -> list[gs.Tensor] | None:
         return out
     picks: dict[int, gs.Tensor] = {}
     for reader in readers:
-        index = _value(reader.inputs[1]) if reader.op == "Gather" else None
+        index = node_constant(reader.inputs[1]) if reader.op == "Gather" else None
         if index is None or index.ndim != 0 or int(reader.attrs.get("axis", 0)) != 0 or int(index) % 3 in picks:
             return None
         picks[int(index) % 3] = reader.outputs[0]
     return [picks[s] for s in range(3)] if len(picks) == 3 else None
-
-
-def _value(tensor: gs.Tensor) -> np.ndarray | None:
-    """A constant's value, folded or still a ``Constant`` node's (the pass runs before the import folds them)."""
-    value = const_value(tensor)
-    node = tensor.inputs[0] if value is None and len(tensor.inputs) == 1 else None
-    if node is not None and node.op == "Constant" and isinstance(node.attrs.get("value"), gs.Constant):
-        value = np.asarray(node.attrs["value"].values)
-    return value
-
-
-def _entries(target: gs.Tensor) -> list[int | None] | None:
-    """A Reshape target's entries, None where computed at run time (``Concat`` of pieces, as torch.onnx writes
-    ``reshape(B, N, 3, heads, C // heads)``), or None where not even its length is known."""
-    value = _value(target)
-    if value is not None:
-        return [int(v) for v in value.reshape(-1)]
-    node = target.inputs[0] if len(target.inputs) == 1 else None
-    if node is None or node.op != "Concat":
-        return None
-    out: list[int | None] = []
-    for piece in node.inputs:
-        value = _value(piece)
-        if value is not None:
-            out.extend(int(v) for v in value.reshape(-1))
-        elif piece.shape is not None and len(piece.shape) == 1 and isinstance(piece.shape[0], int):
-            out.extend([None] * piece.shape[0])
-        else:
-            return None
-    return out

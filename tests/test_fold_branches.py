@@ -109,3 +109,19 @@ def test_the_folded_blocks_channels_are_pruned_as_plain_convs(repnet: Path) -> N
     x = np.random.default_rng(1).standard_normal((32, 3, 32, 32)).astype(np.float32)
     result = api.compress(str(repnet), x, budget=Ratio(0.7))
     assert result.report.macs_after <= 0.7 * result.report.macs_before
+
+
+def test_weights_that_torch_writes_through_identity_nodes_still_fold(tmp_path: Path) -> None:
+    """BatchNorms as initialised (scale 1, shift 0, mean 0, variance 1) share their initializers in the export, each
+    reader behind an ``Identity`` of one: the branches fold all the same."""
+    torch.manual_seed(0)
+    block = Rep(8, 8, 1, 1, torch.Generator().manual_seed(0))
+    for bn in (block.k3[1], block.k1[1], block.identity):
+        bn.reset_parameters()
+        bn.reset_running_stats()
+    model = onnx.load(str(export_torch(block.eval(), tmp_path / "rep.onnx", (1, 8, 8, 8))))
+    assert "Identity" in {n.op_type for n in model.graph.node}
+    folded = deploy_form(model)
+    assert [n.op_type for n in folded.graph.node] == ["Conv", "Relu"], [n.op_type for n in folded.graph.node]
+    x = np.random.default_rng(0).standard_normal((2, 8, 8, 8)).astype(np.float32)
+    np.testing.assert_allclose(run(folded, input=x)[0], run(model, input=x)[0], rtol=1e-5, atol=1e-5)

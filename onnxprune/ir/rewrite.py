@@ -10,6 +10,7 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import export_model, restore_subgraphs
 from onnxprune.ir.load import inferred_graph
+from onnxprune.ir.subgraphs import outer_reads
 
 T = TypeVar("T")
 Rewrite = tuple[Callable[[gs.Graph], bool], Callable[[gs.Graph], gs.Graph]]  # (finds something, the pass)
@@ -20,7 +21,7 @@ def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite]) -> onnx.Model
     once, the finders asked on the graph as given), in order; ``model`` itself where none does (no graph-surgeon
     round trip for the models that need none). The ir version, opsets and subgraph bodies stay the model's."""
     try:
-        graph = inferred_graph(model)
+        graph = constants_read_directly(inferred_graph(model))
     except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
         return model
     due = [rewrite for finds, rewrite in rewrites if finds(graph)]
@@ -33,6 +34,20 @@ def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite]) -> onnx.Model
     del out.opset_import[:]
     out.opset_import.extend(model.opset_import)
     return restore_subgraphs(out, model)
+
+
+def constants_read_directly(graph: gs.Graph) -> gs.Graph:
+    """``graph`` with every ``Identity`` of a constant bypassed, its readers reading the constant (torch.onnx writes one
+    for each initializer it deduplicates: equal BatchNorm scales, a weight used twice), so that passes see weights as
+    constants. In place; returns the same graph."""
+    outputs = {t.name for t in graph.outputs} | {t.name for node in graph.nodes for t in outer_reads(node)}
+    for node in graph.nodes:
+        if node.op == "Identity" and isinstance(node.inputs[0], gs.Constant) and node.outputs[0].name not in outputs:
+            for reader in list(node.outputs[0].outputs):
+                for k, t in enumerate(list(reader.inputs)):
+                    if t is node.outputs[0]:
+                        reader.inputs[k] = node.inputs[0]
+    return graph.cleanup(recurse_subgraphs=False)
 
 
 def matches(graph: gs.Graph, op: str, match: Callable[[gs.Node, set[str]], T | None]) -> Iterator[tuple[gs.Node, T]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+from onnx import numpy_helper
 import pytest
 import torch
 
@@ -17,7 +18,7 @@ from onnxprune.errors import TargetError
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.pipeline import compress
 from onnxprune.strategies import Ratio, Uniform, options_from
-from tests.onnx_builders import GraphBuilder, export_torch, run
+from tests.onnx_builders import GraphBuilder, compress_dead, export_torch, kill, run, same_outputs
 from tests.test_concat_split import check, groups_of
 
 
@@ -90,28 +91,42 @@ def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() ->
         assert not g.prunable and "grouped convolution (4 groups) reached by a space that is not whole" in g.reason
 
 
-def test_a_gate_of_one_conv_blocks_its_group_with_the_reason(tmp_path) -> None:
-    """VoVNet's effective squeeze-excitation: one 1×1 conv reads the pooled channels and gates the same channels,
-    so it is a consumer and a producer of one group; at timm's ese_vovnet19b widths the refit crashed with a shape
-    mismatch (issue 71; the notebook). The group is blocked with the reason, and the rest compresses. This small
-    graph does not reach the crash itself (its gated group is not scheduled either way): the reason is what goes
-    red without the block; the real widths' reproduction is the notebook's "VoVNet's crash"."""
+def test_a_gate_of_one_conv_prunes_with_its_channels_to_the_masked_original(tmp_path) -> None:
+    """VoVNet's effective squeeze-excitation: one 1×1 conv reads the pooled channels and gates the same channels.
+    It is sliced in rows and columns with the group and not refitted (as a consumer it crashed the refit at timm's
+    ese_vovnet19b widths, issue 71; then it blocked the group). Dead channels of the gated conv drop exactly."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv("x", "a", 3, 16, k=1)], "r")
+    gate = b.op("HardSigmoid", [b.conv(b.op("GlobalAveragePool", [y], "gap"), "fc", 16, 16, k=1)], "hs")
+    out = b.conv(b.op("Relu", [b.conv(b.op("Mul", [y, gate], "ese"), "mid", 16, 16, k=1)], "r2"), "head", 16, 8, k=1)
+    model = kill(b.model([out]), {"a": [2, 9, 13]})
+    groups = groups_of(b, [out])
+    (g,) = groups["a"]
+    assert g.prunable and g.gates == ["fc"] and g.producers == ["a"] and [c.node for c in g.consumers] == ["mid"]
+    pruned, _ = compress_dead(model, tmp_path, {"a": 13}, (1, 3, 8, 8), fixed=True)
+    dims = {i.name: list(i.dims) for i in pruned.graph.initializer}
+    weights = {n.name: n.input[1] for n in pruned.graph.node if n.op_type == "Conv"}
+    assert dims[weights["fc"]][:2] == [13, 13]
+    same_outputs(pruned, model, (2, 3, 8, 8))
+
+
+def test_a_gate_keeps_the_mean_of_what_its_dropped_inputs_added(tmp_path) -> None:
+    """Channels that only feed the gate (no weight in the next conv) and hold a constant are dropped; what they added
+    to the kept channels' gates moves into the gate's bias, so the pruned model still computes the original's."""
     b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     y = b.op("Relu", [b.conv("x", "a", 3, 16, k=1)], "r")
     gate = b.op("HardSigmoid", [b.conv(b.op("GlobalAveragePool", [y], "gap"), "fc", 16, 16, k=1)], "hs")
     out = b.conv(b.op("Relu", [b.conv(b.op("Mul", [y, gate], "ese"), "mid", 16, 16, k=1)], "r2"), "head", 16, 8, k=1)
     model = b.model([out])
-    groups = groups_of(b, [out])
-    (g,) = groups["a"]
-    assert not g.prunable and "reads the channels and writes them too" in g.reason
-    assert groups["mid"][0].prunable
-    rng = np.random.default_rng(0)
-    np.save(tmp_path / "calib.npy", rng.standard_normal((32, 3, 8, 8)).astype(np.float32))
-    pruned, _ = compress(model, load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model)),
-                         options_from(Ratio(0.6), allocate=Uniform(), provider="cpu"))  # every group narrows
-    weights = {n.name: n.input[1] for n in pruned.graph.node if n.op_type == "Conv"}
-    dims = {i.name: list(i.dims) for i in pruned.graph.initializer}
-    assert dims[weights["fc"]][:2] == [16, 16] and dims[weights["mid"]][0] < 16
+    inits = {t.name: t for t in model.graph.initializer}
+    constant = [2, 9, 13]
+    for name, edit in (("a.w", lambda w: w.__setitem__(constant, 0)), ("a.b", lambda w: w.__setitem__(constant, 1.0)),
+                       ("mid.w", lambda w: w.__setitem__((slice(None), constant), 0))):
+        w = numpy_helper.to_array(inits[name]).copy()
+        edit(w)
+        inits[name].CopyFrom(numpy_helper.from_array(w, name))
+    pruned, _ = compress_dead(model, tmp_path, {"a": 13}, (1, 3, 8, 8), fixed=True)
+    same_outputs(pruned, model, (2, 3, 8, 8))
 
 
 class _ResNeXtBlock(torch.nn.Module):

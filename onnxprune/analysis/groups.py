@@ -83,6 +83,7 @@ class Group:
     attrs: list[AttrSite] = field(default_factory=list)
     resizes: list[ResizeSite] = field(default_factory=list)
     blockers: list[str] = field(default_factory=list)
+    gates: list[str] = field(default_factory=list)  # convs that read the channels and write a gate of them
     witness: Witness | None = None
     partial: bool = False  # some member tensor holds other channels too, or these channels twice
     piece: str = ""  # "[a:b]" when the group is a range of its first producer's output channels
@@ -252,11 +253,14 @@ class _Search:
                 o_offset = base + role.frames.get(other, 0)
                 self.visited.add((node.name, other, o_offset))
                 self.add_tensor(_port_tensors(node, other), o_axis, o_repeat, o_offset)
-        if isinstance(role, (Producer, Consumer)) and node.name in group.producers and any(
-                c.node == node.name for c in group.consumers):
-            group.blockers.append(f"{node.op} {node.name} reads the channels and writes them too (a gate of one "
-                                  "conv, as VoVNet's effective squeeze-excitation): its refit would change its rows "
-                                  "as well as its columns, which is not supported")
+        if isinstance(role, (Producer, Consumer)) and (node.name in group.gates or node.name in group.producers and any(
+                c.node == node.name for c in group.consumers)):
+            # A gate of one conv (VoVNet's effective squeeze-excitation: the pooled channels to a gate of the same
+            # channels): its rows and columns are sliced together, and it is neither refitted nor a source of
+            # the channels (exact where the dropped channels are zero, as a channel-wise op's constants are).
+            group.gates.extend([node.name] if node.name not in group.gates else [])
+            group.producers[:] = [p for p in group.producers if p != node.name]
+            group.consumers[:] = [c for c in group.consumers if c.node != node.name]
 
     def run(self) -> None:
         while self.queue:

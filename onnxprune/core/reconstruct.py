@@ -7,11 +7,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
-from onnxprune.analysis.groups import Group
+from onnxprune.analysis.groups import Group, kept_entries
 from onnxprune.core.context import ConsumerData
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import quadratic_loss_full, refit_cv
+from onnxprune.ir.graph import const_value
+from onnxprune.ops.registry import set_bias
 from onnxprune.passes import refit_consumer, scale_columns
+from onnxprune.runtime.store import Array
 
 
 def refit(graph: gs.Graph, group: Group, data: list[ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
@@ -49,3 +52,41 @@ def _weights_in(graph: gs.Graph, group: Group, d: ConsumerData) -> tuple[np.ndar
     node = next(n for n in graph.nodes if n.name == d.use.node)
     lin = consumers.group_view(graph, node, group, d.use).linear(consumers.matrix(node))
     return lin.weight, lin.bias
+
+
+GateShift = tuple[np.ndarray, np.ndarray]  # (what each output lost on average, the output rows kept)
+
+
+def gate_shifts(graph: gs.Graph, group: Group, keep: np.ndarray, values: dict[str, Array]) -> dict[str, GateShift]:
+    """For each 1×1 gate conv of ``group`` (``Group.gates``; VoVNet's effective squeeze-excitation), before the group
+    is sliced to ``keep``: what the input channels it is about to lose added to each of its outputs, on average over
+    the calibration samples of its input in ``values`` (``W[:, dropped] · mean x[dropped]``), and the output rows
+    that stay. ``shift_gates`` moves it into the bias once sliced, so the kept channels' gates keep their mean."""
+    nodes = {n.name: n for n in graph.nodes}
+    entries = kept_entries(graph, group, keep)
+    out = {}
+    for name in group.gates:
+        gate = nodes.get(name)
+        weight = None if gate is None else const_value(gate.inputs[1])
+        x = None if gate is None else gate.inputs[0].name
+        if weight is None or weight.ndim != 4 or weight.shape[2:] != (1, 1) or x not in entries or x not in values:
+            continue
+        total, count = np.zeros(weight.shape[1]), 0
+        for start in range(0, len(values[x]), 64):  # a spilled array is read by ranges of samples
+            rows = np.asarray(values[x][start:start + 64], np.float64)
+            total += rows.sum(axis=tuple(i for i in range(rows.ndim) if i != 1))
+            count += rows.size // rows.shape[1]
+        dropped = np.setdiff1d(np.arange(weight.shape[1]), entries[x])
+        shift = weight[:, dropped, 0, 0].astype(np.float64) @ (total[dropped] / max(count, 1))
+        out[name] = (shift, entries.get(gate.outputs[0].name, np.arange(weight.shape[0])))
+    return out
+
+
+def shift_gates(graph: gs.Graph, shifts: dict[str, GateShift]) -> None:
+    """Add each gate's shift (``gate_shifts``), at its kept rows, to its bias (written where it had none)."""
+    nodes = {n.name: n for n in graph.nodes}
+    for name, (shift, rows) in shifts.items():
+        gate = nodes[name]
+        weight = np.asarray(gate.inputs[1].values)
+        bias = const_value(gate.inputs[2]) if len(gate.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
+        set_bias(gate, (bias.astype(np.float64) + shift[rows]).astype(weight.dtype))

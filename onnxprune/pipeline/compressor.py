@@ -66,6 +66,12 @@ class Compressor:
         self.original = loaded(self.analysis.graph).copy()
         self.graph = self.analysis.graph
         self.live = Liveness(self.graph)
+        nodes = {n.name: n for n in self.graph.nodes}
+        for group in self.analysis.groups:  # a gate's input stays cached up to its group's cut (gate_shifts)
+            last = max((self.live.position[c.node] for c in group.consumers), default=-1)
+            for name in (g for g in group.gates if g in nodes):
+                x = nodes[name].inputs[0].name
+                self.live.last_use[x] = max(self.live.last_use.get(x, -1), last)
         self.generators: dict[int, np.random.Generator] = {}  # of the selectors that draw, by seed
         self.memory = plan(self.analysis, self.live, len(calib), options.batch_size, False, options.memory,
                            per_run=RUN_BYTES if first_provider(options.provider) == CPU else None)
@@ -230,7 +236,11 @@ class Compressor:
             rows = kept_entries(self.graph, group, keep)
             self.kept_rows.update({p: rows[nodes[p].outputs[0].name] for p in later})
         now = [d for d in data if d not in deferred]
+        gates = {nodes[g].inputs[0].name for g in group.gates if g in nodes}
+        shifts = reconstruct.gate_shifts(self.graph, group, keep, self.peek(self.graph, self.values_p, gates)
+                                         ) if gates else {}
         err_fold, err, ridges = self.apply(group, now, keep, fold)
+        reconstruct.shift_gates(self.graph, shifts)
         self.slice_cache(group, keep)
         again = (self.refit_after_gate(group, data, keep, min(self.live.position[p] for p in later))
                  if later and not stream and self.options.reconstruct.refits_after_gate else None)

@@ -1,7 +1,8 @@
 """Exports of the third-party corpus made through ``torch.onnx.export``: architectures written in code
 (``models/corpus.py`` and the zoo; random weights: they test structure, time and memory) in the export styles
 users meet: static batch and dynamic, opsets 9 to 20, BatchNorm left unfolded (``do_constant_folding=False``),
-the TorchScript path and the dynamo path (where onnxscript is installed; else those rows are skipped, said so).
+the TorchScript path and the dynamo path (where onnxscript is installed; else those rows are skipped, said so),
+float16 inside (onnxconverter-common).
 
     python benchmarks/corpus_torch.py      # writes benchmarks/results/third_party_models/made/
 """
@@ -14,6 +15,7 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
+import onnx
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -22,7 +24,8 @@ from models import corpus  # noqa: E402
 from models.build import build  # noqa: E402
 
 # file name -> (builder, input shape, export keyword arguments; "dynamic": the batch dim named, "folding": False
-# keeps BatchNorm unfolded, "dynamo": the torch.export path)
+# keeps BatchNorm unfolded, "dynamo": the torch.export path, "fp16": converted to float16 inside by
+# onnxconverter-common, float32 input and output)
 EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] = {
     "pt_u2net_like_320_static_op11.onnx": (corpus.SkipSizedUNet, (1, 3, 320, 320), dict(opset=11)),
     "pt_unet_skip_sized_256_dynamic_op17.onnx": (corpus.SkipSizedUNet, (1, 3, 256, 256), dict(opset=17, dynamic=True)),
@@ -44,11 +47,21 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_regnet_like_224_static_op12.onnx": (corpus.RegNetLike, (1, 3, 224, 224), dict(opset=12)),
     "pt_mobilevit_like_256_dynamic_op13.onnx": (corpus.MobileViTLike, (1, 3, 256, 256), dict(opset=13, dynamic=True)),
     "pt_inception_like_224_dynamo_op18.onnx": (corpus.InceptionLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
+    "pt_shufflenet_like_224_dynamic_op17.onnx": (corpus.ShuffleNetLike, (1, 3, 224, 224), dict(opset=17, dynamic=True)),
+    "pt_shufflenet_like_224_dynamo_op18.onnx": (corpus.ShuffleNetLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
+    "pt_vovnet_like_224_dynamic_op13.onnx": (corpus.VoVNetLike, (1, 3, 224, 224), dict(opset=13, dynamic=True)),
+    "pt_vovnet_like_224_static_op17.onnx": (corpus.VoVNetLike, (1, 3, 224, 224), dict(opset=17)),
+    "pt_vovnet_like_224_dynamo_op18.onnx": (corpus.VoVNetLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
+    "pt_repvgg_like_224_static_op17.onnx": (corpus.RepVGGLike, (1, 3, 224, 224), dict(opset=17)),
+    "pt_repvgg_like_224_dynamic_op13.onnx": (corpus.RepVGGLike, (1, 3, 224, 224), dict(opset=13, dynamic=True)),
+    "pt_repvgg_like_224_dynamo_op18.onnx": (corpus.RepVGGLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
+    "pt_mobilenet_v3_small_224_fp16_op13.onnx": (lambda: build("mobilenet_v3_small"), (1, 3, 224, 224),
+                                                 dict(opset=13, fp16=True)),
 }
 
 
 def export(module: torch.nn.Module, shape: tuple[int, ...], path: Path, opset: int, dynamic: bool = False,
-           folding: bool = True, dynamo: bool = False) -> None:
+           folding: bool = True, dynamo: bool = False, fp16: bool = False) -> None:
     x = torch.randn(*shape)
     outputs = module(x)
     names = [f"output{i}" for i in range(len(outputs) if isinstance(outputs, tuple) else 1)]
@@ -57,6 +70,10 @@ def export(module: torch.nn.Module, shape: tuple[int, ...], path: Path, opset: i
         warnings.simplefilter("ignore")
         torch.onnx.export(module, (x,), str(path), dynamo=dynamo, opset_version=opset, input_names=["input"],
                           output_names=names, dynamic_axes=None if dynamo else axes, do_constant_folding=folding)
+    if fp16:
+        from onnxconverter_common import float16  # a test dependency (pyproject's ``test`` extra)
+
+        onnx.save(float16.convert_float_to_float16(onnx.load(str(path)), keep_io_types=True), str(path))
 
 
 def main() -> None:

@@ -99,7 +99,12 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
         ("pt_convnext_like_224_dynamic_op17.onnx", "photos"), ("pt_shufflenet_like_224_static_op13.onnx", "photos"),
         ("pt_densenet_like_224_dynamic_op15.onnx", "photos"), ("pt_regnet_like_224_static_op12.onnx", "photos"),
         ("pt_inception_like_224_dynamo_op18.onnx", "photos"),
-        ("pt_mobilevit_like_256_dynamic_op13.onnx", "photos"), ("pt_ghostnet_like_224_static_op13.onnx", "photos"))},
+        ("pt_mobilevit_like_256_dynamic_op13.onnx", "photos"), ("pt_ghostnet_like_224_static_op13.onnx", "photos"),
+        ("pt_shufflenet_like_224_dynamic_op17.onnx", "photos"), ("pt_shufflenet_like_224_dynamo_op18.onnx", "photos"),
+        ("pt_vovnet_like_224_dynamic_op13.onnx", "photos"), ("pt_vovnet_like_224_static_op17.onnx", "photos"),
+        ("pt_vovnet_like_224_dynamo_op18.onnx", "photos"), ("pt_repvgg_like_224_static_op17.onnx", "photos"),
+        ("pt_repvgg_like_224_dynamic_op13.onnx", "photos"), ("pt_repvgg_like_224_dynamo_op18.onnx", "photos"),
+        ("pt_mobilenet_v3_small_224_fp16_op13.onnx", "photos"))},
 }
 # Models given with their batch declared free (a copy in the work folder): ddddocr's CRNN fixes batch 1 in its
 # input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic

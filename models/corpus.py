@@ -1,7 +1,7 @@
 """Architectures of the export classes the third-party corpus makes here (random weights, for structure, time and
 memory): the way U-Nets, CenterNet-style face detectors, NMS-free heads, dense per-stride face heads, CRNN readers,
-and the ConvNeXt, ShuffleNetV2, GhostNet, DenseNet, RegNetY, GoogLeNet and MobileViT layouts are written in PyTorch, so that
-``torch.onnx.export`` writes what their users' exports hold."""
+and the ConvNeXt, ShuffleNetV2, GhostNet, DenseNet, RegNetY, GoogLeNet, MobileViT, VoVNetV2 and RepVGG (as trained)
+layouts are written in PyTorch, so that ``torch.onnx.export`` writes what their users' exports hold."""
 
 from __future__ import annotations
 
@@ -454,6 +454,95 @@ class MobileViTLike(nn.Module):
             layers += [_MV2(c_in, c, 2), _MobileViTBlock(c, dim, depth)]
         self.features = nn.Sequential(*layers, conv_norm_act(80, 320, 1, act=nn.SiLU))
         self.fc = nn.Linear(320, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _SeparableConv(nn.Sequential):
+    """timm's SeparableConvNormAct: a depthwise 3×3 (no norm), a 1×1, BatchNorm, ReLU."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int = 1) -> None:
+        super().__init__(nn.Conv2d(c_in, c_in, 3, stride, 1, groups=c_in, bias=False), *conv_norm_act(c_in, c_out, 1))
+
+
+class _EffectiveSE(nn.Module):
+    """VoVNetV2's effective squeeze-excitation: one 1×1 conv from the pooled channels to a hard-sigmoid gate of
+    the same channels."""
+
+    def __init__(self, c: int) -> None:
+        super().__init__()
+        self.fc, self.gate = nn.Conv2d(c, c, 1), nn.Hardsigmoid()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.gate(self.fc(x.mean((2, 3), keepdim=True)))
+
+
+class _OsaBlock(nn.Module):
+    """timm's OsaBlock (depthwise): a 1×1 reduction, three separable convs in a chain, the block's input and every
+    conv's output concatenated (one-shot aggregation), a 1×1 to the output, the effective SE gate."""
+
+    def __init__(self, c_in: int, mid: int, c_out: int, layers: int = 3) -> None:
+        super().__init__()
+        self.reduction = conv_norm_act(c_in, mid, 1) if c_in != mid else nn.Identity()
+        self.mid = nn.ModuleList(_SeparableConv(mid, mid) for _ in range(layers))
+        self.concat = conv_norm_act(c_in + layers * mid, c_out, 1)
+        self.attn = _EffectiveSE(c_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outputs, y = [x], self.reduction(x)
+        for conv in self.mid:
+            y = conv(y)
+            outputs.append(y)
+        return self.attn(self.concat(torch.cat(outputs, 1)))
+
+
+class VoVNetLike(nn.Module):
+    """timm's ``ese_vovnet19b_dw``: a stem (3×3 to 64, two separable convs, stride 4), four one-block OSA stages
+    (max pooling before the last three), pooling and a linear classifier."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        layers: list[nn.Module] = [conv_norm_act(3, 64, stride=2), _SeparableConv(64, 64), _SeparableConv(64, 64, 2)]
+        c = 64
+        for i, (mid, c_out) in enumerate(zip((128, 160, 192, 224), (256, 512, 768, 1024))):
+            layers += [nn.MaxPool2d(3, 2, ceil_mode=True)] if i else []
+            layers.append(_OsaBlock(c, mid, c_out))
+            c = c_out
+        self.features = nn.Sequential(*layers)
+        self.fc = nn.Linear(c, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
+class _RepVGGBlock(nn.Module):
+    """RepVGG's training-time block: a 3×3 conv + BatchNorm, a 1×1 conv + BatchNorm and, where the shape allows, a
+    BatchNorm of the input, summed, then ReLU (the deploy form is one 3×3 conv)."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.dense = conv_norm_act(c_in, c_out, 3, stride, act=None)
+        self.one = conv_norm_act(c_in, c_out, 1, stride, act=None)
+        self.identity = nn.BatchNorm2d(c_in) if c_in == c_out and stride == 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.dense(x) + self.one(x)
+        return torch.relu(y if self.identity is None else y + self.identity(x))
+
+
+class RepVGGLike(nn.Module):
+    """RepVGG-A0 as trained (widths 48, 48, 96, 192, 1280; 1, 2, 4, 14, 1 blocks, each stage's first at stride 2)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        blocks, c = [], 3
+        for width, n in ((48, 1), (48, 2), (96, 4), (192, 14), (1280, 1)):
+            for i in range(n):
+                blocks.append(_RepVGGBlock(c, width, 2 if i == 0 else 1))
+                c = width
+        self.features = nn.Sequential(*blocks)
+        self.fc = nn.Linear(c, 1000)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.features(x).mean((2, 3)))

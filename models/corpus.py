@@ -18,6 +18,17 @@ def _resize(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return F.interpolate(t, size=like.shape[2:], mode="bilinear", align_corners=False)
 
 
+class _PooledClassifier(nn.Module):
+    """``features``, global average pooling and a linear classifier to 1000 classes from its ``channels``."""
+
+    def __init__(self, features: nn.Sequential, channels: int) -> None:
+        super().__init__()
+        self.features, self.fc = features, nn.Linear(channels, 1000)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x).mean((2, 3)))
+
+
 class SkipSizedUNet(nn.Module):
     """U²-Net's way: every decoder level resized to its skip's size (``interpolate(size=skip.shape[2:])``), a fused
     sigmoid map and side outputs at the input's size."""
@@ -201,20 +212,15 @@ class _ShuffleUnit(nn.Module):
         return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
 
 
-class ShuffleNetLike(nn.Module):
+class ShuffleNetLike(_PooledClassifier):
     """ShuffleNetV2 1.0×: channel split, concatenation and the channel shuffle's Reshape / Transpose / Reshape."""
 
     def __init__(self) -> None:
-        super().__init__()
         widths = (24, 116, 232, 464)
         units: list[nn.Module] = [conv_norm_act(3, 24, stride=2), nn.MaxPool2d(3, 2, 1)]
         for c_in, c_out, n in zip(widths, widths[1:], (4, 8, 4)):
             units += [_ShuffleUnit(c_in, c_out, 2), *(_ShuffleUnit(c_out, c_out, 1) for _ in range(n - 1))]
-        self.features = nn.Sequential(*units, conv_norm_act(464, 1024, 1))
-        self.fc = nn.Linear(1024, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+        super().__init__(nn.Sequential(*units, conv_norm_act(464, 1024, 1)), 1024)
 
 
 class _DenseLayer(nn.Module):
@@ -230,12 +236,11 @@ class _DenseLayer(nn.Module):
         return torch.cat([x, self.f(x)], 1)
 
 
-class DenseNetLike(nn.Module):
+class DenseNetLike(_PooledClassifier):
     """DenseNet's layout: dense blocks (every layer reads all the earlier ones' channels), transitions halving the
     channels with a 1×1 conv and average pooling, pre-activation BatchNorms."""
 
     def __init__(self, growth: int = 16, blocks: tuple[int, ...] = (4, 6, 8)) -> None:
-        super().__init__()
         c = 32
         layers: list[nn.Module] = [conv_norm_act(3, c, 7, stride=2), nn.MaxPool2d(3, 2, 1)]
         for i, n in enumerate(blocks):
@@ -245,11 +250,7 @@ class DenseNetLike(nn.Module):
             if i < len(blocks) - 1:
                 layers += [nn.BatchNorm2d(c), nn.ReLU(), nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2)]
                 c //= 2
-        self.features = nn.Sequential(*layers, nn.BatchNorm2d(c), nn.ReLU())
-        self.fc = nn.Linear(c, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+        super().__init__(nn.Sequential(*layers, nn.BatchNorm2d(c), nn.ReLU()), c)
 
 
 class _XBlock(nn.Module):
@@ -269,21 +270,16 @@ class _XBlock(nn.Module):
         return F.relu(self.c(y * self.se(y)) + (x if self.proj is None else self.proj(x)))
 
 
-class RegNetLike(nn.Module):
+class RegNetLike(_PooledClassifier):
     """RegNetY-400MF's layout: stages of ``_XBlock`` with grouped convolutions and squeeze-excitation."""
 
     def __init__(self, widths: tuple[int, ...] = (48, 104, 208, 440), depths: tuple[int, ...] = (1, 3, 6, 2)) -> None:
-        super().__init__()
         layers: list[nn.Module] = [conv_norm_act(3, 32, stride=2)]
         c = 32
         for w, d in zip(widths, depths):
             layers += [_XBlock(c if i == 0 else w, w, 2 if i == 0 else 1) for i in range(d)]
             c = w
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(c, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+        super().__init__(nn.Sequential(*layers), c)
 
 
 class _Inception(nn.Module):
@@ -301,19 +297,14 @@ class _Inception(nn.Module):
         return torch.cat([branch(x) for branch in self.branches], 1)
 
 
-class InceptionLike(nn.Module):
+class InceptionLike(_PooledClassifier):
     """GoogLeNet's stem and three inception blocks (multi-branch Concats read by the next block's 1×1s)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        self.features = nn.Sequential(
+        super().__init__(nn.Sequential(
             conv_norm_act(3, 64, 7, stride=2), nn.MaxPool2d(3, 2, 1), conv_norm_act(64, 192), nn.MaxPool2d(3, 2, 1),
             _Inception(192, 64, (96, 128), (16, 32), 32), _Inception(256, 128, (128, 192), (32, 96), 64),
-            nn.MaxPool2d(3, 2, 1), _Inception(480, 192, (96, 208), (16, 48), 64))
-        self.fc = nn.Linear(512, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+            nn.MaxPool2d(3, 2, 1), _Inception(480, 192, (96, 208), (16, 48), 64)), 512)
 
 
 class _GhostModule(nn.Module):
@@ -497,23 +488,18 @@ class _OsaBlock(nn.Module):
         return self.attn(self.concat(torch.cat(outputs, 1)))
 
 
-class VoVNetLike(nn.Module):
+class VoVNetLike(_PooledClassifier):
     """timm's ``ese_vovnet19b_dw``: a stem (3×3 to 64, two separable convs, stride 4), four one-block OSA stages
     (max pooling before the last three), pooling and a linear classifier."""
 
     def __init__(self) -> None:
-        super().__init__()
         layers: list[nn.Module] = [conv_norm_act(3, 64, stride=2), _SeparableConv(64, 64), _SeparableConv(64, 64, 2)]
         c = 64
         for i, (mid, c_out) in enumerate(zip((128, 160, 192, 224), (256, 512, 768, 1024))):
             layers += [nn.MaxPool2d(3, 2, ceil_mode=True)] if i else []
             layers.append(_OsaBlock(c, mid, c_out))
             c = c_out
-        self.features = nn.Sequential(*layers)
-        self.fc = nn.Linear(c, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+        super().__init__(nn.Sequential(*layers), c)
 
 
 class _RepVGGBlock(nn.Module):
@@ -531,18 +517,13 @@ class _RepVGGBlock(nn.Module):
         return torch.relu(y if self.identity is None else y + self.identity(x))
 
 
-class RepVGGLike(nn.Module):
+class RepVGGLike(_PooledClassifier):
     """RepVGG-A0 as trained (widths 48, 48, 96, 192, 1280; 1, 2, 4, 14, 1 blocks, each stage's first at stride 2)."""
 
     def __init__(self) -> None:
-        super().__init__()
         blocks, c = [], 3
         for width, n in ((48, 1), (48, 2), (96, 4), (192, 14), (1280, 1)):
             for i in range(n):
                 blocks.append(_RepVGGBlock(c, width, 2 if i == 0 else 1))
                 c = width
-        self.features = nn.Sequential(*blocks)
-        self.fc = nn.Linear(c, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.features(x).mean((2, 3)))
+        super().__init__(nn.Sequential(*blocks), c)

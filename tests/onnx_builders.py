@@ -170,6 +170,16 @@ def same_outputs(pruned: onnx.ModelProto, original: onnx.ModelProto, shape: tupl
             np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4 * float(np.abs(b).max()))
 
 
+def warm_batchnorms(module: torch.nn.Module) -> None:
+    """Give every BatchNorm2d of ``module`` random running statistics (mean in ±0.2, variance in 0.5–2), as a trained
+    network has, so that its channels differ."""
+    for m in module.modules():
+        if isinstance(m, torch.nn.BatchNorm2d):
+            with torch.no_grad():
+                m.running_mean.uniform_(-0.2, 0.2)
+                m.running_var.uniform_(0.5, 2.0)
+
+
 def export_torch(module: torch.nn.Module, path: str | Path, input_shape: Sequence[int],
                  dynamic_batch: bool = True) -> Path:
     """TorchScript export (opset 17), input ``input``, output ``logits``."""

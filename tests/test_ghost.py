@@ -15,7 +15,7 @@ from torch import nn
 
 from models._layers import conv_norm_act
 from onnxprune.analysis import analyze
-from tests.onnx_builders import compress_dead, export_torch, same_outputs
+from tests.onnx_builders import compress_dead, export_torch, same_outputs, warm_batchnorms
 
 INIT = 8  # the ghost modules' first conv: half their outputs
 
@@ -53,11 +53,7 @@ class GhostNetTiny(nn.Module):
         self.ghost1, self.dw = Ghost(12, 2 * INIT, True), conv_norm_act(2 * INIT, 2 * INIT, 3, 2, 2 * INIT, act=None)
         self.ghost2, self.shortcut = Ghost(2 * INIT, 2 * INIT, False), conv_norm_act(12, 2 * INIT, 1, 2, act=None)
         self.head, self.fc = conv_norm_act(2 * INIT, 24, 1), nn.Linear(24, 10)
-        for m in self.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                with torch.no_grad():
-                    m.running_mean.uniform_(-0.2, 0.2)
-                    m.running_var.uniform_(0.5, 2.0)
+        warm_batchnorms(self)
         if dead == "mid":
             _silence(self.ghost1.primary, [1, 5])
             _silence(self.ghost1.cheap, [1, 5])

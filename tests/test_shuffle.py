@@ -22,7 +22,7 @@ from onnxprune import api
 from onnxprune.analysis import analyze
 from onnxprune.ir.load import inferred_graph
 from onnxprune.passes.unshuffle import has_channel_permutation, unshuffle
-from tests.onnx_builders import compress_dead, export_torch, run, same_outputs
+from tests.onnx_builders import compress_dead, export_torch, run, same_outputs, warm_batchnorms
 
 HALF = 8  # channels of a unit's branch: the units carry 2 × HALF
 
@@ -36,11 +36,7 @@ class ShuffleTiny(nn.Module):
         self.stem = conv_norm_act(3, 12)
         self.down, self.unit = _ShuffleUnit(12, 2 * HALF, 2), _ShuffleUnit(2 * HALF, 2 * HALF, 1)
         self.head, self.fc = conv_norm_act(2 * HALF, 24, 1), nn.Linear(24, 10)
-        for m in self.modules():
-            if isinstance(m, nn.BatchNorm2d):
-                with torch.no_grad():
-                    m.running_mean.uniform_(-0.2, 0.2)
-                    m.running_var.uniform_(0.5, 2.0)
+        warm_batchnorms(self)
         last = self.down.main[2]
         with torch.no_grad():
             for module in (last[0], last[1]):

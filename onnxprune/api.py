@@ -230,8 +230,11 @@ def compress(
                            provider=provider, best_effort=best_effort, residual_streams=residual_streams,
                            memory=memory_bytes(memory), spill_dir=None if spill_dir is None else str(spill_dir),
                            task=task, empty_samples=empty_samples)
+    step = on_layer or (lambda done, total, label: None)
+    step(0, 0, "loading the model")
     onnx_model = load(model, input_shape)
     preprocess = preprocess or _preprocess_for(model_input_specs(onnx_model))
+    step(0, 0, "reading the calibration samples")
     data = calibration(calib, onnx_model, preprocess, subset=subset, limit=limit, flip=flip)
     pruned, report = _prune(onnx_model, data, options, on_layer)
     return Result(pruned, report, original=onnx_model, calibration=data, preprocess=preprocess)

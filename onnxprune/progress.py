@@ -42,7 +42,7 @@ class Heartbeat:
         self.start = clock()
         self.done, self.total, self.label = 0, 0, ""
         self.phase, self.phase_start = "", self.start
-        self.last_line = float("-inf")
+        self.last_line = self.start  # the first line after min_gap: a job refused within it prints its error alone
         self.shown = ""
         self._lock = threading.Lock()
         self._stop = threading.Event()

@@ -33,6 +33,7 @@ def compress(
 ) -> tuple[onnx.ModelProto, CompressReport]:
     """Prune ``model`` to the options' budget. ``on_layer(i, total, label)`` reports progress."""
     start = time.perf_counter()
+    _progress(on_layer, 0, 0, "analysing the graph")
     run = Compressor(model, calib, options)
     _check_batch(run.fixed_batch or run.written_batch, options)
     candidates, _ = schedule(run.analysis, run.live, options.residual_streams)

@@ -110,3 +110,27 @@ def test_a_selection_of_channels_is_not_a_permutation() -> None:
     """A Gather that drops or repeats channels is no shuffle: nothing to do."""
     assert not has_channel_permutation(inferred_graph(_gather_model([3, 0, 5, 1], "conv")))
     assert not has_channel_permutation(inferred_graph(_gather_model([3, 0, 5, 1, 4, 3], "conv")))
+
+
+class ShuffledOutput(nn.Module):
+    """A conv whose output, shuffled, is the graph's output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.conv(x)
+        n, c, h, w = y.shape
+        return y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+
+
+def test_a_shuffle_written_to_a_graph_output_stays_one_gather(tmp_path: Path) -> None:
+    """The output keeps its channel order, so the permutation is not moved past the node that writes it (it was,
+    once per round, leaving a chain of Identity nodes)."""
+    torch.manual_seed(0)
+    model = onnx.load(str(export_torch(ShuffledOutput().eval(), tmp_path / "out.onnx", (1, 3, 4, 4))))
+    loaded = api.load(model)
+    assert [n.op_type for n in loaded.graph.node] == ["Conv", "Gather", "Identity"]
+    x = np.random.default_rng(0).standard_normal((2, 3, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(run(loaded, input=x)[0], run(model, input=x)[0])

@@ -237,10 +237,14 @@ class _Writer:
         """Move the permutation ``gather`` computes past each node that reads it where a rule below knows how;
         whether any did."""
         x, out, p = gather.inputs[0], gather.outputs[0], _permutation(gather)
+        outputs = {t.name for t in self.graph.outputs}
         moved = False
         for reader in list(out.outputs):
             if reader not in self.graph.nodes:
                 continue
+            # a graph output keeps its channel order: a node that would write the permutation after it into one
+            # (a channel-wise op, a Concat) leaves it before it
+            ahead = not any(t.name in outputs for t in reader.outputs)
             if _permutation(reader) is not None and reader.inputs[0] is out:
                 self.take_over(reader.outputs[0], self.selection(x, p[_permutation(reader)], reader.name))
             elif reader.op == "Split" and _on_channels(reader) and reader.inputs[0] is out and None not in [
@@ -253,7 +257,8 @@ class _Writer:
             elif _range(reader) is not None and reader.inputs[0] is out:
                 a, b = _range(reader)
                 self.take_over(reader.outputs[0], self.selection(x, p[a:b], reader.name))
-            elif reader.op == "Concat" and _on_channels(reader) and None not in [_channels(t) for t in reader.inputs]:
+            elif reader.op == "Concat" and ahead and _on_channels(reader) and None not in [
+                    _channels(t) for t in reader.inputs]:
                 index, start = [], 0
                 for t in reader.inputs:
                     index.append(start + (p if t is out else np.arange(_channels(t))))
@@ -261,22 +266,22 @@ class _Writer:
                 joined = self.node("Concat", reader.name, [x if t is out else t for t in reader.inputs],
                                    reader.outputs[0], start, {"axis": 1})
                 self.take_over(reader.outputs[0], self.gather(joined, np.concatenate(index), reader.name))
-            elif not self.absorb(reader, out, x, p):
+            elif not self.absorb(reader, out, x, p, ahead):
                 continue
             moved = True
         return moved
 
-    def absorb(self, reader: gs.Node, out: gs.Tensor, x: gs.Tensor, p: np.ndarray) -> bool:
+    def absorb(self, reader: gs.Node, out: gs.Tensor, x: gs.Tensor, p: np.ndarray, ahead: bool) -> bool:
         """Where ``reader`` mixes ``out``'s channels (a consumer) or maps them one to one with no other computed
         input, read ``x`` instead with its per-channel constants permuted back; a channel-wise op's output is then
-        permuted by ``p`` after it. Whether it did."""
+        permuted by ``p`` after it, unless it is a graph output (``ahead`` False). Whether it did."""
         k = [i for i, t in enumerate(reader.inputs) if t is out]
         computed = [t for t in reader.inputs if not isinstance(t, gs.Constant) and t is not out and t.name]
         if len(k) != 1 or computed or len(reader.outputs) != 1:
             return False
         role = role_of(reader, ("in", k[0]), 1, 1, (0, len(p)))
         if isinstance(role, Channelwise):
-            if set(role.ports) != {("in", k[0]), ("out", 0)} or any(v != (1, 1) for v in role.ports.values()) or any(
+            if not ahead or set(role.ports) != {("in", k[0]), ("out", 0)} or any(v != (1, 1) for v in role.ports.values()) or any(
                     role.frames.values()) or role.resizes:
                 return False
         elif not isinstance(role, Consumer):

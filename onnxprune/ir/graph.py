@@ -83,6 +83,14 @@ def node_constant(tensor: gs.Tensor) -> np.ndarray | None:
     return value
 
 
+def read_instead(old: gs.Tensor, new: gs.Tensor) -> None:
+    """Make every node that reads ``old`` read ``new`` in its place (``old`` keeps its writer)."""
+    for reader in list(old.outputs):
+        for k, t in enumerate(list(reader.inputs)):
+            if t is old:
+                reader.inputs[k] = new
+
+
 def shape_entry(tensor: gs.Tensor, index: int) -> int | None:
     """Entry ``index`` of a shape vector that is a constant or a Concat of pieces, None if unknown (computed at run
     time, as torch.onnx writes ``reshape(B, N, 3, heads, C // heads)``)."""

@@ -8,7 +8,7 @@ from typing import TypeVar
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import export_model, restore_subgraphs
+from onnxprune.ir.graph import export_model, read_instead, restore_subgraphs
 from onnxprune.ir.load import inferred_graph
 from onnxprune.ir.subgraphs import outer_reads
 
@@ -43,11 +43,14 @@ def constants_read_directly(graph: gs.Graph) -> gs.Graph:
     outputs = {t.name for t in graph.outputs} | {t.name for node in graph.nodes for t in outer_reads(node)}
     for node in graph.nodes:
         if node.op == "Identity" and isinstance(node.inputs[0], gs.Constant) and node.outputs[0].name not in outputs:
-            for reader in list(node.outputs[0].outputs):
-                for k, t in enumerate(list(reader.inputs)):
-                    if t is node.outputs[0]:
-                        reader.inputs[k] = node.inputs[0]
+            read_instead(node.outputs[0], node.inputs[0])
     return graph.cleanup(recurse_subgraphs=False)
+
+
+def only_reader(tensor: gs.Tensor, outputs: set[str]) -> gs.Node | None:
+    """The one node reading ``tensor`` where that is all that reads it (none of the graph ``outputs``), else None: a
+    tensor a pass may rewrite together with its reader."""
+    return tensor.outputs[0] if len(tensor.outputs) == 1 and tensor.name not in outputs else None
 
 
 def matches(graph: gs.Graph, op: str, match: Callable[[gs.Node, set[str]], T | None]) -> Iterator[tuple[gs.Node, T]]:

@@ -16,7 +16,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.ir.graph import node_constant, shape_entry, static_shape
-from onnxprune.ir.rewrite import matches
+from onnxprune.ir.rewrite import matches, only_reader
 
 
 @dataclass
@@ -65,10 +65,6 @@ def has_fused_qkv(graph: gs.Graph) -> bool:
     return next(matches(graph, "MatMul", _fused), None) is not None
 
 
-def _only_reader(tensor: gs.Tensor, outputs: set[str]) -> gs.Node | None:
-    return tensor.outputs[0] if len(tensor.outputs) == 1 and tensor.name not in outputs else None
-
-
 def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
     """The fused projection starting at MatMul ``node``: a constant 2-D weight of 3·H·d columns, maybe a constant bias
     ``Add``, a ``Reshape`` to a constant ``[..., 3, H, d]``, a ``Transpose`` that brings the 3 to the front, then
@@ -76,14 +72,14 @@ def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
     weight = node.inputs[1] if len(node.inputs) == 2 else None
     if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or weight.shape[1] % 3:
         return None
-    reader = _only_reader(node.outputs[0], graph_outputs)
+    reader = only_reader(node.outputs[0], graph_outputs)
     bias = None
     if reader is not None and reader.op == "Add":
         other = [t for t in reader.inputs if t is not node.outputs[0]]
         value = node_constant(other[0]) if len(other) == 1 else None
         if value is None or value.shape != (weight.shape[1],):
             return None
-        bias, reader = value, _only_reader(reader.outputs[0], graph_outputs)
+        bias, reader = value, only_reader(reader.outputs[0], graph_outputs)
     if reader is None or reader.op != "Reshape":
         return None
     length = static_shape(reader.inputs[1])
@@ -96,7 +92,7 @@ def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
     width = weight.shape[1] // 3 // heads
     if heads < 1 or 3 * heads * width != weight.shape[1] or target[-1] not in (None, width, -1):
         return None
-    transpose = _only_reader(reader.outputs[0], graph_outputs)
+    transpose = only_reader(reader.outputs[0], graph_outputs)
     rank = len(target)
     if transpose is None or transpose.op != "Transpose" or list(transpose.attrs.get("perm", []))[:1] != [rank - 3]:
         return None

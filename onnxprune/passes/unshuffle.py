@@ -17,8 +17,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis.ops import role_of
-from onnxprune.ir.graph import const_value, export_model, static_shape
+from onnxprune.ir.graph import const_value, export_model, read_instead, static_shape
 from onnxprune.ir.load import import_graph
+from onnxprune.ir.rewrite import only_reader
 from onnxprune.ops.roles import Channelwise, Consumer
 
 Source = tuple[gs.Tensor, int]  # (the tensor a channel is read from, its index there)
@@ -31,9 +32,9 @@ def unshuffle(graph: gs.Graph) -> gs.Graph:
     Returns a new graph: ``graph`` is imported again with its shape computations folded first (the channel split
     before a shuffle is a ``Slice`` whose bounds torch computes from the input's ``Shape``)."""
     graph = import_graph(export_model(graph))
-    writer = _Writer(graph)
+    writer, outputs = _Writer(graph), {t.name for t in graph.outputs}
     for node in [n for n in graph.nodes if n.op == "Reshape"]:
-        found = _shuffle(node, graph)
+        found = _shuffle(node, outputs)
         if found is not None:
             writer.take_over(found[1], writer.gather(node.inputs[0], found[0], node.name))
     for _ in range(4 * len(graph.nodes) + 8):  # each round moves every permutation on by one node: a bound, not a loop
@@ -43,17 +44,17 @@ def unshuffle(graph: gs.Graph) -> gs.Graph:
         graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
         if not moved:
             break
-    _flatten_concats(graph)
+    _flatten_concats(graph, outputs)
     return graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False)
 
 
-def _flatten_concats(graph: gs.Graph) -> None:
+def _flatten_concats(graph: gs.Graph, outputs: set[str]) -> None:
     """Splice a channel-axis Concat read only by another into it (the pass writes a Concat of its Concats)."""
     for node in [n for n in graph.nodes if n.op == "Concat" and _on_channels(n)]:
         inputs = []
         for t in node.inputs:
             inner = t.inputs[0] if len(t.inputs) == 1 else None
-            spliced = inner is not None and inner.op == "Concat" and _on_channels(inner) and _only_reader(t, graph)
+            spliced = inner is not None and inner.op == "Concat" and _on_channels(inner) and only_reader(t, outputs)
             inputs.extend(inner.inputs if spliced else [t])
         if len(inputs) != len(node.inputs):
             node.inputs.clear()
@@ -64,15 +65,17 @@ def has_channel_permutation(graph: gs.Graph) -> bool:
     """Whether ``graph`` has a channel-axis permutation ``Gather``, or what may be a channel shuffle: a ``Reshape`` to
     rank r + 1, a ``Transpose`` of axes 1 and 2, a ``Reshape`` to rank r (the shapes ``unshuffle`` needs to tell may
     be known only after folding)."""
+    outputs = {t.name for t in graph.outputs}
     for node in graph.nodes:
         if _permutation(node) is not None:
             return True
-        transpose = _only_reader(node.outputs[0], graph) if node.op == "Reshape" else None
-        back = None if transpose is None or transpose.op != "Transpose" else _only_reader(transpose.outputs[0], graph)
-        shapes = [static_shape(t) for t in (node.outputs[0], back.outputs[0])] if back is not None else [None]
-        perm = list(transpose.attrs.get("perm", [])) if transpose is not None else []
-        if back is not None and back.op == "Reshape" and None not in shapes and len(shapes[0]) == len(shapes[1]) + 1 \
-                and perm[:3] == [0, 2, 1] and perm[3:] == list(range(3, len(perm))):
+        chain = _chain(node, outputs)
+        if chain is None:
+            continue
+        perm = list(chain[0].attrs.get("perm", []))
+        shapes = [static_shape(t) for t in (node.outputs[0], chain[1].outputs[0])]
+        if None not in shapes and len(shapes[0]) == len(shapes[1]) + 1 and perm[:3] == [0, 2, 1] \
+                and perm[3:] == list(range(3, len(perm))):
             return True
     return False
 
@@ -82,19 +85,24 @@ def _channels(tensor: gs.Tensor) -> int | None:
     return shape[1] if shape is not None and len(shape) >= 2 and isinstance(shape[1], int) else None
 
 
-def _only_reader(tensor: gs.Tensor, graph: gs.Graph) -> gs.Node | None:
-    outputs = {t.name for t in graph.outputs}
-    return tensor.outputs[0] if len(tensor.outputs) == 1 and tensor.name not in outputs else None
-
-
-def _shuffle(reshape: gs.Node, graph: gs.Graph) -> tuple[np.ndarray, gs.Tensor] | None:
-    """The permutation a ``Reshape`` → ``Transpose`` → ``Reshape`` chain from ``reshape`` computes and the chain's
-    output, where it gives back its input's shape ``[N, C, ...]`` (static but for N) with only the channels moved (none
-    of them in place of another's entries), the batch axis kept first; else None."""
-    transpose = _only_reader(reshape.outputs[0], graph)
-    back = None if transpose is None or transpose.op != "Transpose" else _only_reader(transpose.outputs[0], graph)
-    if back is None or back.op != "Reshape":
+def _chain(reshape: gs.Node, outputs: set[str]) -> tuple[gs.Node, gs.Node] | None:
+    """The ``Transpose`` and the ``Reshape`` after it where ``reshape`` (a Reshape) is the first of such a chain, each
+    tensor between them read only by the next node (none of the graph ``outputs``), else None."""
+    if reshape.op != "Reshape":
         return None
+    transpose = only_reader(reshape.outputs[0], outputs)
+    back = None if transpose is None or transpose.op != "Transpose" else only_reader(transpose.outputs[0], outputs)
+    return None if back is None or back.op != "Reshape" else (transpose, back)
+
+
+def _shuffle(reshape: gs.Node, outputs: set[str]) -> tuple[np.ndarray, gs.Tensor] | None:
+    """The permutation a ``Reshape`` → ``Transpose`` → ``Reshape`` chain (``_chain``) from ``reshape`` computes and the
+    chain's output, where it gives back its input's shape ``[N, C, ...]`` (static but for N) with only the channels
+    moved (none of them in place of another's entries), the batch axis kept first; else None."""
+    chain = _chain(reshape, outputs)
+    if chain is None:
+        return None
+    transpose, back = chain
     shapes = [static_shape(t) for t in (reshape.inputs[0], reshape.outputs[0], back.outputs[0])]
     perm = list(transpose.attrs.get("perm", []))
     if any(s is None or None in s[1:] or len(s) < 2 for s in shapes) or shapes[0] != shapes[2] or perm[:1] != [0]:
@@ -201,10 +209,7 @@ class _Writer:
     def take_over(self, old: gs.Tensor, new: gs.Tensor) -> None:
         """Make every reader of ``old`` read ``new`` instead (an Identity writes ``old`` where it is a graph
         output)."""
-        for reader in list(old.outputs):
-            for k, t in enumerate(list(reader.inputs)):
-                if t is old:
-                    reader.inputs[k] = new
+        read_instead(old, new)
         if any(t is old for t in self.graph.outputs):
             for writer in list(old.inputs):
                 writer.outputs[writer.outputs.index(old)] = _variable(old, _channels(old) or 0,
@@ -245,8 +250,9 @@ class _Writer:
             # a graph output keeps its channel order: a node that would write the permutation after it into one
             # (a channel-wise op, a Concat) leaves it before it
             ahead = not any(t.name in outputs for t in reader.outputs)
-            if _permutation(reader) is not None and reader.inputs[0] is out:
-                self.take_over(reader.outputs[0], self.selection(x, p[_permutation(reader)], reader.name))
+            then = _permutation(reader) if reader.inputs[0] is out else None
+            if then is not None:
+                self.take_over(reader.outputs[0], self.selection(x, p[then], reader.name))
             elif reader.op == "Split" and _on_channels(reader) and reader.inputs[0] is out and None not in [
                     _channels(t) for t in reader.outputs]:
                 start = 0
@@ -281,8 +287,9 @@ class _Writer:
             return False
         role = role_of(reader, ("in", k[0]), 1, 1, (0, len(p)))
         if isinstance(role, Channelwise):
-            if not ahead or set(role.ports) != {("in", k[0]), ("out", 0)} or any(v != (1, 1) for v in role.ports.values()) or any(
-                    role.frames.values()) or role.resizes:
+            one_to_one = set(role.ports) == {("in", k[0]), ("out", 0)} and all(
+                v == (1, 1) for v in role.ports.values()) and not any(role.frames.values()) and not role.resizes
+            if not ahead or not one_to_one:
                 return False
         elif not isinstance(role, Consumer):
             return False

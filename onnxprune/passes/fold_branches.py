@@ -85,8 +85,9 @@ def _leaves(add: gs.Node, outputs: set[str]) -> list[gs.Tensor]:
 
 
 def _common_input(leaves: list[gs.Tensor], outputs: set[str]) -> gs.Variable | None:
-    """The one 4-D tensor that every Conv among the branches (a leaf's producer, or that of its BatchNormalization's
-    input where only the BatchNormalization reads it) reads; ``_branch`` then checks each leaf against it."""
+    """The one 4-D tensor of a known channel count that every Conv among the branches (a leaf's producer, or that of
+    its BatchNormalization's input where only the BatchNormalization reads it) reads; ``_branch`` then checks each
+    leaf against it."""
     if len(leaves) < 2:
         return None
     reads = {}
@@ -100,8 +101,8 @@ def _common_input(leaves: list[gs.Tensor], outputs: set[str]) -> gs.Variable | N
     if len(reads) != 1:
         return None
     x = next(iter(reads.values()))
-    shape = static_shape(x)
-    return x if isinstance(x, gs.Variable) and shape is not None and len(shape) == 4 else None
+    shape = static_shape(x)  # the identity branch and the folded kernel need its channel count
+    return x if isinstance(x, gs.Variable) and shape is not None and len(shape) == 4 and shape[1] else None
 
 
 def _bn(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:

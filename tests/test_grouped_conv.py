@@ -91,6 +91,17 @@ def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() ->
         assert not g.prunable and "grouped convolution (4 groups) reached by a space that is not whole" in g.reason
 
 
+def test_a_space_of_conv_groups_into_a_concat_is_blocked_with_its_reason() -> None:
+    """EfficientViT's attention: a conv's channels read by a grouped conv (so taken in whole conv groups) and
+    concatenated with it; the reason says so (it named flattened channels or an unknown size)."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    qkv = b.conv("x", "qkv", 3, 12, k=1)
+    cat = b.op("Concat", [qkv, b.conv(qkv, "aggreg", 12, 12, k=1, group=3)], "cat", axis=1)
+    (g,) = groups_of(b, [b.conv(cat, "proj", 24, 8, k=1)])["qkv"]
+    assert not g.prunable and g.reason == "Concat cat: concatenates flattened channels or whole conv groups (4 entries " \
+        "each)"
+
+
 def test_a_gate_of_one_conv_prunes_with_its_channels_to_the_masked_original(tmp_path) -> None:
     """VoVNet's effective squeeze-excitation: one 1×1 conv reads the pooled channels and gates the same channels.
     It is sliced in rows and columns with the group and not refitted (as a consumer it crashed the refit at timm's

@@ -51,8 +51,11 @@ def _concat_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
         ports[("out", 0)] = (axis, repeat)
         return Channelwise(ports)
     sizes = [channels_at(t, axis) for t in node.inputs]
-    if repeat != 1 or None in sizes:
-        return Blocked(f"Concat {node.name}: concatenates flattened channels or inputs of unknown size")
+    if None in sizes:
+        return Blocked(f"Concat {node.name}: concatenates inputs of unknown channel count")
+    if repeat != 1:
+        return Blocked(f"Concat {node.name}: concatenates flattened channels or whole conv groups ({repeat} entries "
+                       "each)")
     i = _piece(node, port, "in", sizes, span, "joins two inputs")
     if isinstance(i, Cut):
         return i

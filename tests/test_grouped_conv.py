@@ -91,6 +91,18 @@ def test_a_grouped_conv_reading_part_of_a_concat_is_blocked_with_its_reason() ->
         assert not g.prunable and "grouped convolution (4 groups) reached by a space that is not whole" in g.reason
 
 
+def test_a_space_of_conv_groups_pools_into_a_classifier() -> None:
+    """FastViT's head: a conv's 6 channels widened by a conv grouped by input channel (each feeds 2 outputs), pooled
+    by a ReduceMean over H, W (keepdims 0) into a Gemm. The pool is channel-wise in units of 2 entries (it blocked
+    the stage's stream as "reduces over all axes"); slicing equals the masked original."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.op("Relu", [b.conv(b.op("Relu", [b.conv("x", "conv1", 3, 6, k=1)], "r1"), "widen", 6, 12, group=6)], "r2")
+    out = b.gemm(b.op("ReduceMean", [y], "pool", axes=[2, 3], keepdims=0), "fc", 12, 5)
+    (g,) = groups_of(b, [out])["conv1"]
+    assert g.prunable and g.tensors["pool_out"] == (1, 2), g.reason
+    check(b.model([out]), ["conv1"])
+
+
 def test_a_space_of_conv_groups_into_a_concat_is_blocked_with_its_reason() -> None:
     """EfficientViT's attention: a conv's channels read by a grouped conv (so taken in whole conv groups) and
     concatenated with it; the reason says so (it named flattened channels or an unknown size)."""

@@ -21,14 +21,14 @@ def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     if axes is None and len(node.inputs) > 1:
         value = const_value(node.inputs[1])
         axes = None if value is None else value.tolist()
-    if rank is None or axes is None or port != ("in", 0) or repeat != 1:
+    if rank is None or axes is None or port != ("in", 0):
         return Blocked(f"{node.op} {node.name}: reduces over all axes or unknown axes")
     axes = [int(a) % rank for a in axes]
     if axis in axes:
         return Blocked(f"{node.op} {node.name}: reduces across channels")
     keep = node.attrs.get("keepdims", 1)
     out_axis = axis if keep else axis - sum(a < axis for a in axes)
-    return Channelwise({("in", 0): (axis, 1), ("out", 0): (out_axis, 1)})
+    return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})
 
 
 def _softmax_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

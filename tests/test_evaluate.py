@@ -151,6 +151,22 @@ def test_unlabelled_and_non_classifier(tmp_path: Path) -> None:
     assert evaluate(model, images, preprocess=PRE).rel_l2 == {}
 
 
+def test_a_mask_model_is_judged_by_its_iou_with_the_reference_and_its_spread(tmp_path: Path) -> None:
+    """A Keras-style U-Net's output ``[N, H, W, 1]``: ``eval --ref`` gives the masks' IoU and its spread over the
+    images (it raised AttributeError: the mask metric had no spread)."""
+    nodes = [helper.make_node("Conv", ["x", "w"], ["c"]), helper.make_node("Sigmoid", ["c"], ["s"]),
+             helper.make_node("Transpose", ["s"], ["mask"], perm=[0, 2, 3, 1])]
+    graph = helper.make_graph(nodes, "unet", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+                              [helper.make_tensor_value_info("mask", TensorProto.FLOAT, ["N", 32, 32, 1])],
+                              initializer=[numpy_helper.from_array(np.float32([1, 0, 0]).reshape(1, 3, 1, 1), "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    onnx.save(model, tmp_path / "unet.onnx")
+    path, images = tmp_path / "unet.onnx", red_images(tmp_path / "val", ["a.png", "b.png"])
+    result = evaluate(path, images, ref=path, preprocess=PRE)  # red: the mask is all ones
+    assert result.task == "mask" and result.metrics == {"mask_iou_ref": 1.0} and result.spread == {"mask_iou_ref": 0.0}
+
+
 def test_static_batch_is_split_and_padded(tmp_path: Path, labelled: Path) -> None:
     dynamic = evaluate(classifier(tmp_path / "d.onnx"), labelled, preprocess=PRE)
     static = evaluate(classifier(tmp_path / "s.onnx", batch=2), labelled, preprocess=PRE, batch_size=32)

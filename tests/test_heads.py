@@ -152,6 +152,10 @@ def test_masks_are_judged_by_the_iou_of_the_binarised_masks() -> None:
     for task, make in ((keras, _mask), (u2net, lambda shift=0: _mask(shift, channels_last=False))):
         assert _scores(task, make(), make()) == {"mask_iou_ref": 1.0}
         assert _scores(task, make(shift=10), make())["mask_iou_ref"] == pytest.approx(20 / 40)
+    metric = keras.metric()
+    metric.update(_mask(), _mask())
+    metric.update(_mask(shift=10), _mask())
+    assert metric.spread()["mask_iou_ref"] > 0.0 and keras.metric().spread() == {}
     one_map = [_mask(channels_last=False)[0]]
     assert isinstance(infer_task(one_map, HW, 2), TextRegions)  # a text detector's map, unless named
     assert isinstance(task_named("mask", one_map, HW, 2), Mask)

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxprune.tasks.detection import Detections, Truth
+from onnxprune.tasks.base import Metric
+from onnxprune.tasks.detection import SPREAD_RESAMPLES, Detections, Truth
 
 HEAT_STRIDES = (4, 2, 8)  # the strides a heat map is looked for at, the common one first
 PEAK_CELLS = 4  # the side of a peak's box, in cells of the heat map
@@ -114,20 +115,30 @@ def mask_layout(outputs: Sequence[np.ndarray], hw: tuple[int, int]) -> MaskLayou
     return None
 
 
-class MaskMetric:
-    """The IoU of the model's binarised masks with the reference's, pooled over images (``mask_iou_ref``)."""
+class MaskMetric(Metric):
+    """The IoU of the model's binarised masks with the reference's, pooled over images (``mask_iou_ref``), and its
+    bootstrap standard deviation over the images (``spread``)."""
 
     def __init__(self, layout: MaskLayout) -> None:
         self.layout = layout
-        self.inter = self.union = 0
+        self.counts: list[tuple[int, int]] = []  # (intersection, union) of each image
 
     def update(self, ys: Sequence[np.ndarray], refs: Sequence[np.ndarray] | None,
                truths: Sequence[Truth] | None = None) -> None:
         if refs is None:
             return
-        a, b = self.layout.masks(ys), self.layout.masks(refs)
-        self.inter += int((a & b).sum())
-        self.union += int((a | b).sum())
+        for a, b in zip(self.layout.masks(ys), self.layout.masks(refs)):
+            self.counts.append((int((a & b).sum()), int((a | b).sum())))
 
     def result(self) -> dict[str, float | None]:
-        return {"mask_iou_ref": self.inter / self.union if self.union else None}
+        inter, union = np.sum(self.counts, axis=0) if self.counts else (0, 0)
+        return {"mask_iou_ref": inter / union if union else None}
+
+    def spread(self) -> dict[str, float]:
+        if len(self.counts) < 2:
+            return {}
+        counts = np.asarray(self.counts, np.float64)
+        picks = np.random.default_rng(0).integers(0, len(counts), (SPREAD_RESAMPLES, len(counts)))
+        inter, union = counts[picks].sum(axis=1).T
+        ious = inter[union > 0] / union[union > 0]
+        return {"mask_iou_ref": float(np.std(ious))} if len(ious) > 1 else {}

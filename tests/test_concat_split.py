@@ -244,6 +244,22 @@ def test_flattened_concat_is_blocked() -> None:
     assert "concatenates flattened channels" in groups["a"][0].reason
 
 
+def test_two_slices_sharing_a_bound_get_constants_of_their_own() -> None:
+    """``chunk(2)`` as torch.onnx writes it: the first Slice's end is the second's start, one tensor. Each Slice's
+    resized bounds are constants of its own name (they shared one name, which graph-surgeon warned of on stderr at
+    every slicing, CSPResNet's stages)."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
+    y = b.conv("x", "a", 3, 16)
+    mid, axes = b.const("mid", np.array([8]), np.int64), b.const("ax", np.array([1]), np.int64)
+    first = b.op("Slice", [y, b.const("st", np.array([0]), np.int64), mid, axes], "first")
+    second = b.op("Slice", [y, mid, b.const("en", np.array([16]), np.int64), axes], "second")
+    out = b.conv(b.op("Add", [b.conv(first, "p", 8, 4), b.conv(second, "q", 8, 4)], "sum"), "head", 4, 2)
+    graph = check(b.model([out]), ["a[0:8]", "a[8:16]"])
+    names = [t.name for t in graph.tensors(check_duplicates=False).values()]
+    bounds = [t for n in graph.nodes if n.op == "Slice" for t in n.inputs[1:3]]
+    assert len({t.name for t in bounds}) == len({id(t) for t in bounds}) == 4 and len(names) == len(set(names))
+
+
 def test_range_without_a_tensor_of_its_own_is_blocked() -> None:
     """A conv's channels [8:16) read only as part of the whole output (the Slice reads [0:8)): no tensor
     holds exactly them, so their width after pruning could not be read back — refused, with the reason."""

@@ -150,8 +150,8 @@ def _resize_slice(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, 
     axes = [int(a) % rank for a in params[2]] if len(params) > 2 else list(range(len(params[0])))
     k = axes.index(site.axis)
     params[0][k], params[1][k] = bounds
-    for i in (0, 1):
-        node.inputs[1 + i] = gs.Constant(f"{node.inputs[1 + i].name}.keep{tag}", params[i])
+    for i in (0, 1):  # one constant per node: torch.onnx's chunk() shares a bound between its two Slices
+        node.inputs[1 + i] = gs.Constant(f"{node.inputs[1 + i].name}.{node.name}.keep{tag}", params[i])
 
 
 # ---- torch kernels

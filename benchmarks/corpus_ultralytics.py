@@ -37,7 +37,7 @@ EXPORTS: dict[str, tuple[str, dict]] = {
 
 
 def main() -> None:
-    out, names = selected(__doc__, EXPORTS)
+    out, names, _ = selected(__doc__, EXPORTS)
     from ultralytics import RTDETR, YOLO
 
     for name in names:

@@ -21,13 +21,16 @@ at most 100 detections per image, classes without ground truth left out) and is 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import numpy as np
 import torch
 
 from onnxprune.imitation.threads import one_torch_thread
+
+T = TypeVar("T")
 
 STRIDES = ((8, 16, 32), (8, 16, 32, 64))
 DENSE_STRIDES = (8, 16, 32, 64, 128)
@@ -243,20 +246,22 @@ class APAccumulator:
         return {"mAP50": float(table[:, 0].mean()), "mAP50-95": float(table.mean())}
 
 
-def bootstrap_sd(images: Sequence[APAccumulator], resamples: int = SPREAD_RESAMPLES, seed: int = 0
-                 ) -> dict[str, float]:
-    """The standard deviation of mAP50 and mAP50-95 (by name) over ``resamples`` bootstrap resamples of
-    ``images`` (one accumulator each, drawn with replacement); a resample without ground truth is left out, and
-    none is given where fewer than two resamples have any. On nudenet's YOLOv8n at 0.70×, judged on 59 photos
-    whose 88 reference detections fall in 12 classes, 5 of them with at most 2, mAP50-95 0.830 has a standard
-    deviation of 0.026, as large as most changes worth measuring (the notebook's "Four splits")."""
+def bootstrap_sd(images: Sequence[T], score: Callable[[list[T]], Mapping[str, float | None]] | None = None,
+                 resamples: int = SPREAD_RESAMPLES, seed: int = 0) -> dict[str, float]:
+    """The standard deviation of each of ``score``'s scores (by name) over ``resamples`` bootstrap resamples of
+    ``images`` (one item each, drawn with replacement); a resample whose score is None is left out of it, and none
+    is given where fewer than two resamples have one. ``score`` pools the drawn items; by default they are
+    ``APAccumulator``s and the scores mAP50 and mAP50-95 (a resample without ground truth has none). On nudenet's
+    YOLOv8n at 0.70×, judged on 59 photos whose 88 reference detections fall in 12 classes, 5 of them with at most 2,
+    mAP50-95 0.830 has a standard deviation of 0.026, as large as most changes worth measuring (the notebook's "Four
+    splits")."""
+    score = score or (lambda drawn: APAccumulator.pooled(drawn).result())
     gen = np.random.default_rng(seed)
-    found: dict[str, list[float]] = {"mAP50": [], "mAP50-95": []}
+    found: dict[str, list[float]] = {}
     for _ in range(resamples if len(images) > 1 else 0):
-        scores = APAccumulator.pooled([images[i] for i in gen.integers(0, len(images), len(images))]).result()
-        for name, value in scores.items():
+        for name, value in score([images[i] for i in gen.integers(0, len(images), len(images))]).items():
             if value is not None:
-                found[name].append(value)
+                found.setdefault(name, []).append(value)
     return {name: float(np.std(values)) for name, values in found.items() if len(values) > 1}
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.tasks.base import Metric
-from onnxprune.tasks.detection import SPREAD_RESAMPLES, Detections, Truth
+from onnxprune.tasks.detection import Detections, Truth, bootstrap_sd
 
 HEAT_STRIDES = (4, 2, 8)  # the strides a heat map is looked for at, the common one first
 PEAK_CELLS = 4  # the side of a peak's box, in cells of the heat map
@@ -131,14 +131,13 @@ class MaskMetric(Metric):
             self.counts.append((int((a & b).sum()), int((a | b).sum())))
 
     def result(self) -> dict[str, float | None]:
-        inter, union = np.sum(self.counts, axis=0) if self.counts else (0, 0)
-        return {"mask_iou_ref": inter / union if union else None}
+        return _pooled_iou(self.counts)
 
     def spread(self) -> dict[str, float]:
-        if len(self.counts) < 2:
-            return {}
-        counts = np.asarray(self.counts, np.float64)
-        picks = np.random.default_rng(0).integers(0, len(counts), (SPREAD_RESAMPLES, len(counts)))
-        inter, union = counts[picks].sum(axis=1).T
-        ious = inter[union > 0] / union[union > 0]
-        return {"mask_iou_ref": float(np.std(ious))} if len(ious) > 1 else {}
+        return bootstrap_sd(self.counts, _pooled_iou)
+
+
+def _pooled_iou(counts: Sequence[tuple[int, int]]) -> dict[str, float | None]:
+    """The IoU of the images whose (intersection, union) are ``counts``, pooled: None where every union is empty."""
+    inter, union = np.sum(counts, axis=0) if len(counts) else (0, 0)
+    return {"mask_iou_ref": float(inter / union) if union else None}

@@ -1,9 +1,10 @@
 """Exports of the third-party corpus made through ``torch.onnx.export``: architectures written in code
 (``models/corpus.py`` and the zoo; random weights: they test structure, time and memory) in the export styles
-users meet, their BatchNorm statistics warmed on photos the corpus table neither calibrates nor judges on
-(``--warm-subset`` of ``--data``: the running mean and variance each channel sees there, as a trained network has): static batch and dynamic, opsets 9 to 20, BatchNorm left unfolded (``do_constant_folding=False``),
+users meet: static batch and dynamic, opsets 9 to 20, BatchNorm left unfolded (``do_constant_folding=False``),
 the TorchScript path and the dynamo path (where onnxscript is installed; else those rows are skipped, said so),
-float16 inside (onnxconverter-common).
+float16 inside (onnxconverter-common). Their BatchNorm statistics are warmed on photos the corpus table neither
+calibrates nor judges on (``--warm-subset`` of ``--data``: the running mean and variance each channel sees there, as
+a trained network has).
 
     python benchmarks/corpus_torch.py      # writes benchmarks/results/third_party_models/made/
 """
@@ -62,7 +63,8 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_repvgg_like_224_dynamo_op18.onnx": (corpus.RepVGGLike, (1, 3, 224, 224), dict(opset=18, dynamo=True)),
     "pt_mobilenet_v3_small_224_fp16_op13.onnx": (lambda: build("mobilenet_v3_small"), (1, 3, 224, 224),
                                                  dict(opset=13, fp16=True)),
-    "pt_resnext_like_224_dynamic_op13.onnx": (corpus_recent.ResNeXtLike, (1, 3, 224, 224), dict(opset=13, dynamic=True)),
+    "pt_resnext_like_224_dynamic_op13.onnx": (corpus_recent.ResNeXtLike, (1, 3, 224, 224),
+                                              dict(opset=13, dynamic=True)),
     "pt_cspresnet_like_224_static_op17.onnx": (corpus_recent.CSPResNetLike, (1, 3, 224, 224), dict(opset=17)),
     "pt_efficientvit_like_224_static_op17.onnx": (corpus_recent.EfficientViTLike, (1, 3, 224, 224), dict(opset=17)),
     "pt_efficientvit_like_224_dynamic_op13.onnx": (corpus_recent.EfficientViTLike, (1, 3, 224, 224),
@@ -72,11 +74,12 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_edgenext_like_256_static_op17.onnx": (corpus_recent.EdgeNeXtLike, (1, 3, 256, 256), dict(opset=17)),
     "pt_edgenext_like_256_dynamic_op13.onnx": (corpus_recent.EdgeNeXtLike, (1, 3, 256, 256),
                                                dict(opset=13, dynamic=True)),
-    "pt_fastvit_like_256_static_op17.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=17)),
-    "pt_fastvit_like_256_dynamic_op13.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=13, dynamic=True)),
-    "pt_fastvit_like_256_dynamo_op18.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=18, dynamo=True)),
     "pt_edgenext_like_256_dynamo_op18.onnx": (corpus_recent.EdgeNeXtLike, (1, 3, 256, 256),
                                               dict(opset=18, dynamo=True)),
+    "pt_fastvit_like_256_static_op17.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=17)),
+    "pt_fastvit_like_256_dynamic_op13.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256),
+                                              dict(opset=13, dynamic=True)),
+    "pt_fastvit_like_256_dynamo_op18.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=18, dynamo=True)),
 }
 
 

@@ -110,8 +110,8 @@ def test_a_space_of_conv_groups_into_a_concat_is_blocked_with_its_reason() -> No
     qkv = b.conv("x", "qkv", 3, 12, k=1)
     cat = b.op("Concat", [qkv, b.conv(qkv, "aggreg", 12, 12, k=1, group=3)], "cat", axis=1)
     (g,) = groups_of(b, [b.conv(cat, "proj", 24, 8, k=1)])["qkv"]
-    assert not g.prunable and g.reason == "Concat cat: concatenates flattened channels or whole conv groups (4 entries " \
-        "each)"
+    assert not g.prunable
+    assert g.reason == "Concat cat: concatenates flattened channels or whole conv groups (4 entries each)"
 
 
 def test_a_gate_of_one_conv_prunes_with_its_channels_to_the_masked_original(tmp_path) -> None:

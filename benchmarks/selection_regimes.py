@@ -6,17 +6,18 @@ Each variant is a ``Selector`` passed to ``compress`` in place of the one its fl
 ``onnxprune compress`` reads them: a classifier calibrates on each photo and its mirror), then the written model is
 judged against the original by ``onnxprune eval`` on other photos:
 
-    python benchmarks/selection_regimes.py benchmarks/results/third_party_models/made/pt_repvgg_like_224_dynamic_op13.onnx \\
-        --variants omp,l1,judged
+    python benchmarks/selection_regimes.py \\
+        benchmarks/results/third_party_models/made/pt_repvgg_like_224_dynamic_op13.onnx --variants omp,l1,judged
     python benchmarks/selection_regimes.py mobilenet_v2.onnx --flags "--target-flops 170M" \\
         --calib-subset '!0%5' --eval-subset 0%5 --variants omp,judged-gate1
 
 Variants: ``omp`` (the default), ``l1``, ``random<seed>``, ``omp-ridge<r>`` (OMP's least squares with ridge r towards 0
 instead of 1e-4), ``omp-cv`` (that ridge cross-validated on every column), ``omp-prior`` (OMP rerun with the refit's
 cross-validated ridge on its first choice, towards the consumer's weights: the constrained MAP of the refit;
-``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit`` writes them,
-the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>`` (judged only
-where the refit's cross-validated ridge on OMP's choice is at least r), ``judged-held<n>`` (on n held samples).
+``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit``
+writes them, the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>``
+(judged only where the refit's cross-validated ridge on OMP's choice is at least r), ``judged-held<n>`` (on n held
+samples).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ from onnxprune.imitation.refit import refit_cv
 from onnxprune.strategies import L1, OMP, Random
 from onnxprune.strategies.base import Selector
 from onnxprune.strategies.global_search import Search
+
+
+def _refit_ridge(d, keep: np.ndarray) -> float:
+    """The ridge the refit's cross-validation picks for consumer ``d`` on channels ``keep`` (towards its weights)."""
+    cols = expand(keep, d.current.k)
+    return refit_cv(d.folds, cols, prior=d.current.weight[:, cols], merged=d.stats)[2]
 
 
 def _relative(path: omp.OmpPath, width: int) -> float:
@@ -81,7 +88,7 @@ class OmpPrior(Selector):
         for d in data:
             s, w0 = d.stats, np.asarray(d.current.weight, np.float64)
             cols = expand(first, d.current.k)
-            ridge = refit_cv(d.folds, cols, prior=w0[:, cols], merged=s)[2]
+            ridge = _refit_ridge(d, first)
             lam = ridge * np.trace(s.xx[np.ix_(cols, cols)]) / (len(cols) * s.count)  # the refit's units
             a, b, e = omp.centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count)
             a[np.diag_indices(s.d)] += lam
@@ -104,9 +111,7 @@ class Judged(Selector):
 
     def select(self, ctx, group, data, width):
         own = OMP().select(ctx, group, data, width)
-        ridge = max(refit_cv(d.folds, expand(own[0], d.current.k),
-                             prior=d.current.weight[:, expand(own[0], d.current.k)], merged=d.stats)[2]
-                    for d in data) if self.gate > 0 else None
+        ridge = max(_refit_ridge(d, own[0]) for d in data) if self.gate > 0 else None
         other = L1().select(ctx, group, data, width)
         if (ridge is not None and ridge < self.gate) or np.array_equal(other[0], own[0]):
             return own
@@ -129,7 +134,8 @@ def variant(name: str) -> Selector:
     if name == "judged":
         return Judged()
     for prefix, make in (("random", lambda v: Random(int(v))), ("omp-ridge", lambda v: OmpRidge(float(v))),
-                         ("judged-gate", lambda v: Judged(gate=float(v))), ("judged-held", lambda v: Judged(held=int(v)))):
+                         ("judged-gate", lambda v: Judged(gate=float(v))),
+                         ("judged-held", lambda v: Judged(held=int(v)))):
         if name.startswith(prefix) and name != prefix:
             return make(name[len(prefix):])
     raise SystemExit(f"unknown variant {name!r}: see this script's docstring")

@@ -1,5 +1,7 @@
-"""Attention blocks (issue 71): a fused q/k/v projection split into three, whole heads pruned through the reshapes
-and the two products of computed tensors, and a linear map reshaped into feature maps pruned by whole maps.
+"""Attention blocks (issue 71): a fused q/k/v projection split into three (taken apart by Split, Gathers or Slices),
+whole heads pruned through the reshapes and the two products of computed tensors (EdgeNeXt's cross-covariance
+attention too: q and k normalised by an ``expand_as``), and a linear map reshaped into feature maps pruned by whole
+maps.
 
 The oracle is exactness, as in ``test_real_exports``: the heads (maps) a test removes are dead, so the pruned model
 must reproduce the original's outputs in onnxruntime."""
@@ -12,10 +14,13 @@ import numpy as np
 import onnx
 import pytest
 import torch
+import torch.nn.functional as F
+from onnx import TensorProto, helper
 from torch import nn
 
 from onnxprune import api
 from onnxprune.analysis import analyze
+from onnxprune.ir.graph import const_value
 from onnxprune.ir.load import import_graph
 from onnxprune.passes.split_qkv import has_fused_qkv
 from tests.onnx_builders import compress_dead, export_torch, run, same_outputs
@@ -94,6 +99,81 @@ def test_attention_heads_prune_to_the_masked_original(block: type[nn.Module], tm
     same_outputs(pruned, model, (2, TOKENS, DIM))
     layer = next(x for x in report.layers if x.group == heads[0].name)
     assert (layer.kept, layer.unit, layer.units) == (3, 8, "heads")
+
+
+class CrossCovariance(nn.Module):
+    """EdgeNeXt's (XCiT's) attention: per head a channels × channels map of q and k, each normalised over the tokens
+    (``F.normalize``: divided by an ``expand_as`` of its norms), scaled by a learnt temperature per head, applied to
+    v; ``dead`` heads have zero values."""
+
+    def __init__(self, dead: tuple[int, ...] = ()) -> None:
+        super().__init__()
+        self.embed, self.qkv, self.proj = nn.Linear(DIM, DIM), nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+        self.head = nn.Linear(DIM, 10)
+        self.temperature = nn.Parameter(torch.rand(HEADS, 1, 1) + 0.5)
+        width = DIM // HEADS
+        with torch.no_grad():
+            for h in dead:
+                self.qkv.weight[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
+                self.qkv.bias[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, HEADS, c // HEADS).permute(2, 0, 3, 4, 1)
+        attn = (F.normalize(q, dim=-1) @ F.normalize(k, dim=-1).transpose(-2, -1)) * self.temperature
+        return self.head(self.proj((attn.softmax(-1) @ v).permute(0, 3, 1, 2).reshape(b, n, c)))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_cross_covariance_heads_prune_through_the_expand_of_their_norms(dynamic: bool, tmp_path: Path) -> None:
+    """The norms are expanded to ``Shape(q)`` (dynamic batch) or to a constant target that holds the head count
+    (static): either way the 4 heads are one group and keeping 3 drops the dead one exactly."""
+    torch.manual_seed(0)
+    model = api.load(export_torch(CrossCovariance(dead=(2,)), tmp_path / "xca.onnx", (1, TOKENS, DIM),
+                                  dynamic_batch=dynamic))
+    graph = import_graph(model)
+    targets = [n.inputs[1] for n in graph.nodes if n.op == "Expand"]
+    assert len(targets) == 2 and all((const_value(t) is None) == dynamic for t in targets)
+    heads = [g for g in analyze(model).groups if g.unit > 1]
+    assert [(g.channels, g.unit, g.prunable, len(g.producers)) for g in heads] == [(HEADS, 8, True, 3)]
+    pruned, _ = compress_dead(model, tmp_path, {heads[0].name: 3}, (1, TOKENS, DIM))
+    same_outputs(pruned, model, (2 if dynamic else 1, TOKENS, DIM))
+
+
+def test_q_k_v_taken_apart_by_slices_split_into_three_projections(tmp_path: Path) -> None:
+    """``torch.export`` writes ``unbind(0)`` as three one-index Slices, each squeezed, after a Reshape with
+    ``allowzero``: split like the others, the same outputs."""
+    rng = np.random.default_rng(0)
+    width = DIM // HEADS
+    const = {"w": rng.standard_normal((DIM, 3 * DIM)), "b": rng.standard_normal(3 * DIM),
+             "target": np.array([1, TOKENS, 3, HEADS, width]), "merged": np.array([1, TOKENS, DIM]),
+             "axis0": np.array([0]), "p": rng.standard_normal((DIM, DIM))}
+    const.update({f"s{i}": np.array([i]) for i in range(4)})
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"]), helper.make_node("Add", ["y", "b"], ["yb"]),
+             helper.make_node("Reshape", ["yb", "target"], ["r"], allowzero=1),
+             helper.make_node("Transpose", ["r"], ["t"], perm=[2, 0, 3, 1, 4])]
+    for i, name in enumerate("qkv"):
+        nodes += [helper.make_node("Slice", ["t", f"s{i}", f"s{i + 1}", "axis0"], [f"{name}1"]),
+                  helper.make_node("Squeeze", [f"{name}1", "axis0"], [name])]
+    nodes += [helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+              helper.make_node("MatMul", ["q", "kt"], ["s"]), helper.make_node("Softmax", ["s"], ["a"], axis=-1),
+              helper.make_node("MatMul", ["a", "v"], ["o"]),
+              helper.make_node("Transpose", ["o"], ["ot"], perm=[0, 2, 1, 3]),
+              helper.make_node("Reshape", ["ot", "merged"], ["m"]), helper.make_node("MatMul", ["m", "p"], ["out"])]
+    inits = [helper.make_tensor(k, TensorProto.INT64 if v.dtype.kind == "i" else TensorProto.FLOAT, v.shape,
+                                v.reshape(-1).tolist()) for k, v in const.items()]
+    graph = helper.make_graph(nodes, "unbind_by_slices",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, TOKENS, DIM])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, TOKENS, DIM])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    onnx.checker.check_model(model)
+    assert has_fused_qkv(import_graph(model))
+    split = api.load(model)
+    assert not has_fused_qkv(import_graph(split))
+    assert [g.units for g in analyze(split).groups if g.unit > 1] == ["heads"]
+    x = rng.standard_normal((1, TOKENS, DIM)).astype(np.float32)
+    np.testing.assert_allclose(run(split, x=x)[0], run(model, x=x)[0], rtol=1e-5, atol=1e-5)
 
 
 def test_the_width_a_product_sums_over_is_not_pruned_and_says_why(tmp_path: Path) -> None:

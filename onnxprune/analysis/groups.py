@@ -253,6 +253,8 @@ class _Search:
                 o_offset = base + role.frames.get(other, 0)
                 self.visited.add((node.name, other, o_offset))
                 self.add_tensor(_port_tensors(node, other), o_axis, o_repeat, o_offset)
+            for tensor, t_axis, t_repeat in role.tied:
+                self.add_tensor(tensor, t_axis, t_repeat, base)
         if isinstance(role, (Producer, Consumer)) and (node.name in group.gates or node.name in group.producers and any(
                 c.node == node.name for c in group.consumers)):
             # A gate of one conv (VoVNet's effective squeeze-excitation: the pooled channels to a gate of the same

@@ -78,6 +78,8 @@ class Channelwise:
     attrs: list[AttrSite] = field(default_factory=list)
     frames: dict[Port, int] = field(default_factory=dict)  # port -> where channel 0 of the node's frame sits
     resizes: list[ResizeSite] = field(default_factory=list)
+    tied: list[tuple[gs.Tensor, int, int]] = field(default_factory=list)  # (tensor, axis, repeat) off the node's
+    # ports that must carry the same channels (an Expand to ``Shape(t)``'s target: t)
 
 
 @dataclass

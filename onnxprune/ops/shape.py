@@ -185,12 +185,71 @@ def _shape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -
         return Blocked(f"Shape {node.name}: unknown rank")
     start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
     start, end = (start + rank if start < 0 else start), (end + rank if end < 0 else min(end, rank))
+    role = Channelwise({("in", 0): (axis, repeat)})
     if start <= axis < end:
         for vector, user in _readers(node.outputs[0]):
+            if user.op == "Expand" and _whole_shape_of(user.inputs[1]) is node.inputs[0] and rank_of(
+                    user.outputs[0]) == rank:  # x.expand_as(t): the Expand's output carries t's channels
+                role.tied.append((user.outputs[0], axis, repeat))
+                continue
             read = _indices(user, end - start) if user.inputs[0] is vector else None
             if read is None or axis - start in read:
                 return Blocked(f"Shape {node.name}: the channel count is read by {user.op} {user.name}")
-    return Channelwise({("in", 0): (axis, repeat)})
+    return role
+
+
+def _whole_shape_of(vector: gs.Tensor) -> gs.Tensor | None:
+    """The tensor t where ``vector`` is ``Shape(t)`` over all of t's axes (past Casts), else None."""
+    while isinstance(vector, gs.Variable) and len(vector.inputs) == 1 and vector.inputs[0].op == "Cast":
+        vector = vector.inputs[0].inputs[0]
+    if not isinstance(vector, gs.Variable) or len(vector.inputs) != 1 or vector.inputs[0].op != "Shape":
+        return None
+    node = vector.inputs[0]
+    rank = rank_of(node.inputs[0])
+    if rank is None:
+        return None
+    start, end = int(node.attrs.get("start", 0)), int(node.attrs.get("end", rank))
+    return node.inputs[0] if start in (0, -rank) and end >= rank else None
+
+
+def _expand_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    """Expand broadcasts its input to a target shape: channel-wise where its input holds the channels and the
+    target's entry for them is 1 or a constant count (rewritten to 1: "as the input"), or where the target is
+    ``Shape(t)`` (``expand_as``: t then carries the same channels, its count follows; the input may be one entry
+    broadcast to them)."""
+    if port not in (("in", 0), ("out", 0)):
+        return Blocked(f"Expand {node.name}: channels reach its shape input")
+    i_shape, o_shape = static_shape(node.inputs[0]), static_shape(node.outputs[0])
+    if i_shape is None or o_shape is None:
+        return Blocked(f"Expand {node.name}: unknown shapes")
+    lead = len(o_shape) - len(i_shape)
+    out_axis = axis + lead if port == ("in", 0) else axis
+    held = out_axis >= lead and i_shape[out_axis - lead] == o_shape[out_axis]
+    role = Channelwise({("out", 0): (out_axis, repeat), **({("in", 0): (out_axis - lead, repeat)} if held else {})})
+    source = _whole_shape_of(node.inputs[1])
+    if source is not None and rank_of(source) == len(o_shape):
+        role.tied.append((source, out_axis, repeat))
+        return role
+    if not held:
+        return Blocked(f"Expand {node.name}: broadcasts one entry to the channels, their count fixed by its target")
+    target = const_value(node.inputs[1])
+    length = len(o_shape) if target is None else target.size
+    index = out_axis - (len(o_shape) - length)
+    entry = 1 if index < 0 else shape_entry(node.inputs[1], index)
+    if entry == 1:
+        return role
+    if target is None or entry != o_shape[out_axis]:
+        return Blocked(f"Expand {node.name}: its target shape is computed at run time, the channel count in it "
+                       "unknown")
+    role.resizes.append(ResizeSite(node.name, node.inputs[0].name, index, (0, span[1]), repeat))
+    return role
+
+
+def _resize_expand(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
+    """Entry ``site.axis`` of an Expand's constant target, which held the channel count, set to 1 (the input's)."""
+    target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
+    target[site.axis] = 1
+    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)  # a shared target: one each
 
 
 def _readers(vector: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:
@@ -285,5 +344,6 @@ register(OpEntry("Reshape", channels=_reshape_rule, resize=_resize_reshape, torc
 register(OpEntry("Transpose", channels=_transpose_rule, torch={1: _transpose}))
 register(OpEntry("Squeeze", channels=_reshape_rule, torch={1: _squeeze}, static_inputs=frozenset({1})))
 register(OpEntry("Unsqueeze", channels=_reshape_rule, torch={1: _unsqueeze}, static_inputs=frozenset({1})))
-register(OpEntry("Expand", torch={1: _expand}, static_inputs=frozenset({1})))
+register(OpEntry("Expand", channels=_expand_rule, resize=_resize_expand, torch={1: _expand},
+                 static_inputs=frozenset({1})))
 register(OpEntry("Tile", torch={1: _tile}, static_inputs=frozenset({1})))

@@ -83,9 +83,11 @@ def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
     if reader is None or reader.op != "Reshape":
         return None
     length = static_shape(reader.inputs[1])
-    if length is None or len(length) != 1 or length[0] is None or length[0] < 4 or reader.attrs.get("allowzero", 0):
+    if length is None or len(length) != 1 or length[0] is None or length[0] < 4:
         return None
     target = [shape_entry(reader.inputs[1], i) for i in range(length[0])]  # None where computed at run time
+    if reader.attrs.get("allowzero", 0) and 0 in target:  # a 0 that means 0, not "as the input"
+        return None
     if target[-3] != 3 or not target[-2]:
         return None
     heads = int(target[-2])
@@ -104,7 +106,8 @@ def _fused(node: gs.Node, graph_outputs: set[str]) -> _Fused | None:
 
 
 def _pieces(tensor: gs.Tensor) -> list[gs.Tensor] | None:
-    """q, k and v as read from ``tensor`` (the 3 on axis 0), or None where it is read another way."""
+    """q, k and v as read from ``tensor`` (the 3 on axis 0), or None where it is read another way: one ``Split`` into
+    three, or a scalar ``Gather`` or a ``Slice`` of one index (``torch.export``'s unbind) each."""
     readers = tensor.outputs
     if len(readers) == 1 and readers[0].op == "Split" and int(readers[0].attrs.get("axis", 0)) == 0 \
             and len(readers[0].outputs) == 3:
@@ -112,20 +115,40 @@ def _pieces(tensor: gs.Tensor) -> list[gs.Tensor] | None:
         split = readers[0].attrs.get("split")
         if (sizes is not None and sizes.tolist() != [1, 1, 1]) or (split is not None and list(split) != [1, 1, 1]):
             return None
-        out = []
-        for piece in readers[0].outputs:
-            squeeze = piece.outputs[0] if len(piece.outputs) == 1 else None
-            axes = None if squeeze is None or squeeze.op != "Squeeze" else (
-                squeeze.attrs.get("axes") if "axes" in squeeze.attrs else node_constant(squeeze.inputs[1])
-                if len(squeeze.inputs) > 1 else None)
-            if axes is None or np.asarray(axes).reshape(-1).tolist() != [0]:
-                return None
-            out.append(squeeze.outputs[0])
-        return out
+        out = [_squeezed(piece) for piece in readers[0].outputs]
+        return None if any(t is None for t in out) else out
     picks: dict[int, gs.Tensor] = {}
     for reader in readers:
-        index = node_constant(reader.inputs[1]) if reader.op == "Gather" else None
-        if index is None or index.ndim != 0 or int(reader.attrs.get("axis", 0)) != 0 or int(index) % 3 in picks:
+        index, out = _picked(reader)
+        if index is None or out is None or index in picks:
             return None
-        picks[int(index) % 3] = reader.outputs[0]
-    return [picks[s] for s in range(3)] if len(picks) == 3 else None
+        picks[index] = out
+    return [picks[s] for s in range(3)] if sorted(picks) == [0, 1, 2] else None
+
+
+def _picked(reader: gs.Node) -> tuple[int | None, gs.Tensor | None]:
+    """(s, the tensor read as the s-th of q, k, v) where ``reader`` takes index s of axis 0: a scalar ``Gather``, or a
+    ``Slice`` [s, s+1) with constant parameters whose output is squeezed on axis 0; else (None, None)."""
+    if reader.op == "Gather":
+        index = node_constant(reader.inputs[1])
+        if index is None or index.ndim != 0 or int(reader.attrs.get("axis", 0)) != 0:
+            return None, None
+        return int(index) % 3, reader.outputs[0]
+    if reader.op != "Slice" or len(reader.inputs) < 4:
+        return None, None
+    params = [node_constant(t) for t in reader.inputs[1:]]
+    if any(v is None or v.size != 1 for v in params):
+        return None, None
+    start, end, axis, step = (int(v.reshape(-1)[0]) for v in (*params, np.ones(1))[:4])
+    if axis != 0 or step != 1 or end != start + 1 or not 0 <= start < 3:
+        return None, None
+    return start, _squeezed(reader.outputs[0])
+
+
+def _squeezed(piece: gs.Tensor) -> gs.Tensor | None:
+    """``piece`` (one of the 3, axis 0 of size 1) as its only reader, a ``Squeeze`` of axis 0, writes it; else None."""
+    squeeze = piece.outputs[0] if len(piece.outputs) == 1 else None
+    axes = None if squeeze is None or squeeze.op != "Squeeze" else (
+        squeeze.attrs.get("axes") if "axes" in squeeze.attrs else node_constant(squeeze.inputs[1])
+        if len(squeeze.inputs) > 1 else None)
+    return squeeze.outputs[0] if axes is not None and np.asarray(axes).reshape(-1).tolist() == [0] else None

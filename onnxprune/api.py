@@ -32,6 +32,7 @@ from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.ir.rewrite import rewritten
 from onnxprune.passes.flatten_channels_first import flatten_channels_first, has_channels_last_head
 from onnxprune.passes.fold_branches import fold_branches, has_branches
+from onnxprune.passes.fuse_layer_norm import fuse_layer_norm, has_written_layer_norm
 from onnxprune.passes.split_qkv import has_fused_qkv, split_qkv
 from onnxprune.passes.unshuffle import has_channel_permutation, unshuffle
 from onnxprune.pipeline import CompressReport, compress as _prune
@@ -91,7 +92,8 @@ class Result:
 
 
 LOAD_REWRITES = [(has_channels_last_head, flatten_channels_first), (has_branches, fold_branches),
-                 (has_fused_qkv, split_qkv), (has_channel_permutation, unshuffle)]
+                 (has_fused_qkv, split_qkv), (has_written_layer_norm, fuse_layer_norm),
+                 (has_channel_permutation, unshuffle)]
 
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
@@ -100,8 +102,9 @@ def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.M
     channels-last flatten head read channels first (``passes.flatten_channels_first``), and sums of convolution
     branches over one input folded into one convolution (``passes.fold_branches``: RepVGG's and MobileOne's deploy
     form, the same function), an attention's fused q/k/v projection split into three (``passes.split_qkv``, so
-    that its heads prune), and channel shuffles moved into the weights that read them (``passes.unshuffle``, so that
-    ShuffleNet's units prune)."""
+    that its heads prune), a LayerNorm written out as elementwise ops fused into one (``passes.fuse_layer_norm``,
+    from opset 17, so that its channels prune), and channel shuffles moved into the weights that read them
+    (``passes.unshuffle``, so that ShuffleNet's units prune)."""
     if isinstance(model, onnx.ModelProto):
         given = specialise_inputs(model, input_shape, model.graph.name or "the model")
     else:

@@ -181,13 +181,13 @@ def warm_batchnorms(module: torch.nn.Module) -> None:
 
 
 def export_torch(module: torch.nn.Module, path: str | Path, input_shape: Sequence[int],
-                 dynamic_batch: bool = True) -> Path:
-    """TorchScript export (opset 17), input ``input``, output ``logits``."""
+                 dynamic_batch: bool = True, opset: int = OPSET) -> Path:
+    """TorchScript export (opset 17 unless ``opset``), input ``input``, output ``logits``."""
     path = Path(path)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module.eval(), (torch.zeros(*input_shape),), str(path), dynamo=False, opset_version=OPSET,
+            module.eval(), (torch.zeros(*input_shape),), str(path), dynamo=False, opset_version=opset,
             input_names=["input"], output_names=["logits"],
             dynamic_axes={"input": {0: "batch"}, "logits": {0: "batch"}} if dynamic_batch else None,
         )
@@ -202,7 +202,8 @@ def masked_original(graph: gs.Graph, group: Group, mask: np.ndarray) -> onnx.Mod
     tensors = g.tensors()
     for k, use in enumerate(group.consumers):
         node = nodes[use.node]
-        src = tensors[use.tensor]
+        # what the consumer reads of the tensor: itself, or another group's mask of it (groups sharing a consumer)
+        src = next(t for t in node.inputs if t.name == use.tensor or t.name.startswith(f"{use.tensor}.mask"))
         axis, repeat = group.tensors[use.tensor]
         shape = [1] * len(src.shape)
         shape[axis] = src.shape[axis]

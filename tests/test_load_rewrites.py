@@ -21,6 +21,7 @@ from onnxprune.ir.rewrite import constants_read_directly
 from tests.onnx_builders import export_torch, run
 from tests.test_attention import DIM, TOKENS, Attention
 from tests.test_fold_branches import RepNet
+from tests.test_layer_norm_written import SHAPE, WrittenNorm
 from tests.test_real_exports_three import _keras_head
 from tests.test_shuffle import ShuffleTiny
 
@@ -31,7 +32,7 @@ def _model(kind: str, tmp_path: Path) -> tuple[onnx.ModelProto, tuple[int, ...]]
     if kind == "nhwc_flatten":
         return _keras_head(), (2, 8, 8, 3)
     module, shape = {"branches": (RepNet, (1, 3, 16, 16)), "qkv": (Attention, (1, TOKENS, DIM)),
-                     "shuffle": (ShuffleTiny, (1, 3, 16, 16))}[kind]
+                     "shuffle": (ShuffleTiny, (1, 3, 16, 16)), "written_norm": (lambda: WrittenNorm(True), SHAPE)}[kind]
     return onnx.load(str(export_torch(module().eval(), tmp_path / f"{kind}.onnx", shape))), shape
 
 
@@ -45,7 +46,7 @@ def _unknown(graph: gs.Graph, keep_rank: bool) -> gs.Graph:
 
 
 @pytest.mark.parametrize("keep_rank", [True, False])
-@pytest.mark.parametrize("kind", ["branches", "qkv", "shuffle", "nhwc_flatten"])
+@pytest.mark.parametrize("kind", ["branches", "qkv", "shuffle", "nhwc_flatten", "written_norm"])
 def test_load_rewrites_leave_what_unknown_shapes_hide(kind: str, keep_rank: bool, tmp_path: Path) -> None:
     model, shape = _model(kind, tmp_path)
     graph = _unknown(constants_read_directly(inferred_graph(model)), keep_rank)

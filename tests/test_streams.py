@@ -152,18 +152,23 @@ def test_streams_and_the_blocks_on_them_pruned_together(name: str, tiny, zoo, tm
 
 
 
-def _layer_norm_stream(channels_last: bool) -> onnx.ModelProto:
+def _layer_norm_stream(channels_last: bool, pieces: int = 1) -> onnx.ModelProto:
     """ConvNeXt in miniature. ``channels_last``: a stem conv, then channels-last a stream of two producers (the stem
     and the MLP's second MatMul, summed by an Add) read through LayerNorms over the channels by the MLP and the head.
-    Else a stem conv, a LayerNorm over [C, H, W] (its scale per entry) and a 1×1 head. The second half of every
-    group's channels is dead (zeros), as ``FirstChannels`` prunes them: the masked original."""
+    Else ``pieces`` stem convs concatenated (several groups in one norm), a LayerNorm over [C, H, W] (its scale per
+    entry) and a 1×1 head. The second half of every group's channels is dead (zeros), as ``FirstChannels`` prunes
+    them: the masked original."""
     from tests.onnx_builders import GraphBuilder, kill
 
     b = GraphBuilder({"input": ["N", 3, 8, 8]})
-    stem = b.conv("input", "stem", 3, 8, 1)
     if not channels_last:
+        names = ["stem"] if pieces == 1 else [f"stem{k}" for k in range(pieces)]
+        stems = [b.conv("input", name, 3, 8 // pieces, 1) for name in names]
+        stem = stems[0] if pieces == 1 else b.op("Concat", stems, "cat", axis=1)
         norm = b.op("LayerNormalization", [stem, b.rand("ln.g", (8, 8, 8)), b.rand("ln.b", (8, 8, 8))], "ln", axis=1)
-        return kill(b.model([b.conv(norm, "head", 8, 5, 1)]), {"stem": [4, 5, 6, 7]})
+        half = 4 // pieces
+        return kill(b.model([b.conv(norm, "head", 8, 5, 1)]), {n: list(range(half, 2 * half)) for n in names})
+    stem = b.conv("input", "stem", 3, 8, 1)
     s0 = b.op("Transpose", [stem], "nhwc", perm=[0, 2, 3, 1])
     norm = b.op("LayerNormalization", [s0, b.rand("ln1.g", (8,)), b.rand("ln1.b", (8,))], "ln1", axis=-1)
     hidden = b.op("Relu", [b.matmul(norm, "m1", 8, 16)], "act")
@@ -178,13 +183,15 @@ def _layer_norm_stream(channels_last: bool) -> onnx.ModelProto:
     return model
 
 
-@pytest.mark.parametrize("channels_last", [True, False])
-def test_a_layer_norm_over_the_channels_prunes_to_the_masked_original(channels_last: bool, tmp_path) -> None:
+@pytest.mark.parametrize(("channels_last", "pieces"), [(True, 1), (False, 1), (False, 2)])
+def test_a_layer_norm_over_the_channels_prunes_to_the_masked_original(channels_last: bool, pieces: int,
+                                                                      tmp_path) -> None:
     """The pruned norm normalises its kept channels padded back with zeros, so its mean and variance are the masked
     original's, where a dropped channel is a zero before the norm and dropped by its consumers after it (there it
-    is not a zero: a norm's output is its bias less the scaled mean). Issue 71: 'LayerNormalization is not known to
-    be channel-wise' left ConvNeXt's streams and norms unpruned."""
-    model = _layer_norm_stream(channels_last)
+    is not a zero: a norm's output is its bias less the scaled mean); with two groups in the norm, one pad for both.
+    Issue 71: 'LayerNormalization is not known to be channel-wise' left ConvNeXt's streams and norms unpruned, and
+    'normalises part of the channels' EdgeNeXt's."""
+    model = _layer_norm_stream(channels_last, pieces)
     x = np.random.default_rng(0).standard_normal((12, 3, 8, 8)).astype(np.float32)
     np.save(tmp_path / "calib.npy", x)
     calib = load_calibration(str(tmp_path / "calib.npy"), model_input_specs(model))
@@ -194,8 +201,9 @@ def test_a_layer_norm_over_the_channels_prunes_to_the_masked_original(channels_l
     analysis = analyze(model)
     order, _ = schedule(analysis, Liveness(analysis.graph), streams=True)
     assert {layer.group for layer in report.layers} == {g.name for _, g in order} == (
-        {"stem", "m1"} if channels_last else {"stem"})
+        {"stem", "m1"} if channels_last else {"stem"} if pieces == 1 else {"stem0", "stem1"})
     assert {"Pad", "Slice"} <= {n.op_type for n in pruned.graph.node}
+    assert sum(n.op_type == "Pad" for n in pruned.graph.node) == (2 if channels_last else 1)
     graph = analysis.graph.copy()
     for _, group in order:
         graph = gs.import_onnx(infer_shapes(masked_original(graph, group, np.arange(group.channels) <

@@ -28,7 +28,7 @@ def _layer_norm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Sp
     channel-wise. Channels among them share the mean and variance, which a dropped channel, as a zero in the masked
     original, still counts in: the pruned node normalises its kept channels padded back with zeros to the original
     width, then slices them (``_pad_layer_norm``), exactly the masked original (ConvNeXt's and a transformer's
-    streams)."""
+    streams; several groups in one norm, as where a Split cut the stream into ranges: EdgeNeXt's)."""
     if port not in (("in", 0), ("out", 0)):
         return Blocked(f"LayerNormalization {node.name}: channels reach a parameter input")
     shape = static_shape(node.inputs[0])
@@ -42,8 +42,8 @@ def _layer_norm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Sp
     if any(len(t.outputs) and t.name for t in node.outputs[1:]) or repeat != 1 or shape[axis] is None:
         return Blocked(f"LayerNormalization {node.name}: its mean or deviation is an output, or the channels are "
                        "flattened")
-    if span != (0, shape[axis]) or any(len(p.shape or []) != len(shape) - first for p in params):
-        return Blocked(f"LayerNormalization {node.name}: normalises part of the channels, or broadcasts its scale")
+    if any(len(p.shape or []) != len(shape) - first for p in params):
+        return Blocked(f"LayerNormalization {node.name}: broadcasts its scale or bias over the channels")
     if not all(isinstance(p, gs.Constant) for p in params):
         return Blocked(f"LayerNormalization {node.name}: its scale or bias is computed, not a constant")
     slices = [SliceSite(node.name, i, axis - first, tensor=node.inputs[0].name) for i in range(1, 1 + len(params))]
@@ -52,8 +52,16 @@ def _layer_norm_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Sp
 
 def _pad_layer_norm(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Normalise the kept channels padded with zeros to the original width (the scale and bias padded alike), then
-    keep them: the statistics of the masked original, where every dropped channel is a zero."""
+    keep them: the statistics of the masked original, where every dropped channel is a zero. The mean and variance
+    do not depend on where the zeros sit, so one pad at the end serves every group the norm holds: a later group's
+    pruning replaces an earlier one's pad and slice."""
     x, out = node.inputs[0], node.outputs[0]
+    pad = x.inputs[0] if len(x.inputs) == 1 and x.inputs[0].name.startswith(f"{node.name}.pad") else None
+    if pad is not None:
+        keep = out.outputs[0]
+        x, out = pad.inputs[0], keep.outputs[0]
+        keep.outputs.clear()
+        node.inputs[0], node.outputs[0] = x, out
     kept, full = int(x.shape[site.axis]), site.bounds[1] - site.bounds[0]
     if kept == full:
         return
@@ -66,7 +74,7 @@ def _pad_layer_norm(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int
     for i in (1, 2):
         if len(node.inputs) > i and isinstance(node.inputs[i], gs.Constant):
             values = np.asarray(node.inputs[i].values)
-            widths = [(0, full - kept if a == site.axis - first else 0) for a in range(values.ndim)]
+            widths = [(0, full - values.shape[a] if a == site.axis - first else 0) for a in range(values.ndim)]
             node.inputs[i] = gs.Constant(f"{node.inputs[i].name}.padded{tag}", np.pad(values, widths))
     whole = gs.Variable(f"{out.name}.padded{tag}", dtype=out.dtype)
     node.outputs[0] = whole

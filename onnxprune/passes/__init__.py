@@ -3,11 +3,12 @@ Loop/If/Scan bodies, which the tool leaves as they are); each one's docstring sa
 
 from onnxprune.passes.flatten_channels_first import flatten_channels_first
 from onnxprune.passes.fold_branches import fold_branches
+from onnxprune.passes.fuse_layer_norm import fuse_layer_norm
 from onnxprune.passes.refit_consumer import refit_consumer
 from onnxprune.passes.remove_block import remove_block
 from onnxprune.passes.scale_columns import scale_columns
 from onnxprune.passes.slice_channels import slice_channels
 from onnxprune.passes.split_qkv import split_qkv
 
-__all__ = ["flatten_channels_first", "fold_branches", "refit_consumer", "remove_block", "scale_columns",
-           "slice_channels", "split_qkv"]
+__all__ = ["flatten_channels_first", "fold_branches", "fuse_layer_norm", "refit_consumer", "remove_block",
+           "scale_columns", "slice_channels", "split_qkv"]

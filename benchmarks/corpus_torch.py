@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from corpus_args import selected  # noqa: E402
-from models import corpus, corpus_recent  # noqa: E402
+from models import corpus, corpus_former, corpus_recent  # noqa: E402
 from models.build import build  # noqa: E402
 from onnxprune.calib.sources import load_calibration, preprocess_for  # noqa: E402
 
@@ -80,6 +80,12 @@ EXPORTS: dict[str, tuple[Callable[[], torch.nn.Module], tuple[int, ...], dict]] 
     "pt_fastvit_like_256_dynamic_op13.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256),
                                               dict(opset=13, dynamic=True)),
     "pt_fastvit_like_256_dynamo_op18.onnx": (corpus_recent.FastViTLike, (1, 3, 256, 256), dict(opset=18, dynamo=True)),
+    "pt_efficientformerv2_like_224_static_op17.onnx": (corpus_former.EfficientFormerV2Like, (1, 3, 224, 224),
+                                                       dict(opset=17)),
+    "pt_efficientformerv2_like_224_dynamic_op13.onnx": (corpus_former.EfficientFormerV2Like, (1, 3, 224, 224),
+                                                        dict(opset=13, dynamic=True)),
+    "pt_efficientformerv2_like_224_dynamo_op18.onnx": (corpus_former.EfficientFormerV2Like, (1, 3, 224, 224),
+                                                       dict(opset=18, dynamo=True)),
 }
 
 

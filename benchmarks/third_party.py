@@ -110,7 +110,9 @@ MODELS: dict[str, tuple[str, str, list[str], list[str], str]] = {
         "pt_efficientvit_like_224_dynamic_op13.onnx", "pt_efficientvit_like_224_dynamo_op18.onnx",
         "pt_edgenext_like_256_static_op17.onnx", "pt_edgenext_like_256_dynamic_op13.onnx",
         "pt_edgenext_like_256_dynamo_op18.onnx", "pt_fastvit_like_256_static_op17.onnx",
-        "pt_fastvit_like_256_dynamic_op13.onnx", "pt_fastvit_like_256_dynamo_op18.onnx",)},
+        "pt_fastvit_like_256_dynamic_op13.onnx", "pt_fastvit_like_256_dynamo_op18.onnx",
+        "pt_efficientformerv2_like_224_static_op17.onnx", "pt_efficientformerv2_like_224_dynamic_op13.onnx",
+        "pt_efficientformerv2_like_224_dynamo_op18.onnx",)},
 }
 # Models given with their batch declared free (a copy in the work folder): ddddocr's CRNN fixes batch 1 in its
 # input, and its output is time-major ([T, N, classes]): freed, it is the export class of a CRNN with a dynamic

@@ -176,6 +176,54 @@ def test_q_k_v_taken_apart_by_slices_split_into_three_projections(tmp_path: Path
     np.testing.assert_allclose(run(split, x=x)[0], run(model, x=x)[0], rtol=1e-5, atol=1e-5)
 
 
+class TalkingHeads(nn.Module):
+    """EfficientFormerV2's attention on a 4×4 map in miniature: 1×1 q/k/v convs reshaped into 4 heads as
+    ``[B, heads, d, H·W]`` (the channels split, the positions merged in one reshape), a bias per head and offset,
+    1×1 convs across the heads before and after the softmax, a depthwise "local value" added to the output. q and
+    k of head 1 are dead and unread by the first talking-heads conv; v, its local value and the projection's columns
+    of head 2 are dead."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed, self.q, self.k = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 16, 1), nn.Conv2d(8, 16, 1)
+        self.v, self.local = nn.Conv2d(8, 32, 1), nn.Conv2d(32, 32, 3, padding=1, groups=32)
+        self.talk1, self.talk2, self.proj = nn.Conv2d(4, 4, 1), nn.Conv2d(4, 4, 1), nn.Conv2d(32, 8, 1)
+        self.bias = nn.Parameter(torch.randn(4, 16, 16))
+        with torch.no_grad():
+            for conv in (self.q, self.k):
+                conv.weight[4:8], conv.bias[4:8] = 0, 0
+            self.talk1.weight[:, 1] = 0
+            for conv in (self.v, self.local):
+                conv.weight[16:24], conv.bias[16:24] = 0, 0
+            self.proj.weight[:, 16:24] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.embed(x)
+        b = x.shape[0]
+        q = self.q(x).reshape(b, 4, -1, 16).permute(0, 1, 3, 2)
+        k = self.k(x).reshape(b, 4, -1, 16)
+        v = self.v(x)
+        local = self.local(v)
+        attn = self.talk2(self.talk1(q @ k * 0.5 + self.bias).softmax(-1))
+        out = (attn @ v.reshape(b, 4, -1, 16).permute(0, 1, 3, 2)).transpose(2, 3).reshape(b, 32, 4, 4)
+        return self.proj(out + local)
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_heads_split_from_the_channels_while_positions_merge_prune_to_the_masked_original(dynamic: bool,
+                                                                                      tmp_path: Path) -> None:
+    """``[B, 16, 4, 4]`` -> ``[B, 4, 4, 16]`` splits the channels into heads and merges the positions at once: q and k
+    are one group of 4 heads (the first talking-heads conv its consumer), v and the second talking-heads conv
+    another (the projection its consumer); keeping 3 heads of each drops the dead ones exactly."""
+    torch.manual_seed(0)
+    model = api.load(export_torch(TalkingHeads(), tmp_path / "talk.onnx", (1, 3, 4, 4), dynamic_batch=dynamic))
+    heads = {g.name.split("/")[1]: g for g in analyze(model).groups if g.unit > 1}
+    assert {k: (g.channels, g.unit, g.prunable, len(g.producers)) for k, g in heads.items()} == {
+        "q": (4, 4, True, 2), "v": (4, 8, True, 2)}
+    pruned, _ = compress_dead(model, tmp_path, {heads["q"].name: 3, heads["v"].name: 3}, (1, 3, 4, 4))
+    same_outputs(pruned, model, (2 if dynamic else 1, 3, 4, 4))
+
+
 def test_the_width_a_product_sums_over_is_not_pruned_and_says_why(tmp_path: Path) -> None:
     """Without the heads' reshape (one head), q·kᵀ sums over the projections' channels: q's and k's group is
     blocked by that product, in words; v's channels run through attn·v to the projection and prune."""

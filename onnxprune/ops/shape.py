@@ -67,17 +67,21 @@ def _reshape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span)
 
 def _split_of(merged: list[int | None], split: list[int | None], axis: int) -> int | None:
     """How many entries of ``merged``'s axis ``axis`` each index of ``split``'s axis ``axis`` spans, where ``split`` is
-    ``merged`` with that axis split in two or more (``[B, N, D]`` -> ``[B, N, H, D/H]``: D/H) and every other axis
-    kept (the batch may differ, as where rows fold into it); else None."""
-    tail = merged[axis + 1:]
-    if axis >= len(merged) or len(split) <= len(merged) or split[1:axis] != merged[1:axis] or None in tail:
+    ``merged`` with that axis split in two or more (``[B, N, D]`` -> ``[B, N, H, D/H]``: D/H), every axis before it kept
+    (the batch may differ, as where rows fold into it) and the axes after it kept or regrouped among themselves
+    (``[B, C, H, W]`` -> ``[B, heads, C/heads, H·W]``, EfficientFormer's heads: the same entries in row-major
+    order); else None."""
+    if axis >= len(merged) or axis >= len(split) or split[1:axis] != merged[1:axis]:
         return None
-    if tail and split[len(split) - len(tail):] != tail:
+    tail, rest = merged[axis + 1:], split[axis + 1:]
+    if None in tail or None in rest or split[axis] in (None, 0) or merged[axis] is None:
         return None
-    inner = split[axis + 1:len(split) - len(tail)]
-    if not inner or None in inner or split[axis] is None or merged[axis] is None:
+    if merged[axis] % split[axis] or merged[axis] == split[axis]:
         return None
-    return math.prod(inner) if split[axis] * math.prod(inner) == merged[axis] else None
+    inner, k = merged[axis] // split[axis], 0
+    while k < len(rest) and math.prod(rest[:k]) < inner:
+        k += 1
+    return inner if k and math.prod(rest[:k]) == inner and math.prod(rest[k:]) == math.prod(tail) else None
 
 
 def _regrouped(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, i_shape: list[int | None],
@@ -87,10 +91,8 @@ def _regrouped(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, i_
     space spans whole indices of it; where the space arrives one entry a channel, a unit of those entries (a head)
     becomes its channel (``Regroup``); None where the shapes are not such a split."""
     here, there = (i_shape, o_shape) if port[0] == "in" else (o_shape, i_shape)
-    if len(here) < len(there):  # the space arrives at the merged side
-        inner = _split_of(here, there, axis)
-        if inner is None:
-            return None
+    inner = _split_of(here, there, axis)
+    if inner is not None:  # the space arrives at the merged side
         if repeat % inner:
             return Regroup(inner, f"{node.op} {node.name}: reshapes across the channel axis", "heads",
                            tentative=True) if repeat == 1 else None

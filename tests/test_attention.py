@@ -101,21 +101,14 @@ def test_attention_heads_prune_to_the_masked_original(block: type[nn.Module], tm
     assert (layer.kept, layer.unit, layer.units) == (3, 8, "heads")
 
 
-class CrossCovariance(nn.Module):
+class CrossCovariance(Attention):
     """EdgeNeXt's (XCiT's) attention: per head a channels × channels map of q and k, each normalised over the tokens
     (``F.normalize``: divided by an ``expand_as`` of its norms), scaled by a learnt temperature per head, applied to
     v; ``dead`` heads have zero values."""
 
     def __init__(self, dead: tuple[int, ...] = ()) -> None:
-        super().__init__()
-        self.embed, self.qkv, self.proj = nn.Linear(DIM, DIM), nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
-        self.head = nn.Linear(DIM, 10)
+        super().__init__(dead)
         self.temperature = nn.Parameter(torch.rand(HEADS, 1, 1) + 0.5)
-        width = DIM // HEADS
-        with torch.no_grad():
-            for h in dead:
-                self.qkv.weight[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
-                self.qkv.bias[2 * DIM + h * width:2 * DIM + (h + 1) * width] = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.embed(x)

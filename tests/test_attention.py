@@ -217,6 +217,36 @@ def test_heads_split_from_the_channels_while_positions_merge_prune_to_the_masked
     same_outputs(pruned, model, (2 if dynamic else 1, 3, 4, 4))
 
 
+class LinearAttention(nn.Module):
+    """EfficientViT's LiteMLA (``models.corpus_recent._LiteMLA``) on 32 channels: 2 heads of q, k and v of 16 each
+    from one 1×1 conv, a multi-scale copy through a depthwise 5×5 and a 1×1 grouped by q/k/v of each head, both
+    concatenated and reshaped into 4 heads of 48 entries, ReLU linear attention, a projection; head 1's values dead
+    (zero in the copy too)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        from models.corpus_recent import _LiteMLA
+
+        self.embed, self.attention = nn.Conv2d(3, 32, 1), _LiteMLA(32).eval()
+        with torch.no_grad():
+            self.attention.qkv.weight[48 + 32:48 + 48] = 0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.attention(self.embed(x))
+
+
+@pytest.mark.parametrize("dynamic", [True, False])
+def test_heads_of_conv_groups_through_a_concat_prune_to_the_masked_original(dynamic: bool, tmp_path: Path) -> None:
+    """A head is three conv groups of the grouped 1×1 (its q, k and v) and sits twice in the concatenation (the conv's
+    output and its multi-scale copy): one group of 2 heads of 48 entries; keeping 1 drops the dead one in both."""
+    torch.manual_seed(0)
+    model = api.load(export_torch(LinearAttention(), tmp_path / "mla.onnx", (1, 3, 8, 8), dynamic_batch=dynamic))
+    (heads,) = [g for g in analyze(model).groups if g.unit > 1]
+    assert (heads.channels, heads.unit, heads.units, heads.prunable) == (2, 48, "heads", True)
+    pruned, _ = compress_dead(model, tmp_path, {heads.name: 1}, (1, 3, 8, 8))
+    same_outputs(pruned, model, (2 if dynamic else 1, 3, 8, 8))
+
+
 def test_the_width_a_product_sums_over_is_not_pruned_and_says_why(tmp_path: Path) -> None:
     """Without the heads' reshape (one head), q·kᵀ sums over the projections' channels: q's and k's group is
     blocked by that product, in words; v's channels run through attn·v to the projection and prune."""

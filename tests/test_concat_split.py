@@ -235,13 +235,23 @@ def test_blockers_show_their_reason() -> None:
     assert "graph output catout_out" in groups["e"][0].reason
 
 
-def test_flattened_concat_is_blocked() -> None:
-    b = GraphBuilder({"x": ["batch", 3, 4, 4]})
+def test_a_concat_of_flattened_maps_slices_to_the_masked_original() -> None:
+    """Each channel of a flattened map is 64 entries of the concatenation; both maps' channels prune (the concat
+    blocked them: "concatenates flattened channels")."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     fa = b.op("Flatten", [b.conv("x", "a", 3, 4)], "fa")
     fb = b.op("Flatten", [b.conv("x", "b", 3, 4)], "fb")
-    out = b.gemm(b.op("Concat", [fa, fb], "cat", axis=1), "fc", 128, 3)
-    groups = groups_of(b, [out])
-    assert "concatenates flattened channels" in groups["a"][0].reason
+    out = b.gemm(b.op("Concat", [fa, fb], "cat", axis=1), "fc", 512, 3)
+    check(b.model([out]), ["a", "b"])
+
+
+def test_a_concat_of_maps_flattened_to_other_widths_is_blocked() -> None:
+    """A 4-channel map flattened (64 entries a channel) beside 8 entries of another tensor: the concatenation is not
+    made of whole channels of 64, and says so."""
+    b = GraphBuilder({"x": ["batch", 3, 8, 8], "y": ["batch", 8]})
+    fa = b.op("Flatten", [b.conv("x", "a", 3, 4)], "fa")
+    out = b.gemm(b.op("Concat", ["y", fa], "cat", axis=1), "fc", 264, 3)
+    assert "with inputs not made of whole ones" in groups_of(b, [out])["a"][0].reason
 
 
 def test_two_slices_sharing_a_bound_get_constants_of_their_own() -> None:

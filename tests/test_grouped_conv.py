@@ -103,15 +103,17 @@ def test_a_space_of_conv_groups_pools_into_a_classifier() -> None:
     check(b.model([out]), ["conv1"])
 
 
-def test_a_space_of_conv_groups_into_a_concat_is_blocked_with_its_reason() -> None:
+def test_a_space_of_conv_groups_through_a_concat_slices_to_the_masked_original() -> None:
     """EfficientViT's attention: a conv's channels read by a grouped conv (so taken in whole conv groups) and
-    concatenated with it; the reason says so (it named flattened channels or an unknown size)."""
+    concatenated with it: the group sits twice in the concatenation, 3 conv groups of 4 entries (it was blocked:
+    "concatenates flattened channels or whole conv groups")."""
     b = GraphBuilder({"x": ["batch", 3, 8, 8]})
     qkv = b.conv("x", "qkv", 3, 12, k=1)
     cat = b.op("Concat", [qkv, b.conv(qkv, "aggreg", 12, 12, k=1, group=3)], "cat", axis=1)
-    (g,) = groups_of(b, [b.conv(cat, "proj", 24, 8, k=1)])["qkv"]
-    assert not g.prunable
-    assert g.reason == "Concat cat: concatenates flattened channels or whole conv groups (4 entries each)"
+    out = b.conv(cat, "proj", 24, 8, k=1)
+    (g,) = groups_of(b, [out])["qkv"]
+    assert (g.channels, g.unit, g.prunable) == (3, 4, True), g.reason
+    check(b.model([out]), ["qkv"])
 
 
 def test_a_gate_of_one_conv_prunes_with_its_channels_to_the_masked_original(tmp_path) -> None:

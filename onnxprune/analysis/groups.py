@@ -331,6 +331,7 @@ def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list
     grouped conv reads the whole output, one channel is a conv group's entries, where a reshape splits it into heads
     a head's, if that leaves the group unblocked (``Regroup``)."""
     bounds, unit, regroup_ok, units, tentative = [0, channels], 1, True, "conv groups", False
+    before = unit, units  # the unit a tentative regroup started from
     while True:
         groups = []
         try:
@@ -352,18 +353,21 @@ def _pieces_of(graph: gs.Graph, node: gs.Node, axis: int, channels: int) -> list
                 groups[cluster[0]] = merged
                 merged_away.update(cluster[1:])
             groups = [g for i, g in enumerate(groups) if i not in merged_away]
-            if tentative and any(g.blockers for g in groups):
-                bounds, unit, regroup_ok, tentative = [0, channels], 1, False, False
+            if tentative and any(g.blockers for g in groups):  # the unit before it stands, with the reason
+                bounds, (unit, units), regroup_ok, tentative = [0, channels], before, False, False
                 continue
             return groups
         except _CutFound as cut:
             a = bounds[len(groups)]
             bounds = sorted(set(bounds) | {a + int(c) * unit for c in cut.at})
         except _RegroupFound as regroup:
-            if len(bounds) > 2 or unit > 1 or not regroup_ok:  # of a range, or of conv groups: not supported
+            # not of a range; over a unit already wider than a channel only a tentative one (heads of conv groups,
+            # EfficientViT's), tried from that unit
+            if len(bounds) > 2 or not regroup_ok or unit > 1 and not regroup.role.tentative:
                 bounds, unit, regroup_ok = [0, channels], 1, False
             else:
-                unit, units, tentative = regroup.role.unit, regroup.role.what, regroup.role.tentative
+                before = unit, units
+                unit, units, tentative = unit * regroup.role.unit, regroup.role.what, regroup.role.tentative
 
 
 def _finish(group: Group, tensor_map: dict[str, gs.Tensor]) -> None:

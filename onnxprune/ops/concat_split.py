@@ -42,7 +42,8 @@ def _piece(node: gs.Node, port: Port, side: str, sizes: list[int], span: Span, w
 
 def _concat_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
     """On another axis: channel-wise. On the channel axis: input i's channels are the range of the
-    output that starts at the sizes of inputs 0..i-1."""
+    output that starts at the sizes of inputs 0..i-1 (in channels of ``repeat`` entries: flattened maps, conv
+    groups, where every input is made of whole ones)."""
     rank = rank_of(node.outputs[0])
     if rank is None:
         return Blocked(f"Concat {node.name}: unknown rank")
@@ -53,14 +54,17 @@ def _concat_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     sizes = [channels_at(t, axis) for t in node.inputs]
     if None in sizes:
         return Blocked(f"Concat {node.name}: concatenates inputs of unknown channel count")
-    if repeat != 1:
+    if any(size % repeat for size in sizes):
         return Blocked(f"Concat {node.name}: concatenates flattened channels or whole conv groups ({repeat} entries "
-                       "each)")
+                       "each) with inputs not made of whole ones")
+    sizes = [size // repeat for size in sizes]  # in the space's channels
     i = _piece(node, port, "in", sizes, span, "joins two inputs")
     if isinstance(i, Cut):
-        return i
+        return i if repeat == 1 else Blocked(f"Concat {node.name}: joins two inputs inside a range of channels of "
+                                             f"{repeat} entries each")
     start = int(sum(sizes[:i]))
-    return Channelwise({("in", i): (axis, 1), ("out", 0): (axis, 1)}, frames={("in", i): 0, ("out", 0): start})
+    return Channelwise({("in", i): (axis, repeat), ("out", 0): (axis, repeat)},
+                       frames={("in", i): 0, ("out", 0): start})
 
 
 def split_sizes(node: gs.Node, total: int | None) -> list[int] | None:

@@ -52,14 +52,15 @@ def _grouped_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span,
         return Blocked(f"Conv {node.name}: channels reach the weight input")
     if weight[0] % group:
         return Blocked(f"Conv {node.name}: {weight[0]} filters do not split into {group} groups")
-    if span != (0, group * unit // repeat) or repeat > unit or unit % repeat:
+    if span != (0, group * unit // repeat) or (unit % repeat if repeat < unit else repeat % unit):
         return Blocked(f"Conv {node.name}: grouped convolution ({group} groups) reached by a space that is not "
                        "whole conv groups (a range of a Concat or Split, or another unit)")
     if repeat < unit:
         return Regroup(unit // repeat, f"Conv {node.name}: {group} groups of {unit} channels")
-    bias = [SliceSite(node.name, 2, 0, out_unit)] if len(node.inputs) > 2 else []
-    return Channelwise({("in", 0): (1, weight[1]), ("out", 0): (1, out_unit)},
-                       [SliceSite(node.name, 1, 0, out_unit), *bias], [AttrSite(node.name, "group")])
+    per = repeat // unit  # conv groups a channel of the space spans (several where a head is q, k and v's groups)
+    bias = [SliceSite(node.name, 2, 0, out_unit * per)] if len(node.inputs) > 2 else []
+    return Channelwise({("in", 0): (1, repeat), ("out", 0): (1, out_unit * per)},
+                       [SliceSite(node.name, 1, 0, out_unit * per), *bias], [AttrSite(node.name, "group", per)])
 
 
 def _conv_transpose_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:

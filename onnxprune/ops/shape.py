@@ -93,24 +93,24 @@ def _regrouped(node: gs.Node, port: Port, axis: int, repeat: int, span: Span, i_
     here, there = (i_shape, o_shape) if port[0] == "in" else (o_shape, i_shape)
     inner = _split_of(here, there, axis)
     if inner is not None:  # the space arrives at the merged side
-        if repeat % inner:
-            return Regroup(inner, f"{node.op} {node.name}: reshapes across the channel axis", "heads",
-                           tentative=True) if repeat == 1 else None
+        if repeat % inner:  # a head holds several channels of the space (of conv groups: EfficientViT's q, k, v)
+            return Regroup(inner // repeat, f"{node.op} {node.name}: reshapes across the channel axis", "heads",
+                           tentative=True) if inner % repeat == 0 else None
         out_repeat = repeat // inner
     else:  # at the split side, a channel spanning ``inner`` of the merged axis
         inner = _split_of(there, here, axis)
         if inner is None:
             return None
         out_repeat = repeat * inner
-    if span[0] != 0 or span[1] * repeat != here[axis]:
-        return Blocked(f"{node.op} {node.name}: splits or merges a channel axis that holds other channels too")
     role = Channelwise({port: (axis, repeat), ("in" if port[0] == "out" else "out", 0): (axis, out_repeat)})
+    partial = span[0] != 0 or span[1] * repeat != here[axis]  # the axis holds other channels too
     if node.op != "Reshape":
+        return Blocked(f"{node.op} {node.name}: splits or merges a channel axis that holds other channels too") \
+            if partial else role
+    entry, target = shape_entry(node.inputs[1], axis), const_value(node.inputs[1])
+    if entry == -1:  # the count follows the input, whatever other channels the axis holds
         return role
-    entry = shape_entry(node.inputs[1], axis)
-    if entry == -1:
-        return role
-    if entry != o_shape[axis] or const_value(node.inputs[1]) is None:
+    if entry != o_shape[axis] or target is None or partial and -1 in np.delete(target.reshape(-1), axis):
         return Blocked(f"Reshape {node.name}: its target fixes the channel count ({entry})")
     role.resizes.append(ResizeSite(node.name, node.inputs[0].name, axis, (0, span[1]), role.ports[("out", 0)][1]))
     return role

@@ -28,8 +28,8 @@ def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
         written_norm = node.op == "ReduceMean" and any(
             user.op == "Sub" and user.inputs[0] is node.inputs[0] for user in node.outputs[0].outputs)
         return Blocked(f"{node.op} {node.name}: reduces across channels" + (
-            " (a LayerNorm written out: the loader fuses it into a LayerNormalization, which prunes, from opset 17; "
-            "re-export at opset 17 or later)" if written_norm else ""))
+            " (a LayerNorm written out: from opset 17 the loader fuses ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, "
+            "Div into a LayerNormalization, which prunes; re-export at opset 17 or later)" if written_norm else ""))
     keep = node.attrs.get("keepdims", 1)
     out_axis = axis if keep else axis - sum(a < axis for a in axes)
     return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})

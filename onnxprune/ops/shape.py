@@ -227,6 +227,8 @@ def _expand_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     lead = len(o_shape) - len(i_shape)
     out_axis = axis + lead if port == ("in", 0) else axis
     held = out_axis >= lead and i_shape[out_axis - lead] == o_shape[out_axis]
+    if port == ("in", 0) and not held:
+        return Blocked(f"Expand {node.name}: broadcasts the channels' axis")
     role = Channelwise({("out", 0): (out_axis, repeat), **({("in", 0): (out_axis - lead, repeat)} if held else {})})
     source = _whole_shape_of(node.inputs[1])
     if source is not None and rank_of(source) == len(o_shape):

@@ -4,32 +4,100 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
+import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.ir.graph import const_value
+from onnxprune.ir.graph import node_constant, static_shape
+from onnxprune.ir.rewrite import only_reader
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, axis_of, given, ints
 
 
-def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
-    rank = rank_of(node.inputs[0])
+def reduce_axes(node: gs.Node, rank: int) -> list[int] | None:
+    """The axes a Reduce node reduces, each in [0, rank): its ``axes`` attribute, or its constant second input (opset
+    18), else None (all axes, or computed ones)."""
     axes = node.attrs.get("axes")
     if axes is None and len(node.inputs) > 1:
-        value = const_value(node.inputs[1])
-        axes = None if value is None else value.tolist()
-    if rank is None or axes is None or port != ("in", 0):
+        axes = node_constant(node.inputs[1])
+    return None if axes is None else [int(a) % rank for a in np.asarray(axes).reshape(-1)]
+
+
+@dataclass
+class WrittenNorm:
+    """A LayerNorm over one axis written out as elementwise ops (``written_layer_norm``)."""
+
+    x: gs.Tensor
+    axis: int  # non-negative
+    rank: int
+    epsilon: float
+    out: gs.Tensor  # the Div's output: the normalised x
+
+
+def written_layer_norm(mean: gs.Node, outputs: set[str]) -> WrittenNorm | None:
+    """The norm starting at ``mean``: ``ReduceMean(x)`` over one axis (keepdims) read only by ``d = Sub(x, ·)``; ``d``
+    read only by ``Pow(d, 2)`` (or ``Mul(d, d)``) and ``Div(d, ·)``; then ``ReduceMean`` over the same axis, ``Add``
+    of a scalar ε, ``Sqrt``, into that ``Div``; none of it one of the graph ``outputs``."""
+    shape = static_shape(mean.inputs[0])
+    if shape is None:
+        return None
+    x, axis = mean.inputs[0], _one_axis(mean, len(shape))
+    if axis is None or shape[axis] is None:
+        return None
+    sub = _reader(mean.outputs[0], "Sub", outputs)
+    if sub is None or sub.inputs[0] is not x or sub.inputs[1] is not mean.outputs[0] or sub.outputs[0].name in outputs:
+        return None
+    d = sub.outputs[0]
+    readers = {id(n): n for n in d.outputs}.values()
+    square = next((n for n in readers if n.op in ("Pow", "Mul")), None)
+    div = next((n for n in readers if n.op == "Div"), None)
+    if len(readers) != 2 or square is None or div is None:
+        return None
+    if square.op == "Pow" and (square.inputs[0] is not d or _scalar(square.inputs[1]) != 2.0):
+        return None
+    if square.op == "Mul" and not (square.inputs[0] is d and square.inputs[1] is d):
+        return None
+    var = _reader(square.outputs[0], "ReduceMean", outputs)
+    add = None if var is None or _one_axis(var, len(shape)) != axis else _reader(var.outputs[0], "Add", outputs)
+    if add is None:
+        return None
+    epsilon = next((e for e in map(_scalar, add.inputs) if e is not None), None)
+    sqrt = _reader(add.outputs[0], "Sqrt", outputs)
+    if epsilon is None or sqrt is None or _reader(sqrt.outputs[0], "Div", outputs) is not div or div.inputs[0] is not d:
+        return None
+    return WrittenNorm(x, axis, len(shape), epsilon, div.outputs[0])
+
+
+def _one_axis(node: gs.Node, rank: int) -> int | None:
+    """The one axis a keepdims Reduce node reduces, else None."""
+    axes = reduce_axes(node, rank) if node.attrs.get("keepdims", 1) else None
+    return axes[0] if axes is not None and len(axes) == 1 else None
+
+
+def _reader(tensor: gs.Tensor, op: str, outputs: set[str]) -> gs.Node | None:
+    node = only_reader(tensor, outputs)
+    return node if node is not None and node.op == op else None
+
+
+def _scalar(tensor: gs.Tensor) -> float | None:
+    value = node_constant(tensor)
+    return None if value is None or value.size != 1 else float(value.reshape(-1)[0])
+
+
+def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -> Role:
+    rank = rank_of(node.inputs[0])
+    axes = None if rank is None else reduce_axes(node, rank)
+    if axes is None or port != ("in", 0):
         return Blocked(f"{node.op} {node.name}: reduces over all axes or unknown axes")
-    axes = [int(a) % rank for a in axes]
     if axis in axes:
-        written_norm = node.op == "ReduceMean" and any(
-            user.op == "Sub" and user.inputs[0] is node.inputs[0] for user in node.outputs[0].outputs)
+        written = node.op == "ReduceMean" and written_layer_norm(node, set()) is not None
         return Blocked(f"{node.op} {node.name}: reduces across channels" + (
             " (a LayerNorm written out: from opset 17 the loader fuses ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, "
-            "Div into a LayerNormalization, which prunes; re-export at opset 17 or later)" if written_norm else ""))
+            "Div into a LayerNormalization, which prunes; re-export at opset 17 or later)" if written else ""))
     keep = node.attrs.get("keepdims", 1)
     out_axis = axis if keep else axis - sum(a < axis for a in axes)
     return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})

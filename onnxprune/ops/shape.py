@@ -157,9 +157,16 @@ def _resize_reshape(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int
     """Rewrite entry ``site.axis`` of a Reshape's constant target, which held the channel count (or, for a flatten,
     the channels' entries): -1 ("the rest") when no other entry is, else the count ``bounds[1] - bounds[0]`` (the
     input's channel axis after slicing) times the entries a channel holds there (``site.per``)."""
+    others = np.delete(np.asarray(node.inputs[1].values).reshape(-1), site.axis).tolist()
+    _set_target_entry(node, site.axis, -1 if -1 not in others else (bounds[1] - bounds[0]) * site.per, tag)
+
+
+def _set_target_entry(node: gs.Node, index: int, value: int, tag: int) -> None:
+    """Entry ``index`` of ``node``'s constant shape input (a Reshape's or Expand's target) set to ``value``, in a
+    constant of the node's own (a target several nodes share is rewritten for each)."""
     target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
-    target[site.axis] = -1 if -1 not in np.delete(target, site.axis).tolist() else (bounds[1] - bounds[0]) * site.per
-    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)  # a shared target: one each
+    target[index] = value
+    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)
 
 
 def _indices(node: gs.Node, length: int) -> list[int] | None:
@@ -251,9 +258,7 @@ def _expand_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
 
 def _resize_expand(node: gs.Node, site: ResizeSite, bounds: list[int], tag: int, graph: gs.Graph) -> None:
     """Entry ``site.axis`` of an Expand's constant target, which held the channel count, set to 1 (the input's)."""
-    target = np.array(np.asarray(node.inputs[1].values), dtype=np.int64).reshape(-1)
-    target[site.axis] = 1
-    node.inputs[1] = gs.Constant(f"{node.inputs[1].name}.{node.name}.keep{tag}", target)  # a shared target: one each
+    _set_target_entry(node, site.axis, 1, tag)
 
 
 def _readers(vector: gs.Tensor) -> list[tuple[gs.Tensor, gs.Node]]:

@@ -23,12 +23,12 @@ class _Gelu(nn.GELU):
         super().__init__()
 
 
-def _bias_index(rows: tuple[int, int], cols: tuple[int, int], step: int) -> torch.Tensor:
-    """timm's relative-position index: |Δrow|·width + |Δcol| between each query position (every ``step``-th of
-    ``cols``'s grid) and each key position."""
-    keys = list(itertools.product(range(cols[0]), range(cols[1])))
-    queries = list(itertools.product(range(0, cols[0], step), range(0, cols[1], step)))
-    return torch.tensor([[abs(q[0] - k[0]) * cols[1] + abs(q[1] - k[1]) for k in keys] for q in queries])
+def _bias_index(grid: int, step: int) -> torch.Tensor:
+    """timm's relative-position index: |Δrow|·grid + |Δcol| between each query position (every ``step``-th of the
+    grid × grid keys, each way) and each key position."""
+    keys = list(itertools.product(range(grid), range(grid)))
+    queries = list(itertools.product(range(0, grid, step), range(0, grid, step)))
+    return torch.tensor([[abs(q[0] - k[0]) * grid + abs(q[1] - k[1]) for k in keys] for q in queries])
 
 
 class _Attention2d(nn.Module):
@@ -47,7 +47,7 @@ class _Attention2d(nn.Module):
         self.talking_head1, self.talking_head2 = nn.Conv2d(heads, heads, 1), nn.Conv2d(heads, heads, 1)
         self.proj = conv_norm_act(self.dh, dim, 1, act=None)
         self.biases = nn.Parameter(0.1 * torch.randn(heads, self.res * self.res))
-        self.register_buffer("index", _bias_index((self.res, self.res), (self.res, self.res), 1), persistent=False)
+        self.register_buffer("index", _bias_index(self.res, 1), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]
@@ -83,8 +83,7 @@ class _AttentionDown(nn.Module):
         self.v_local = conv_norm_act(self.dh, self.dh, 3, 2, groups=self.dh, act=None)
         self.proj = conv_norm_act(self.dh, out, 1, act=None)
         self.biases = nn.Parameter(0.1 * torch.randn(heads, resolution * resolution))
-        self.register_buffer("index", _bias_index((self.res2, self.res2), (resolution, resolution), 2),
-                             persistent=False)
+        self.register_buffer("index", _bias_index(resolution, 2), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = x.shape[0]

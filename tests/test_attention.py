@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper
 from torch import nn
 
+from models.corpus_recent import _LiteMLA
 from onnxprune import api
 from onnxprune.analysis import analyze
 from onnxprune.ir.graph import const_value
@@ -225,8 +226,6 @@ class LinearAttention(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        from models.corpus_recent import _LiteMLA
-
         self.embed, self.attention = nn.Conv2d(3, 32, 1), _LiteMLA(32).eval()
         with torch.no_grad():
             self.attention.qkv.weight[48 + 32:48 + 48] = 0

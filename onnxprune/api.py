@@ -35,6 +35,7 @@ from onnxprune.passes.fold_branches import fold_branches, has_branches
 from onnxprune.passes.fuse_layer_norm import fuse_layer_norm, has_written_layer_norm
 from onnxprune.passes.split_qkv import has_fused_qkv, split_qkv
 from onnxprune.passes.unshuffle import has_channel_permutation, unshuffle
+from onnxprune.passes.write_layer_norm import OPSET, has_layer_norm_below_opset, write_layer_norm
 from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
@@ -62,6 +63,9 @@ class Result:
     original: onnx.ModelProto | None = field(default=None, repr=False)
     calibration: CalibrationSet | None = field(default=None, repr=False)
     preprocess: Preprocess | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.model = written(self.model)
 
     def save(self, path: str | Path, refuse: Iterable[str | Path] = ()) -> Path:
         """Write the model to ``path`` atomically (never a half file; never onto a path in ``refuse``). A result that
@@ -96,6 +100,18 @@ LOAD_REWRITES = [(has_channels_last_head, flatten_channels_first), (has_branches
                  (has_channel_permutation, unshuffle)]
 
 
+WRITE_REWRITES = [(has_layer_norm_below_opset, write_layer_norm)]
+
+
+def written(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` in ops its opset has, as a result holds it and ``save`` writes it: a norm ``load`` fused into a
+    ``LayerNormalization`` below opset 17 written out again (``passes.write_layer_norm``)."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
+    if opset >= OPSET or not any(node.op_type == "LayerNormalization" for node in model.graph.node):
+        return model  # no graph-surgeon round trip, no shape inference: most results
+    return rewritten(model, WRITE_REWRITES)
+
+
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
     """``model`` (a path, read and checked, or a ModelProto) with its dynamic dims other than the batch fixed
     from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``), a
@@ -103,8 +119,8 @@ def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.M
     branches over one input folded into one convolution (``passes.fold_branches``: RepVGG's and MobileOne's deploy
     form, the same function), an attention's fused q/k/v projection split into three (``passes.split_qkv``, so
     that its heads prune), a LayerNorm written out as elementwise ops fused into one (``passes.fuse_layer_norm``,
-    from opset 17, so that its channels prune), and channel shuffles moved into the weights that read them
-    (``passes.unshuffle``, so that ShuffleNet's units prune)."""
+    so that its channels prune; below opset 17 a result writes it out again, see ``written``), and channel shuffles
+    moved into the weights that read them (``passes.unshuffle``, so that ShuffleNet's units prune)."""
     if isinstance(model, onnx.ModelProto):
         given = specialise_inputs(model, input_shape, model.graph.name or "the model")
     else:

@@ -119,7 +119,7 @@ def sweep(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)  # once the model and the samples are read: a refusal leaves nothing
     original_path = out / "original.onnx"
-    save_model(onnx_model, original_path)
+    save_model(api.written(onnx_model), original_path)
     shared = Shared(allocate)
     judged: dict[str, SweepRow] = {}
     original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report

@@ -75,12 +75,13 @@ class _Arrays(Mapping[str, np.ndarray]):
         return len(self._constants)
 
 
-def inferred_graph(model: onnx.ModelProto) -> gs.Graph:
-    """``model``'s graph as it is, with the shapes ONNX inference gives (nothing run, nothing folded), its large float
-    weights read in place: what a pass that reads shapes needs before ``import_graph`` (a copy of the model for
-    inference cost VGG-11's load 0.6 s)."""
+def inferred_graph(model: onnx.ModelProto, run: bool = False) -> gs.Graph:
+    """``model``'s graph as it is (nothing folded), with the shapes ONNX inference gives, its large float weights read
+    in place: what a pass that reads shapes needs before ``import_graph`` (a copy of the model for inference cost
+    VGG-11's load 0.6 s). ``run``: the dims inference leaves unknown filled from onnxruntime runs as ``infer_shapes``
+    fills them (a dynamic export's reshapes computed from ``Shape``), nothing run where none is unknown."""
     light, heavy = _protos_aside(model)
-    return _swapped(gs.import_onnx(onnx_infer(light)), heavy)
+    return _imported(light, heavy) if run else _swapped(gs.import_onnx(onnx_infer(light)), heavy)
 
 
 def _imported(light: onnx.ModelProto, heavy: dict[str, gs.Constant]) -> gs.Graph:

@@ -96,8 +96,8 @@ def _reduce_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) 
     if axis in axes:
         written = node.op == "ReduceMean" and written_layer_norm(node, set()) is not None
         return Blocked(f"{node.op} {node.name}: reduces across channels" + (
-            " (a LayerNorm written out: from opset 17 the loader fuses ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, "
-            "Div into a LayerNormalization, which prunes; re-export at opset 17 or later)" if written else ""))
+            " (a LayerNorm written out: loaded through onnxprune.load, the model has it fused into a "
+            "LayerNormalization, which prunes)" if written else ""))
     keep = node.attrs.get("keepdims", 1)
     out_axis = axis if keep else axis - sum(a < axis for a in axes)
     return Channelwise({("in", 0): (axis, repeat), ("out", 0): (out_axis, repeat)})

@@ -5,8 +5,9 @@ Exports write a norm over one axis as ``μ = ReduceMean(x)``, ``d = x - μ``, ``
 below opset 17). The two means reduce across the channels, so no channel space ran through them. As one
 ``LayerNormalization`` over the last axis (a ``Transpose`` there and back where the axis is another), the norm's own
 channel rule prunes it: kept channels padded back with zeros, the masked original's statistics. The scale is ones;
-the written-out scale and bias, per-channel ``Mul`` and ``Add`` after the ``Div``, stay as they are. Only where the
-model's opset has ``LayerNormalization`` (17 on): below it, the norm stays written out and blocks its channels.
+the written-out scale and bias, per-channel ``Mul`` and ``Add`` after the ``Div``, stay as they are. At any opset:
+onnxruntime runs the node below 17 as well (its own kernel in the ONNX domain), and a model written below 17 has it
+written out again (``write_layer_norm``).
 """
 
 from __future__ import annotations
@@ -18,15 +19,14 @@ from onnxprune.ir.graph import static_shape
 from onnxprune.ir.rewrite import matches
 from onnxprune.ops.reduce import written_layer_norm
 
-OPSET = 17  # the first opset with LayerNormalization
-
 
 def fuse_layer_norm(graph: gs.Graph) -> gs.Graph:
     """Replace every written-out norm (``ops.reduce.written_layer_norm``) by ``LayerNormalization`` with a scale of
-    ones, transposed to and from the last axis where it normalises another, writing the tensor the ``Div`` wrote.
+    ones, named as its first ``ReduceMean`` was, transposed to and from the last axis where it normalises another,
+    writing the tensor the ``Div`` wrote.
 
     In place: ``graph`` is modified, then cleaned up and sorted; returns the same graph."""
-    for node, found in matches(graph, "ReduceMean", written_layer_norm) if graph.opset >= OPSET else ():
+    for node, found in matches(graph, "ReduceMean", written_layer_norm):
         name, x, out = node.name, found.x, found.out
         channels = static_shape(x)[found.axis]
         dtype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
@@ -38,9 +38,11 @@ def fuse_layer_norm(graph: gs.Graph) -> gs.Graph:
             graph.nodes.append(gs.Node("Transpose", f"{name}.to_last", {"perm": perm}, inputs=[x], outputs=[source]))
         for writer in list(out.inputs):
             writer.outputs.clear()
+        node.name = f"{name}.written"  # unread now, removed below; the norm takes its name (``write_layer_norm``
+        # writes it back under it, so that a result fused again matches the model it was pruned from)
         normed = out if last else gs.Variable(f"{name}.normed", dtype=x.dtype)
         scale = gs.Constant(f"{name}.scale", np.ones(channels, dtype))
-        graph.nodes.append(gs.Node("LayerNormalization", f"{name}.layer_norm",
+        graph.nodes.append(gs.Node("LayerNormalization", name,
                                    {"axis": -1, "epsilon": found.epsilon}, inputs=[source, scale], outputs=[normed]))
         if not last:
             graph.nodes.append(gs.Node("Transpose", f"{name}.from_last", {"perm": list(np.argsort(perm))},
@@ -49,5 +51,5 @@ def fuse_layer_norm(graph: gs.Graph) -> gs.Graph:
 
 
 def has_written_layer_norm(graph: gs.Graph) -> bool:
-    """Whether ``fuse_layer_norm`` finds a written-out norm in ``graph`` (none below opset 17)."""
-    return graph.opset >= OPSET and next(matches(graph, "ReduceMean", written_layer_norm), None) is not None
+    """Whether ``fuse_layer_norm`` finds a written-out norm in ``graph``."""
+    return next(matches(graph, "ReduceMean", written_layer_norm), None) is not None

@@ -15,7 +15,6 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.errors import ModelError
-from onnxprune.ops.linear import bias_add
 from onnxprune.runtime.segments import Liveness
 
 
@@ -58,9 +57,9 @@ def find_segments(student: gs.Graph, teacher: gs.Graph) -> list[Segment]:
     """Segments of ``student`` (toposorted) between anchors shared with ``teacher``, in order."""
     check_pair(student, teacher)
     ops = {n.name: n.op for n in teacher.nodes}
-    # the bias Add a refit writes after a MatMul consumer of the teacher's is the pruning's own
-    written = {add.name for n in student.nodes if ops.get(n.name) == n.op and (add := bias_add(n)) is not None}
-    foreign = [n.name for n in student.nodes if ops.get(n.name) != n.op and n.name not in written]
+    # the pruning names a node it adds after the teacher's node it serves: a refit MatMul's ``.bias_add``, a pruned
+    # LayerNormalization's ``.pad<n>`` and ``.keep<n>``
+    foreign = [n.name for n in student.nodes if ops.get(n.name) != n.op and n.name.rpartition(".")[0] not in ops]
     if foreign:
         raise ModelError(f"{len(foreign)} node(s) of the student, e.g. {foreign[0]!r}, are not in the teacher: "
                          "recovery needs the teacher the student was pruned from (pruning keeps node names)")

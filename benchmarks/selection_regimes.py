@@ -35,12 +35,13 @@ from common import DEFAULT_DATA, evaluate
 
 from onnxprune.cli import flag_values
 from onnxprune.flags import compress_job
-from onnxprune.imitation import omp
+from onnxprune.imitation import omp, refit
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv
 from onnxprune.strategies import L1, OMP, Random
 from onnxprune.strategies.base import Selector
 from onnxprune.strategies.global_search import Search
+from onnxprune.tasks.base import log_probs
 
 
 def _refit_ridge(d, keep: np.ndarray) -> float:
@@ -121,6 +122,73 @@ class Judged(Selector):
         return other if d_l1 < d_own else own
 
 
+def _cv_loss(data, keep: np.ndarray) -> float:
+    """The refit's two-fold cross-validated loss on channels ``keep`` at its chosen ridge, summed over consumers."""
+    total = 0.0
+    for d in data:
+        cols = expand(keep, d.current.k)
+        a, b = d.folds
+        judges = [refit._held_out(f, h, cols, d.current.weight[:, cols], refit.RIDGE_GRID) for f, h in ((a, b), (b, a))]
+        i = refit._descend(lambda i, judges=judges: sum(j(i) for j in judges), len(refit.RIDGE_GRID))
+        total += sum(j(i) for j in judges)
+    return total
+
+
+@dataclass(frozen=True)
+class CvPick(Selector):
+    """Of OMP's, OMP-prior's (and L1's) choices, the one whose refit has the lowest cross-validated loss."""
+
+    names: tuple[str, ...] = ("omp", "omp-prior")
+
+    def select(self, ctx, group, data, width):
+        picks = {n: variant(n).select(ctx, group, data, width) for n in self.names}
+        losses = {n: _cv_loss(data, np.sort(p[0])) for n, p in picks.items()}
+        best = min(losses, key=losses.get)
+        ctx.note(group, {"method": best, **{n: float(v) for n, v in losses.items()}})
+        return picks[best]
+
+
+def _per_sample(reference: dict, outputs: list[dict]) -> np.ndarray:
+    """``raw_discrepancy``'s terms sample by sample (they sum to it): KL rows of logits, else squared errors over the
+    reference's whole energy."""
+    out = {k: np.concatenate([o[k] for o in outputs])[: len(v)] for k, v in reference.items()}
+    total = 0.0
+    for name, ref in reference.items():
+        ref, y = ref.astype(np.float64), out[name].astype(np.float64)
+        if ref.ndim == 2 and ref.shape[1] > 1:
+            log_p, log_q = log_probs(ref), log_probs(y)
+            total = total + np.sum(np.exp(log_p) * (log_p - log_q), axis=1)
+        else:
+            err = np.square(y - ref).reshape(len(ref), -1).sum(axis=1)
+            total = total + err / max(float(np.sum(np.square(ref))), 1e-30)
+    return total
+
+
+@dataclass(frozen=True)
+class JudgedSig(Selector):
+    """L1's choice in place of OMP's only where the network's output on the held samples is lower with it on at
+    least ``level`` of their bootstrap resamples (paired)."""
+
+    level: float = 0.95
+    held: int = 64
+
+    def select(self, ctx, group, data, width):
+        own, other = OMP().select(ctx, group, data, width), L1().select(ctx, group, data, width)
+        if np.array_equal(other[0], own[0]):
+            return own
+        search = Search(ctx, group, data, self.held)
+        values, reference = search.downstream.samples(search.held)
+        n = len(next(iter(reference.values())))
+        per = [_per_sample(reference, search.downstream.run(search.linears(k, cross_validated=True), values, n))
+               for k in (own[0], other[0])]
+        gen = np.random.default_rng(0)
+        picks = gen.integers(0, n, (1000, n))
+        share = float(np.mean(per[1][picks].sum(axis=1) < per[0][picks].sum(axis=1)))
+        ctx.note(group, {"method": "l1" if share >= self.level else "omp", "omp": float(per[0].sum()),
+                         "l1": float(per[1].sum()), "share": share})
+        return other if share >= self.level else own
+
+
 def variant(name: str) -> Selector:
     """The selector a variant's name asks for."""
     if name == "omp":
@@ -131,6 +199,11 @@ def variant(name: str) -> Selector:
         return OmpPrior(full=name.endswith("full"))
     if name == "omp-cv":
         return OmpCv()
+    if name.startswith("cv-pick"):
+        names = name[len("cv-pick:"):]
+        return CvPick(tuple(names.split("+"))) if names else CvPick()
+    if name.startswith("judged-sig"):
+        return JudgedSig(float(name[len("judged-sig"):] or 0.95))
     if name == "judged":
         return Judged()
     for prefix, make in (("random", lambda v: Random(int(v))), ("omp-ridge", lambda v: OmpRidge(float(v))),

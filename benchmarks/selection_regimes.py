@@ -17,7 +17,9 @@ cross-validated ridge on its first choice, towards the consumer's weights: the c
 ``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit``
 writes them, the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>``
 (judged only where the refit's cross-validated ridge on OMP's choice is at least r), ``judged-held<n>`` (on n held
-samples).
+samples), ``judged-sig<level>`` (L1's choice only where at least ``level`` of the held samples' bootstrap resamples
+favour it, 0.95 by default), ``cv-pick`` (of OMP's and OMP-prior's choices the one whose refit has the lower
+cross-validated loss; ``cv-pick:omp+omp-prior+l1`` names the candidates).
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ from onnxprune.passes.remove_block import remove_block
 from onnxprune.passes.scale_columns import scale_columns
 from onnxprune.passes.slice_channels import slice_channels
 from onnxprune.passes.split_qkv import split_qkv
+from onnxprune.passes.untie_weights import untie_weights
 from onnxprune.passes.write_layer_norm import write_layer_norm
 
 __all__ = ["flatten_channels_first", "fold_branches", "fuse_layer_norm", "refit_consumer", "remove_block",
-           "scale_columns", "slice_channels", "split_qkv", "write_layer_norm"]
+           "scale_columns", "slice_channels", "split_qkv", "untie_weights", "write_layer_norm"]

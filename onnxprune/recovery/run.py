@@ -16,7 +16,9 @@ from onnxprune.ir.graph import export_model, with_metadata
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
+from onnxprune.ir.rewrite import rewritten
 from onnxprune.ir.shapes import infer_shapes
+from onnxprune.passes.untie_weights import has_shared_weights, untie_weights
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
     PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, writeback_tolerance,
@@ -28,6 +30,8 @@ from onnxprune.recovery.stages import another_round, block_plan, block_stage, di
 from onnxprune.recovery.verdict import confidence, scores
 from onnxprune.runtime.segments import run_segment
 
+UNTIE = [(has_shared_weights, untie_weights)]
+
 
 def recover(
     student: onnx.ModelProto,
@@ -37,7 +41,8 @@ def recover(
     on_progress: Progress | None = None,
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
-    """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model.
+    """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model. A weight several
+    nodes share is untied first (``passes.untie_weights``): the recovered model has one copy per reader.
     ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``); the report says on
     what share of the judging ones' bootstrap resamples the recovered weights score better (``verdict.confidence``).
     A detector whose verdict samples give both models the same mAP50-95 (few objects, found in place by both) is
@@ -45,14 +50,16 @@ def recover(
 
     Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
     caller's state is left as it was)."""
+    given = student
+    student, teacher = (rewritten(m, UNTIE) for m in (student, teacher))  # trained apart, as each window sees them
     s_free, t_free = _batched(student, "the pruned model"), _batched(teacher, "the teacher")
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):
         torch.manual_seed(options.seed)
         model, report = _recover(s_free or student, t_free or teacher, calib, options, on_progress, held)
     if not report.improved:
-        return student, report
-    return with_metadata(model if s_free is None else restore_batch(model, student), student), report
+        return given, report
+    return with_metadata(model if s_free is None else restore_batch(model, given), given), report
 
 
 def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:

@@ -109,7 +109,7 @@ def written(model: onnx.ModelProto) -> onnx.ModelProto:
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
     if opset >= OPSET or not any(node.op_type == "LayerNormalization" for node in model.graph.node):
         return model  # no graph-surgeon round trip, no shape inference: most results
-    return rewritten(model, WRITE_REWRITES)
+    return rewritten(model, WRITE_REWRITES, run=True)
 
 
 def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
@@ -125,7 +125,7 @@ def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.M
         given = specialise_inputs(model, input_shape, model.graph.name or "the model")
     else:
         given = specialise_inputs(load_model(model), input_shape, str(model))
-    return rewritten(given, LOAD_REWRITES)
+    return rewritten(given, LOAD_REWRITES, run=True)  # a dynamic export's shapes, for the passes' matchers
 
 
 def preprocess_for(model: ModelSource | list[InputSpec], *, input_shape: Sequence[str] | None = None,

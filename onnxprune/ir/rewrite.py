@@ -16,13 +16,13 @@ T = TypeVar("T")
 Rewrite = tuple[Callable[[gs.Graph], bool], Callable[[gs.Graph], gs.Graph]]  # (finds something, the pass)
 
 
-def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite]) -> onnx.ModelProto:
+def rewritten(model: onnx.ModelProto, rewrites: Sequence[Rewrite], run: bool = False) -> onnx.ModelProto:
     """``model`` through each pass of ``rewrites`` whose finder sees something for it in the graph (shapes inferred
-    once, the dims ONNX inference leaves unknown from onnxruntime runs; the finders asked on the graph as given), in
-    order; ``model`` itself where none does (no graph-surgeon round trip for the models that need none). The ir
-    version, opsets and subgraph bodies stay the model's."""
+    once, with ``run`` the dims ONNX inference leaves unknown from onnxruntime runs, for passes that read shapes; the
+    finders asked on the graph as given), in order; ``model`` itself where none does (no graph-surgeon round trip for
+    the models that need none). The ir version, opsets and subgraph bodies stay the model's."""
     try:
-        graph = constants_read_directly(inferred_graph(model, run=True))
+        graph = constants_read_directly(inferred_graph(model, run))
     except Exception:  # noqa: BLE001 - inference is best effort; a model it rejects is left as it is
         return model
     due = [rewrite for finds, rewrite in rewrites if finds(graph)]

@@ -14,7 +14,8 @@ judged against the original by ``onnxprune eval`` on other photos:
 Variants: ``omp`` (the default), ``l1``, ``random<seed>``, ``omp-ridge<r>`` (OMP's least squares with ridge r towards 0
 instead of 1e-4), ``omp-cv`` (that ridge cross-validated on every column), ``omp-prior`` (OMP rerun with the refit's
 cross-validated ridge on its first choice, towards the consumer's weights: the constrained MAP of the refit;
-``omp-prior-full``: the ridge cross-validated on every column), ``judged`` (OMP and L1 each refitted as ``Refit``
+``omp-prior-full``: the ridge cross-validated on every column; ``omp-prior-gate<r>``: only where that ridge is at
+least r, else OMP's choice), ``judged`` (OMP and L1 each refitted as ``Refit``
 writes them, the lower discrepancy of the network's output on 64 held calibration samples kept), ``judged-gate<r>``
 (judged only where the refit's cross-validated ridge on OMP's choice is at least r), ``judged-held<n>`` (on n held
 samples), ``judged-sig<level>`` (L1's choice only where at least ``level`` of the held samples' bootstrap resamples
@@ -81,17 +82,22 @@ class OmpCv(Selector):
 class OmpPrior(Selector):
     """OMP on the refit's objective, min ||W x_S - t||² + λ||W - W0||² with W's dropped columns 0, i.e. OMP on
     (A + λI, B + λW0ᵀ), at the ridge the refit's cross-validation picks on OMP's first choice (``full``: on every
-    column)."""
+    column); OMP's own choice where that ridge is below ``gate`` on every consumer."""
 
     full: bool = False
+    gate: float = 0.0
 
     def select(self, ctx, group, data, width):
-        first = np.arange(group.channels) if self.full else OMP().select(ctx, group, data, width)[0]
+        own = OMP().select(ctx, group, data, width)
+        first = np.arange(group.channels) if self.full else own[0]
+        ridges = [_refit_ridge(d, first) for d in data]
+        ctx.note(group, {"method": "omp" if max(ridges) < self.gate else "omp-prior", "ridge": max(ridges)})
+        if max(ridges) < self.gate:
+            return own
         a_s, b_s, e_s = [], [], []
-        for d in data:
+        for d, ridge in zip(data, ridges):
             s, w0 = d.stats, np.asarray(d.current.weight, np.float64)
             cols = expand(first, d.current.k)
-            ridge = _refit_ridge(d, first)
             lam = ridge * np.trace(s.xx[np.ix_(cols, cols)]) / (len(cols) * s.count)  # the refit's units
             a, b, e = omp.centred(s.xx, s.xt, s.sx, s.st, s.tt, s.count)
             a[np.diag_indices(s.d)] += lam
@@ -210,6 +216,7 @@ def variant(name: str) -> Selector:
         return Judged()
     for prefix, make in (("random", lambda v: Random(int(v))), ("omp-ridge", lambda v: OmpRidge(float(v))),
                          ("judged-gate", lambda v: Judged(gate=float(v))),
+                         ("omp-prior-gate", lambda v: OmpPrior(gate=float(v))),
                          ("judged-held", lambda v: Judged(held=int(v)))):
         if name.startswith(prefix) and name != prefix:
             return make(name[len(prefix):])

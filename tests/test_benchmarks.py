@@ -65,3 +65,25 @@ def test_third_party_quick(tmp_path: Path) -> None:
         assert row[method]["macs"] <= 0.86 * row["macs"]
         assert all(0 <= v < 1 for v in row[method]["rel_l2"].values())
     assert "PP-LCNet" in (tmp_path / "third_party.md").read_text()
+
+
+def test_pooled_verdict_over_folds(tmp_path: Path) -> None:
+    """pooled.py judges each model by its errors averaged over the folds that measured both methods."""
+    def row(name: str, default: float, l1: float, subset: str) -> dict:
+        scores = {m: {"rel_l2": {"out": e}, "metrics": {}, "agreement": None} for m, e in (("default", default),
+                                                                                          ("l1", l1))}
+        return {"model": name, **scores, "args": ["--calib-subset", subset]}
+
+    mixed = "wins one fold by little, loses one by much"
+    folds = {"a": [row(mixed, 0.20, 0.21, "0:64"), row("always", 0.1, 0.2, "0:64"),
+                   row("one fold only", 0.1, 0.2, "0:64")],
+             "b": [row(mixed, 0.30, 0.25, "200:264"), row("always", 0.1, 0.3, "200:264")]}
+    for name, rows in folds.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "third_party.json").write_text(json.dumps({"rows": rows}))
+    out = subprocess.run([sys.executable, "pooled.py", str(tmp_path / "a"), str(tmp_path / "b")],
+                         cwd=ROOT / "benchmarks", check=True, capture_output=True, text=True).stdout
+    assert f"| {mixed} | 0.250 / 0.230 | - | yes (0:64), no (200:264) | no | - |" in out
+    assert "| always | 0.100 / 0.250 | - | yes (0:64), yes (200:264) | yes | - |" in out
+    assert "one fold only" not in out
+    assert "on 1 of 2; by a single fold: 2 (" in out

@@ -110,6 +110,15 @@ def shape_entry(tensor: gs.Tensor, index: int) -> int | None:
     return None
 
 
+def shape_producer(tensor: gs.Tensor) -> gs.Node | None:
+    """The node producing ``tensor``, looking through Casts to integer types (shape arithmetic)."""
+    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    while node is not None and node.op == "Cast" and np.dtype(
+            onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"]))).kind in "iu":
+        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
+    return node
+
+
 def const_shape(tensor: gs.Tensor) -> tuple[int, ...] | None:
     """The shape of a constant tensor without loading its values (a lazily imported weight stays on disk or in the
     proto: VGG-11's 411 MB classifier was loaded at each of the analysis's 18 visits), else None."""

@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.ir.graph import const_value, export_model, rebuilt, static_shape
+from onnxprune.ir.graph import const_value, export_model, rebuilt, shape_producer, static_shape
 from onnxprune.ir.inputs import fix_input_shapes
 from onnxprune.ir.probe import random_feed, real_inputs, run_each
 
@@ -215,12 +215,12 @@ def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
     """``(t, i)`` when the vector ``piece`` is ``Shape(t)[i:i + len(piece)]`` (Gather of one entry,
     Unsqueeze of a scalar Gather, or a Slice with step 1; integer Casts between them, as Paddle exports
     write them, are looked through), else None."""
-    node = _producer(piece)
+    node = shape_producer(piece)
     if node is not None and node.op == "Unsqueeze":
-        node = _producer(node.inputs[0])
+        node = shape_producer(node.inputs[0])
     if node is None or node.op not in ("Gather", "Slice"):
         return None
-    shape_node = _producer(node.inputs[0])
+    shape_node = shape_producer(node.inputs[0])
     if shape_node is None or shape_node.op != "Shape" or shape_node.attrs.get("start", 0) != 0:
         return None
     params = [const_value(t) for t in node.inputs[1:]]
@@ -232,15 +232,6 @@ def _shape_source(piece: gs.Tensor) -> tuple[gs.Tensor, int] | None:
     if node.op == "Slice" and first[2:3] in ([], [0]) and first[3:4] in ([], [1]):
         return shape_node.inputs[0], first[0]
     return None
-
-
-def _producer(tensor: gs.Tensor) -> gs.Node | None:
-    """The node producing ``tensor``, looking through Casts to integer types (shape arithmetic)."""
-    node = tensor.inputs[0] if len(tensor.inputs) == 1 else None
-    while node is not None and node.op == "Cast" and np.dtype(
-            onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["to"]))).kind in "iu":
-        node = node.inputs[0].inputs[0] if len(node.inputs[0].inputs) == 1 else None
-    return node
 
 
 def _copied(x: gs.Tensor, pos: int, t: gs.Tensor, i: int) -> int | None:

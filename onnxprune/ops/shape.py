@@ -8,7 +8,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.ir.graph import const_value, shape_entry, static_shape
+from onnxprune.ir.graph import const_value, shape_entry, shape_producer, static_shape
 from onnxprune.ops.registry import OpEntry, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Regroup, ResizeSite, Role, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given, ints
@@ -208,12 +208,10 @@ def _shape_rule(node: gs.Node, port: Port, axis: int, repeat: int, span: Span) -
 
 
 def _whole_shape_of(vector: gs.Tensor) -> gs.Tensor | None:
-    """The tensor t where ``vector`` is ``Shape(t)`` over all of t's axes (past Casts), else None."""
-    while isinstance(vector, gs.Variable) and len(vector.inputs) == 1 and vector.inputs[0].op == "Cast":
-        vector = vector.inputs[0].inputs[0]
-    if not isinstance(vector, gs.Variable) or len(vector.inputs) != 1 or vector.inputs[0].op != "Shape":
+    """The tensor t where ``vector`` is ``Shape(t)`` over all of t's axes (past integer Casts), else None."""
+    node = shape_producer(vector)
+    if node is None or node.op != "Shape":
         return None
-    node = vector.inputs[0]
     rank = rank_of(node.inputs[0])
     if rank is None:
         return None

@@ -39,6 +39,7 @@ import onnx
 
 from common import DEFAULT_DATA, analyze, evaluate, forward_seconds
 from corpus_args import MADE as MADE_DIR
+from onnxprune.errors import CalibrationError
 from onnxprune.evaluation import FIDELITY
 from text_images import write_text_images
 
@@ -260,6 +261,11 @@ def main() -> None:
         if name in BATCH_FREED:
             path = batch_freed(path, work)
         stem = f"{package.replace(' ', '_')}_{path.stem}"
+        try:  # the reference first: calibration images the subset leaves none of skip the model, said so
+            reference = forward_seconds(path, data, args.calib_subset, [*shape, *image])
+        except CalibrationError as e:
+            notes.append(f"{name}: skipped, {e}")
+            continue
         info = analyze(path, shape[1::2])
         row = {"model": name, "images": images, "macs": info["macs"], "groups": len(info["groups"]),
                "prunable": sum(g["prunable"] for g in info["groups"]), "share": info["prunable_mac_share"]}
@@ -284,7 +290,7 @@ def main() -> None:
                            "fixed_batch": json.loads(report.read_text())["fixed_batch"],
                            "same_inputs_outputs": same_interface(out, path)}
         # the reference, in the same run: two plain onnxruntime passes of the original over the calibration tensors
-        row["ort_x2_seconds"] = forward_seconds(path, data, args.calib_subset, [*shape, *image])
+        row["ort_x2_seconds"] = reference
         row["args"] = sys.argv[1:]  # the run that measured this row
         rows.append(row)
         write(args.out, rows, notes, args.merge)  # after every model: a long run's rows are kept as they come

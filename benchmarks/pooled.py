@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from third_party import METHODS, small, task_metric
+from third_party import METHODS, mean_rel_l2, small, task_metric
 
 FIELDS = ("rel_l2", "task")
 
@@ -29,8 +29,7 @@ def fold_values(row: dict) -> dict[str, dict[str, float | None]] | None:
     values = {}
     for m in METHODS:
         metric = task_metric(row[m])
-        values[m] = {"rel_l2": sum(row[m]["rel_l2"].values()) / len(row[m]["rel_l2"]),
-                     "task": None if metric is None else metric[1]}
+        values[m] = {"rel_l2": mean_rel_l2(row[m]), "task": None if metric is None else metric[1]}
     return values
 
 

@@ -204,6 +204,11 @@ def run_compress(model: Path, output: Path, data: Path, flags: list[str], report
     return "crashed", f"exit {done.returncode}: {last}"
 
 
+def mean_rel_l2(scores: dict) -> float:
+    """The output rel-L2 of ``eval``'s scores, averaged over the outputs."""
+    return sum(scores["rel_l2"].values()) / len(scores["rel_l2"])
+
+
 def better_or_equal(row: dict, by_task: bool = True) -> bool | None:
     """Whether the default is at least as good as ``--method l1``: by the task metric where the model has one (higher
     is better) and ``by_task``, else by the mean output rel-L2 (lower is better); None where either did not
@@ -213,7 +218,7 @@ def better_or_equal(row: dict, by_task: bool = True) -> bool | None:
     metric = [task_metric(row[m]) for m in METHODS]
     if by_task and None not in metric:
         return metric[0][1] >= metric[1][1] - 1e-9
-    err = [sum(row[m]["rel_l2"].values()) / len(row[m]["rel_l2"]) for m in METHODS]
+    err = [mean_rel_l2(row[m]) for m in METHODS]
     return err[0] <= err[1]
 
 
@@ -317,7 +322,7 @@ def write(out: Path, rows: list[dict], notes: list[str], merge: bool) -> None:
         if stop is not None:
             lines.append(f"{head} {stop} after {r[f'{stop}_seconds']:.0f} s: {r[stop]} | | | | | | |")
             continue
-        err = " / ".join(small(sum(r[m]["rel_l2"].values()) / len(r[m]["rel_l2"])) for m in METHODS)
+        err = " / ".join(small(mean_rel_l2(r[m])) for m in METHODS)
         metric = [task_metric(r[m]) for m in METHODS]
         task = "-" if metric[0] is None else f"{metric[0][0]} {' / '.join(f'{v:.3f}' for _, v in metric)}"
         ref = r.get("ort_x2_seconds")  # rows measured before this reference was taken have none

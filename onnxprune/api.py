@@ -221,7 +221,8 @@ def compress(
             normalisation cropped to the input's H,W).
         input_shape: shapes of the dynamic inputs (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``); the
             written model keeps a dynamic batch dim, the other dims are fixed to these.
-        subset: which samples of ``calib``: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).
+        subset: which samples of ``calib``: 'a:b[:s]' slice, 'k%n' (index mod n == k), either with '!' for the
+            rest, joined by '&' to intersect ('!0:125&!1%5').
         limit: use at most this many samples (after ``subset``).
         flip: add each calibration image's mirror (image folders only); None: for a classifier (its first output
             2-D), whose refits fit better on twice the samples (``calib.sources.mirrors_by_default``).
@@ -322,7 +323,8 @@ def evaluate(
             relative L2 error and cosine similarity of every output. It needs the same inputs and outputs.
         preprocess: the image preprocessing (default: ``preprocess_for(model, input_shape=input_shape)``).
         input_shape: shapes of the dynamic inputs, sizing the default preprocessing's crop.
-        subset: which images: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).
+        subset: which images: 'a:b[:s]' slice, 'k%n' (index mod n == k), either with '!' for the rest, joined by
+            '&' to intersect ('!0:125&!1%5').
         limit: at most this many images (after ``subset``).
         labels: an image's class from its path, or None (default: the file name's leading number); top-1 and
             top-5 accuracy are reported when every image has one and the first output is (batch, classes).

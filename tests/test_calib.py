@@ -116,10 +116,23 @@ def test_list_images_errors(tmp_path: Path) -> None:
         ("!2%5", [0, 1, 3, 4, 5, 6, 8, 9]),
         ("1,3%5", [1, 3, 6, 8]),
         ("!0,1%5", [2, 3, 4, 7, 8, 9]),
+        ("!2:8", [0, 1, 8, 9]),
+        ("!::3", [1, 2, 4, 5, 7, 8]),
+        ("!0:4&!1%5", [4, 5, 7, 8, 9]),
+        ("2:9&0,1%2&!3%5", [2, 4, 5, 6, 7]),
+        ("8:&::-1", [8, 9]),
     ],
 )
 def test_select(spec: str | None, expected: list[int]) -> None:
     assert select(list(range(10)), spec) == expected
+
+
+def test_a_class_range_split_partitions_the_items_into_train_held_and_test() -> None:
+    items = list(range(500))
+    test = select(items, "125:250")
+    train, held = select(items, "!125:250&!1%5"), select(items, "!125:250&1%5")
+    assert sorted(test + train + held) == items and len(held) == 75 and len(train) == 300
+    assert max(train + held) > 250 and not set(train + held) & set(range(125, 250))
 
 
 def test_select_complement_partitions() -> None:
@@ -130,7 +143,8 @@ def test_select_complement_partitions() -> None:
             assert sorted(calib + held_out) == sorted(items) and not set(calib) & set(held_out)
 
 
-@pytest.mark.parametrize("spec", ["abc", "1:2:3:4", "::0", "0%0", "3%2", "%2", "1.5:3", "5:5", "1,%5", "0,5%5"])
+@pytest.mark.parametrize("spec", ["abc", "1:2:3:4", "::0", "0%0", "3%2", "%2", "1.5:3", "5:5", "1,%5", "0,5%5", "!:",
+                                  "0:5&5:", "0:5&", "&1%2", "0:5&!!1%2"])
 def test_select_bad_spec(spec: str) -> None:
     with pytest.raises(CalibrationError, match="accepted forms|selects none"):
         select(list(range(10)), spec)

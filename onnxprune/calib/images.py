@@ -17,8 +17,8 @@ from onnxprune.errors import CalibrationError
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".webp"})
-SUBSET_FORMS = ("'start:stop[:step]' (e.g. '0:400', '::2'), 'k%n' (index % n == k), '!k%n' (index % n != k); "
-                "k may be a list: '1,2%5', '!0,1%5'")
+SUBSET_FORMS = ("'start:stop[:step]' (e.g. '0:400', '::2'), '!start:stop' (the rest), 'k%n' (index % n == k), "
+                "'!k%n' (index % n != k); k may be a list: '1,2%5', '!0,1%5'; '&' intersects forms: '!0:125&!1%5'")
 
 T = TypeVar("T")
 
@@ -134,28 +134,41 @@ def list_images(directory: str | Path) -> list[Path]:
 
 
 def select(items: Sequence[T], spec: str | None) -> list[T]:
-    """The deterministic subset of ``items`` given by ``spec`` (None = all).
+    """The deterministic subset of ``items`` given by ``spec`` (None = all), in their order.
 
-    Forms: ``start:stop[:step]`` (a Python slice), ``k%n`` (index % n == k) and ``!k%n``
-    (index % n != k, the complement of ``k%n``), where k may be a comma-separated list of residues
-    (``!0,1%5``: index % 5 not in {0, 1}). Raises CalibrationError for a bad spec or an empty selection.
+    Forms: ``start:stop[:step]`` (a Python slice) and ``!start:stop[:step]`` (the items it leaves out), ``k%n``
+    (index % n == k) and ``!k%n`` (index % n != k, the complement of ``k%n``), where k may be a comma-separated list
+    of residues (``!0,1%5``: index % 5 not in {0, 1}). ``&`` intersects forms: ``!0:125&!1%5`` is every index from
+    125 on whose residue mod 5 is not 1 (a split by class range, with a held-out part of the rest). Raises
+    CalibrationError for a bad spec or an empty selection.
     """
     if spec is None:
         return list(items)
-    text = spec.replace(" ", "")
-    if m := re.fullmatch(r"(!?)(\d+(?:,\d+)*)%(\d+)", text):
-        negate, ks, n = m.group(1) == "!", {int(k) for k in m.group(2).split(",")}, int(m.group(3))
-        if n == 0 or max(ks) >= n:
-            raise CalibrationError(f"bad subset {spec!r}: 'k%n' needs 0 <= k < n; accepted forms: {SUBSET_FORMS}")
-        chosen = [x for i, x in enumerate(items) if (i % n in ks) != negate]
-    elif re.fullmatch(r"(-?\d+)?:(-?\d+)?(:(-?\d+)?)?", text):
-        start, stop, step = (int(p) if p else None for p in (text.split(":") + [""])[:3])
-        if step == 0:
-            raise CalibrationError(f"bad subset {spec!r}: slice step cannot be 0; accepted forms: {SUBSET_FORMS}")
-        chosen = list(items)[slice(start, stop, step)]
-    else:
-        raise CalibrationError(f"bad subset {spec!r}: accepted forms are {SUBSET_FORMS}")
+    keep = np.ones(len(items), dtype=bool)
+    for part in spec.replace(" ", "").split("&"):
+        keep &= _mask(part, len(items), spec)
+    chosen = [x for x, k in zip(items, keep) if k]
     if not chosen:
         raise CalibrationError(f"subset {spec!r} selects none of the {len(items)} items: widen it",
                                option="subset")
     return chosen
+
+
+def _mask(part: str, n_items: int, spec: str) -> np.ndarray:
+    """Which of ``n_items`` indices one form of a subset ``spec`` (no '&') selects."""
+    index = np.arange(n_items)
+    negate, text = part.startswith("!"), part.removeprefix("!")
+    if m := re.fullmatch(r"(\d+(?:,\d+)*)%(\d+)", text):
+        ks, n = {int(k) for k in m.group(1).split(",")}, int(m.group(2))
+        if n == 0 or max(ks) >= n:
+            raise CalibrationError(f"bad subset {spec!r}: 'k%n' needs 0 <= k < n; accepted forms: {SUBSET_FORMS}")
+        chosen = np.isin(index % n, list(ks))
+    elif re.fullmatch(r"(-?\d+)?:(-?\d+)?(:(-?\d+)?)?", text):
+        start, stop, step = (int(p) if p else None for p in (text.split(":") + [""])[:3])
+        if step == 0:
+            raise CalibrationError(f"bad subset {spec!r}: slice step cannot be 0; accepted forms: {SUBSET_FORMS}")
+        chosen = np.zeros(n_items, dtype=bool)
+        chosen[index[slice(start, stop, step)]] = True
+    else:
+        raise CalibrationError(f"bad subset {spec!r}: accepted forms are {SUBSET_FORMS}")
+    return chosen != negate

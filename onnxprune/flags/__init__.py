@@ -59,7 +59,8 @@ DEFAULT_MEAN = ",".join(map(str, IMAGENET_MEAN))
 DEFAULT_STD = ",".join(map(str, IMAGENET_STD))
 BgrOpt = Annotated[bool, typer.Option("--bgr", help="Feed channels in BGR order.")]
 SubsetOpt = Annotated[Optional[str], typer.Option(
-    help="Subset of the sorted image list: 'a:b[:s]' slice, 'k%n' (index mod n == k) or '!k%n' (the rest).")]
+    help="Subset of the sorted image list: 'a:b[:s]' slice, 'k%n' (index mod n == k), either with '!' for the rest, "
+         "joined by '&' to intersect ('!0:125&!1%5').")]
 InputShapeOpt = Annotated[Optional[list[str]], typer.Option(
     "--input-shape", help="Shape for dynamic inputs: 1x3x224x224, or name:1x3x320x320 per input (repeatable).")]
 

@@ -249,6 +249,25 @@ case("LayerNormalization", {"x": X4}, {"s": _rand(4, 7, 9)}, {"axis": 1, "epsilo
 case("ArgMin", {"x": np.array([[1, 0, 0, 3], [2, 2, 5, 5]], np.float32)}, {}, {"axis": 1, "select_last_index": 1},
      out=(I64,), id="argmin_select_last")
 case("Unsqueeze", {"x": np.array(3.0, np.float32)}, {"a": _i64(0)}, id="unsqueeze_scalar")
+# --- recurrent layers (5 steps, batch 3, 4 inputs, hidden 6): ONNX's gate orders, directions, lengths (layout 1 is
+# refused, as onnxruntime refuses it: test_unsupported_ops_are_all_listed_at_construction)
+XS, H = _rand(5, 3, 4), 6
+LENGTHS = np.array([5, 2, 4], np.int32)
+case("LSTM", {"x": XS}, {"w": _rand(1, 4 * H, 4), "r": _rand(1, 4 * H, H), "b": _rand(1, 8 * H)},
+     {"hidden_size": H}, out=(F32, F32, F32), id="lstm_forward")
+case("LSTM", {"x": XS}, {"w": _rand(2, 4 * H, 4), "r": _rand(2, 4 * H, H), "b": _rand(2, 8 * H), "l": LENGTHS,
+                         "h": _rand(2, 3, H), "c": _rand(2, 3, H), "p": _rand(2, 3 * H)},
+     {"hidden_size": H, "direction": "bidirectional", "clip": 2.0}, out=(F32, F32, F32),
+     id="lstm_bidirectional_lengths_peepholes_clip")
+case("LSTM", {"x": XS}, {"w": _rand(1, 4 * H, 4), "r": _rand(1, 4 * H, H)},
+     {"hidden_size": H, "direction": "reverse"}, out=(F32, F32, F32), opset=14, id="lstm_reverse")
+for _lbr in (0, 1):
+    case("GRU", {"x": XS}, {"w": _rand(2, 3 * H, 4), "r": _rand(2, 3 * H, H), "b": _rand(2, 6 * H), "l": LENGTHS,
+                            "h": _rand(2, 3, H)},
+         {"hidden_size": H, "direction": "bidirectional", "linear_before_reset": _lbr}, out=(F32, F32),
+         id=f"gru_bidirectional_linear_before_reset{_lbr}")
+case("RNN", {"x": XS}, {"w": _rand(1, H, 4), "r": _rand(1, H, H), "b": _rand(1, 2 * H)},
+     {"hidden_size": H, "activations": ["Relu"]}, out=(F32, F32), id="rnn_relu")
 
 
 def _compare(ref: np.ndarray, got: torch.Tensor, rtol: float = 1e-5) -> None:
@@ -525,6 +544,16 @@ def test_unsupported_ops_are_all_listed_at_construction() -> None:
     assert TorchGraph(model, outputs=["a"])(torch.ones(1))[0].item() == 1.0
     with pytest.raises(ModelError, match="nope"):
         TorchGraph(model, outputs=["nope"])
+
+
+def test_a_recurrent_layer_the_kernel_cannot_run_as_onnxruntime_does_is_refused_by_name() -> None:
+    for attrs, reason in (({"layout": 1}, "layout=1"), ({"activations": ["HardSigmoid", "Tanh", "Tanh"]},
+                                                        "activations HardSigmoid"), ({"input_forget": 1},
+                                                                                      "input_forget=1")):
+        model = _single_node("LSTM", {"x": XS}, {"w": _rand(1, 4 * H, 4), "r": _rand(1, 4 * H, H)},
+                             {"hidden_size": H, **attrs}, (F32,), 14)
+        with pytest.raises(UnsupportedOpError, match=f"LSTM \\({reason}.*'the_LSTM'"):
+            TorchGraph(model)
 
 
 def test_registry_covers_the_listed_ops() -> None:

@@ -35,6 +35,7 @@ _HOMES = {
                              "Local", "NoRefit", "Output", "Random", "Ratio", "Reconstruction", "Refit", "Scale",
                              "Selector", "Shared", "Uniform"],
     "onnxprune.sweep": ["SweepResult", "SweepRow", "sweep"],
+    "onnxprune.torch": ["from_torch", "to_torch"],
 }
 _HOME = {name: module for module, names in _HOMES.items() for name in names}
 

@@ -21,7 +21,7 @@ FLOORS: list[tuple[str, ...]] = [
     ("onnxprune.cli",),  # the command line
     ("onnxprune.flags", "onnxprune.tables"),  # flags declared, their values -> the API's objects; what the CLI prints
     ("onnxprune.sweep",),  # many budgets over one calibration and one set of probes, judged and timed
-    ("onnxprune.api",),  # load / compress / recover / evaluate / bench / export
+    ("onnxprune.api", "onnxprune.torch"),  # load / compress / recover / evaluate / bench / export; to and from torch
     ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop; training; TensorRT, timing
     ("onnxprune.strategies",),  # budgets, selectors, allocators, reconstructions
     ("onnxprune.core",),  # what strategies see of a run (Context), statistics, reconstruction on a graph

@@ -27,6 +27,7 @@ from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
 from onnxprune.ir.inputs import resolve_input_shapes, specialise_inputs
+from onnxprune.ir.kept import manifest as kept_manifest
 from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.ir.rewrite import rewritten
@@ -79,6 +80,13 @@ class Result:
         if isinstance(self.report, CompressReport):
             return {**self.report.to_dict(), "recovery": self.recovery and self.recovery.to_dict()}
         return self.report.to_dict()
+
+    def manifest(self) -> list[dict]:
+        """The kept-channel manifest of a compress result (``ir.kept.manifest``): per node whose weights changed, its
+        torch module path, the original channels kept and its new weights (``onnxprune.torch.apply_manifest``)."""
+        if self.original is None:
+            raise OptionError("Result.manifest needs the model a compress result was pruned from")
+        return kept_manifest(self.original, self.model)
 
     def recover(self, options: RecoverOptions | None = None, *, held: CalibSource | None = None,
                 on_progress: Progress | None = None) -> Result:

@@ -19,15 +19,16 @@ from onnxprune.flags import (
     CalibOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt,
     DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
     GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
-    LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
-    ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt,
-    ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StdOpt,
-    StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt,
-    TrainBatchOpt, TrainOpt,
+    LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, ManifestOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt,
+    RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt,
+    RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt,
+    SpillDirOpt, StdOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
+    TeacherProviderOpt, TrainBatchOpt, TrainOpt,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
 from onnxprune.recovery import Progress as RecoveryProgress
+from onnxprune.torch import save_manifest
 from onnxprune.strategies import CompressOptions, Local, Random
 from onnxprune.tables import (console, print_analysis, print_compress, print_quantize, print_recovery, print_sweep,
                               progress)
@@ -93,6 +94,7 @@ def compress_cmd(
     spill_dir: SpillDirOpt = None,
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
+    manifest: ManifestOpt = None,
     task: Annotated[str, typer.Option(
         help="What the output allocation compares: 'auto' (read from the outputs' layout: a detector's class "
              "scores on every anchor plus its boxes, in units of their size, where the original sees an object; a "
@@ -118,8 +120,11 @@ def compress_cmd(
             raise OutputError(f"output {output} is the input model: choose another -o path")
         quantized_path = int8_path(output) if int8 else None
         check_outputs((output, "-o"), (report, "--report"), (save_cost_table, "--save-cost-table"),
-                      (quantized_path, "INT8 model"), inputs=[model])
+                      (quantized_path, "INT8 model"), (manifest, "--manifest"), inputs=[model])
         if keep is not None:
+            if manifest is not None:
+                raise OutputError("--manifest goes with a --target-*: with --keep, run compress again at the ratio "
+                                  "it chose")
             _compress_keeping(values, quiet)
             return
         job = flags.compress_job(values)
@@ -128,6 +133,8 @@ def compress_cmd(
         outcome = pruned if job.recovery is None else _recover(
             lambda on_progress: pruned.recover(job.recovery, held=job.held, on_progress=on_progress), quiet)
         save(outcome, output, report, refuse=[model])
+        if manifest is not None:
+            save_manifest(outcome.manifest(), manifest)
         quantized = None
         if quantized_path is not None:
             with progress("quantize", quiet) as advance:

@@ -158,6 +158,10 @@ QuietOpt = Annotated[bool, typer.Option(
     "--quiet", "-q", help="No progress on stderr (by default: a bar on a terminal, else a plain line at least "
                           "every 10 s: the phase, the step, the time spent and an estimate of what is left).")]
 ReportOpt = Annotated[Optional[Path], typer.Option(help="Write a JSON report here.")]
+ManifestOpt = Annotated[Optional[Path], typer.Option(
+    help="Write the kept-channel manifest here (JSON; its weights in the .npz beside it): per changed node, its torch "
+         "module path, the original channels kept, its new weights; onnxprune.torch.apply_manifest slices your "
+         "own module to match.")]
 CalibOpt = Annotated[str, typer.Option(help="Calibration data: image folder, .npy/.npz, or file.py:fn.")]
 
 

@@ -61,3 +61,64 @@ def read_kept(model: onnx.ModelProto) -> Kept:
         if prop.key == KEY:
             return {name: (int(axis), _indices(runs)) for name, (axis, runs) in json.loads(prop.value).items()}
     return {}
+
+
+# the torch parameter each float input slot of a node type holds (what ``manifest`` names its weights by)
+SLOTS = {"Conv": ("weight", "bias"), "ConvTranspose": ("weight", "bias"), "Gemm": ("weight", "bias"),
+         "MatMul": ("weight",), "BatchNormalization": ("weight", "bias", "running_mean", "running_var"),
+         "LayerNormalization": ("weight", "bias"), "PRelu": ("weight",)}
+
+
+def module_path(node: str) -> str | None:
+    """The torch module a TorchScript export's node name stands for (``/features/features.3/conv/conv.0/conv.0.0/Conv``
+    → ``features.3.conv.0.0``: each scope is its module's attribute, prefixed by its container's scope), None where
+    the name holds no scope (another exporter's naming)."""
+    scopes = node.split("/")[1:-1]
+    if not node.startswith("/") or not scopes:
+        return None
+    parts, previous = [], ""
+    for scope in scopes:
+        parts.append(scope[len(previous) + 1:] if previous and scope.startswith(previous + ".") else scope)
+        previous = scope
+    return ".".join(parts)
+
+
+def _transposed(op: str, attrs: dict[str, int], slot: str) -> bool:
+    """Whether torch's module holds the initializer of ``slot`` transposed: a MatMul's [in, out] matrix, and a Gemm's
+    without transB, are Linear's [out, in] weight."""
+    return slot == "weight" and (op == "MatMul" or (op == "Gemm" and not attrs.get("transB", 0)))
+
+
+def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
+    """Per node of ``pruned`` whose weights differ from ``original``'s (narrowed or refit): its name, op type, the
+    torch module path a TorchScript export gives it (``module_path``), the original channels its output and its input
+    hold (``read_kept``; None where all), its ``group`` count, and its float weights as torch lays them out
+    (``SLOTS``), with their shapes in ``original``, and whether a BatchNormalization node reads its output (else an
+    exporter may have folded the module's norm into these weights)."""
+    kept = read_kept(pruned)
+    normed = {i for n in pruned.graph.node if n.op_type == "BatchNormalization" for i in n.input[:1]}
+    old_nodes = {n.name: n for n in original.graph.node}
+    old_weights = {t.name: t for t in original.graph.initializer}
+    new_weights = {t.name: t for t in pruned.graph.initializer}
+    entries = []
+    for node in pruned.graph.node:
+        slots = SLOTS.get(node.op_type, ())
+        reads = [(slot, name) for slot, name in zip(slots, node.input[1:]) if name in new_weights]
+        before = old_nodes.get(node.name)
+        if not reads or before is None:
+            continue
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type == a.INT}
+        old = dict(zip(slots, (old_weights.get(name) for name in before.input[1:])))
+        arrays = {slot: onnx.numpy_helper.to_array(new_weights[name]) for slot, name in reads}
+        if all(old.get(slot) is not None and np.array_equal(a, onnx.numpy_helper.to_array(old[slot]))
+               for slot, a in arrays.items()):
+            continue
+        channels = {side: kept[tensor][1].tolist() if tensor in kept else None
+                    for side, tensor in (("out_channels", node.output[0]), ("in_channels", node.input[0]))}
+        flip = {slot: _transposed(node.op_type, attrs, slot) for slot in arrays}
+        entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name), **channels,
+                        "groups": attrs.get("group", 1), "norm_in_graph": node.output[0] in normed,
+                        "original_shapes": {s: None if old.get(s) is None else
+                                            list(old[s].dims)[::-1] if flip[s] else list(old[s].dims) for s in arrays},
+                        "weights": {s: a.T if flip[s] else a for s, a in arrays.items()}})
+    return entries

@@ -1,0 +1,116 @@
+"""The kept-channel manifest: a compress result's pruning applied to the user's own torch module gives the pruned
+ONNX model's outputs; a module that does not match is refused by layer and left unchanged."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import onnxprune
+from models import corpus_recent
+from models.mobilenet_v2 import MobileNetV2
+from models.resnet import BasicBlock, ResNet
+from onnxprune.errors import OnnxPruneError
+from onnxprune.ir.kept import module_path
+from onnxprune.ir.ort import make_session
+from onnxprune.strategies import Ratio, Uniform
+from onnxprune.torch import apply_manifest, load_manifest, save_manifest
+from tests.onnx_builders import export_torch, warm_batchnorms
+
+SHAPE = (1, 3, 64, 64)
+
+
+def _pruned(module: torch.nn.Module, tmp_path: Path, ratio: float = 0.6) -> tuple[onnxprune.Result, np.ndarray]:
+    """``module`` (its norms warmed) exported by torch.onnx and compressed to ``ratio`` on random samples; a test
+    batch."""
+    torch.manual_seed(0)
+    warm_batchnorms(module)
+    path = export_torch(module.eval(), tmp_path / "m.onnx", SHAPE)
+    rng = np.random.default_rng(0)
+    calib = rng.standard_normal((24, *SHAPE[1:])).astype(np.float32)
+    result = onnxprune.compress(path, calib, budget=Ratio(ratio), allocate=Uniform())
+    return result, rng.standard_normal((3, *SHAPE[1:])).astype(np.float32)
+
+
+def _onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    session, _ = make_session(model, "cpu")
+    return session.run(None, {session.get_inputs()[0].name: x})[0]
+
+
+@pytest.mark.parametrize("build", [lambda: MobileNetV2(num_classes=10),
+                                   lambda: ResNet(BasicBlock, [3, 4, 6, 3], num_classes=10),
+                                   lambda: corpus_recent.ResNeXtLike()], ids=["mobilenet_v2", "resnet34", "resnext"])
+def test_the_manifest_applied_to_the_module_gives_the_pruned_models_outputs(tmp_path: Path, build) -> None:
+    module = build()
+    result, x = _pruned(module, tmp_path)
+    entries = result.manifest()
+    assert entries and any(e["out_channels"] is not None for e in entries)
+    assert all(e["module"] is not None for e in entries)
+    user = apply_manifest(copy.deepcopy(module), entries)
+    with torch.no_grad():
+        got = user(torch.from_numpy(x)).numpy()
+    want = _onnxruntime(result.model, x)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert sum(p.numel() for p in user.parameters()) < sum(p.numel() for p in module.parameters())
+    kept = next(e for e in entries if e["out_channels"] is not None)
+    layer = user.get_submodule(kept["module"])
+    assert layer.out_channels == len(kept["out_channels"]) == layer.weight.shape[0]
+
+
+def test_a_grouped_and_a_depthwise_conv_keep_their_groups(tmp_path: Path) -> None:
+    result, _ = _pruned(MobileNetV2(num_classes=10), tmp_path)
+    entries = result.manifest()
+    depthwise = next(e for e in entries if e["groups"] > 1)
+    user = apply_manifest(MobileNetV2(num_classes=10), entries)
+    layer = user.get_submodule(depthwise["module"])
+    assert layer.groups == layer.in_channels == layer.out_channels == depthwise["groups"]
+
+
+def test_a_module_that_does_not_match_is_refused_by_layer_and_left_unchanged(tmp_path: Path) -> None:
+    module = MobileNetV2(num_classes=10)
+    result, _ = _pruned(module, tmp_path)
+    entries = result.manifest()
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    renamed = [{**e, "module": e["module"].replace("features.", "layers.")} if i == len(entries) // 2 else e
+               for i, e in enumerate(entries)]
+    with pytest.raises(OnnxPruneError, match=r"layer 'layers\.\d+.*' .* is not in the module"):
+        apply_manifest(module, renamed)
+    first = entries[0]["module"]
+    parent, _, name = first.rpartition(".")
+    wider = copy.deepcopy(module)
+    setattr(wider.get_submodule(parent), name, torch.nn.Conv2d(3, 2 * module.get_submodule(first).out_channels, 3))
+    with pytest.raises(OnnxPruneError, match=f"layer '{first}': its weight is .* other widths"):
+        apply_manifest(wider, entries)
+    after = module.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_manifest_file_round_trips_and_compress_writes_it(tmp_path: Path, tiny) -> None:
+    result, _ = _pruned(MobileNetV2(num_classes=10), tmp_path)
+    entries = result.manifest()
+    save_manifest(entries, tmp_path / "kept.json")
+    loaded = load_manifest(tmp_path / "kept.json")
+    assert [e["node"] for e in loaded] == [e["node"] for e in entries]
+    assert all(np.array_equal(a["weights"][s], b["weights"][s]) for a, b in zip(loaded, entries) for s in a["weights"])
+    subprocess.run([sys.executable, "-m", "onnxprune", "compress", str(tiny.path), "-o", str(tmp_path / "t.onnx"),
+                    "--calib", str(tiny.calib), "--target-ratio", "0.6", "--manifest", str(tmp_path / "t.json"),
+                    "--quiet"], check=True, capture_output=True)
+    assert load_manifest(tmp_path / "t.json") and (tmp_path / "t.npz").is_file()
+    (tmp_path / "t.npz").unlink()
+    with pytest.raises(OnnxPruneError, match="its .npz is missing"):
+        load_manifest(tmp_path / "t.json")
+
+
+@pytest.mark.parametrize(("node", "path"), [("/features/features.3/conv/conv.0/conv.0.0/Conv", "features.3.conv.0.0"),
+                                             ("/layer1/layer1.0/downsample/downsample.0/Conv", "layer1.0.downsample.0"),
+                                             ("/classifier/classifier.1/Gemm", "classifier.1"), ("/fc/Gemm", "fc"),
+                                             ("Conv_12", None), ("/Conv", None)])
+def test_a_torchscript_node_name_gives_its_module_path(node: str, path: str | None) -> None:
+    assert module_path(node) == path

@@ -27,9 +27,19 @@ CLI = [sys.executable, "-m", "onnxprune"]
 RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST = "!0,1%5", "1%5", "0%5"
 
 
-def recover_subsets(fold: int) -> tuple[str, str, str]:
+CLASS_BLOCKS = 4  # a class-range split tests on one of four blocks of 125 photos (250 classes each)
+
+
+def recover_subsets(fold: int, classes: int | None = None) -> tuple[str, str, str]:
     """The protocol's (train, held, test) subsets with every set shifted by ``fold`` fifths (fold 1: train on
-    index % 5 not in {1, 2}, hold out 2%5, test on 1%5)."""
+    index % 5 not in {1, 2}, hold out 2%5, test on 1%5). ``classes`` k: the split by class range instead, which
+    tests on photos whose classes nothing trained on (the dev photos are one per even class, so an index fold's
+    test photos have near neighbours among the training ones): test on block k of ``CLASS_BLOCKS`` (photos
+    125k:125(k+1), classes 250k to 250k+249), hold out the other blocks' photos with index % 5 == 1, train on the
+    rest of them (300 photos, as a fold)."""
+    if classes is not None:
+        test = f"{125 * classes}:{125 * (classes + 1)}"
+        return f"!{test}&!1%5", f"!{test}&1%5", test
     if fold == 0:
         return RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST
     a, b = fold % 5, (fold + 1) % 5

@@ -6,7 +6,9 @@ then `recover` with each variant, trained on the same 300 photos, with the 100 p
 judges "never worse". Every model is evaluated on the 100 photos index % 5 == 0, which nothing else
 saw. For reference, `compress` on all 400 photos (index % 5 != 0) without recovery is also scored.
 Writes `<out>/recovery.json` and `<out>/recovery.md` (`--name` changes the stem). `--fold 1` shifts every
-set by one fifth (train on index % 5 not in {1, 2}, hold out 2%5, test on 1%5).
+set by one fifth (train on index % 5 not in {1, 2}, hold out 2%5, test on 1%5). `--classes k` splits by class
+range instead (`common.recover_subsets`): test on the 125 photos of classes 250k to 250k+249, which no photo that
+trains shares, as a user's new photos do not. `recovery_pooled.py` pools several runs.
 
     python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
@@ -33,6 +35,7 @@ VARIANTS: dict[str, list[str]] = {
     "distill 4 segments": ["--distill-segments", "4"],
     "distill 1 view": ["--distill-views", "1"],
     "distill whole model": ["--distill-segments", "0", "--distill-steps", "300"],
+    "whole network": ["--distill-segments", "0"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],
@@ -68,11 +71,13 @@ def main() -> None:
     parser.add_argument("--fold", type=int, choices=range(5), default=0,
                         help="1: train on the photos with index %% 5 not in {1, 2}, hold out 2%%5, test on 1%%5 "
                              "(the second fold of docs/results.md)")
+    parser.add_argument("--classes", type=int, choices=range(4), default=None,
+                        help="k: split by class range instead of --fold: test on photos 125k:125(k+1)")
     parser.add_argument("--quick", action="store_true",
                         help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
-    calib, held, test = recover_subsets(args.fold)
-    everything = f"!{args.fold}%5"
+    calib, held, test = recover_subsets(args.fold, args.classes)
+    everything = f"!{test}"
     extra: list[str] = []
     if args.quick:
         calib, held, test, everything, args.targets, args.variants, extra = (
@@ -87,7 +92,7 @@ def main() -> None:
     rows = []
     for target in args.targets.split(","):
         pruned = args.out / f"recovery_{target}.onnx"
-        for photos, variant in ((everything, "none, pruned on 400 photos"), (calib, "none")):
+        for photos, variant in ((everything, "none, pruned on all but the test photos"), (calib, "none")):
             macs = compress(original, pruned, args.data, ["--subset", photos, "--target-flops", target])["macs_after"]
             rows.append({"target": target, "variant": variant, "macs": macs, "seconds": None,
                          **evaluate(pruned, original, args.data, test)})
@@ -104,7 +109,10 @@ def main() -> None:
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()
-    (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "rows": rows}, indent=2))
+    split = {"fold": args.fold} if args.classes is None else {"classes": args.classes}
+    (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "split": split, "subsets": [calib, held,
+                                                                                                         test],
+                                                           "rows": rows}, indent=2))
     table = markdown(rows, base)
     (args.out / f"{args.name}.md").write_text(table)
     print(table)

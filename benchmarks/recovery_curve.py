@@ -26,22 +26,23 @@ from common import DEFAULT_DATA, compress, evaluate, original_model, recover, re
 
 
 def measure(data: Path, out: Path, targets: list[str], times: list[str], fold: int = 0,
-            done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
+            classes: int | None = None, done: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """One row per (target, time): the wall seconds of `recover` (0 for the pruned model) and the test scores of
-    ``fold`` (``common.recover_subsets``); ``done(rows)`` after each."""
+    ``fold``, or of the class-range split ``classes`` (``common.recover_subsets``); ``done(rows)`` after each."""
     original = original_model(out)
-    train, held, test = recover_subsets(fold)
+    train, held, test = recover_subsets(fold, classes)
+    split = {"fold": fold} if classes is None else {"classes": classes}
     rows = []
     for target in targets:
         pruned, recovered = out / f"curve_{target}.onnx", out / f"curve_{target}_recovered.onnx"
         compress(original, pruned, data, ["--subset", train, "--target-flops", target])
         series = f"MobileNetV2 {target}"
-        rows.append({"series": series, "fold": fold, "seconds": 0.0, **evaluate(pruned, original, data, test)})
+        rows.append({"series": series, **split, "seconds": 0.0, **evaluate(pruned, original, data, test)})
         for limit in times:
             start = time.perf_counter()
             report = recover(pruned, original, recovered, data, ["--subset", train, "--held-subset", held, "--time",
                                                                  limit])
-            rows.append({"series": series, "fold": fold, "time": limit, "seconds": time.perf_counter() - start,
+            rows.append({"series": series, **split, "time": limit, "seconds": time.perf_counter() - start,
                          "rounds": max((s["round"] for s in report["segments"]), default=0),
                          **evaluate(recovered, original, data, test)})
             print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
@@ -64,8 +65,8 @@ def detector_rows(paths: list[Path]) -> list[dict]:
 
 
 def series(row: dict) -> str:
-    """A row's curve: its model, and its fold where it names one."""
-    return row["series"] + (f", fold {row['fold']}" if "fold" in row else "")
+    """A row's curve: its model, and its fold or class-range split where it names one."""
+    return row["series"] + "".join(f", {key} {row[key]}" for key in ("fold", "classes") if key in row)
 
 
 def markdown(rows: list[dict]) -> str:
@@ -111,6 +112,8 @@ def main() -> None:
     parser.add_argument("--name", default="curve", help="stem of the result files")
     parser.add_argument("--fold", type=int, default=0, choices=range(5),
                         help="shift every photo set by this many fifths (1: the second fold of docs/results.md)")
+    parser.add_argument("--classes", type=int, default=None, choices=range(4),
+                        help="k: split by class range instead of --fold (recovery.py --classes)")
     parser.add_argument("--detectors", default="", help="comma-separated detectors.json files to plot beside")
     parser.add_argument("--plot-only", nargs="*", type=Path, help="draw these result files (no measurement)")
     args = parser.parse_args()
@@ -121,7 +124,7 @@ def main() -> None:
         if not args.data.is_dir():
             sys.exit(f"error: {args.data} is not a folder of photos: pass --data")
         result = args.out / f"{args.name}.json"
-        rows = measure(args.data, args.out, args.targets.split(","), args.times.split(","), args.fold,
+        rows = measure(args.data, args.out, args.targets.split(","), args.times.split(","), args.fold, args.classes,
                        lambda rows: result.write_text(json.dumps({"args": sys.argv[1:], "rows": rows}, indent=2)))
     rows += detector_rows([Path(p) for p in args.detectors.split(",") if p])
     (args.out / f"{args.name}.md").write_text(markdown(rows))

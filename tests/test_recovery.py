@@ -539,6 +539,36 @@ def test_a_loop_that_never_beats_its_start_stops_at_its_patience(monkeypatch, se
     assert not gaining.stopped and len(helds) == 1 + 5 and gaining.best_step > 0
 
 
+@pytest.mark.parametrize("seconds", [None, 20.0])
+def test_a_loop_whose_every_rate_trial_loses_to_its_start_ends_after_the_trials(monkeypatch, seconds) -> None:
+    """Training away from the held-out optimum at every candidate rate: the loop ends after its trials (their
+    steps alone), the start kept; one trial that beats the start lets the loop run."""
+    import onnxprune.recovery.train as train
+
+    ticks = iter(range(10_000))
+    monkeypatch.setattr(train.time, "monotonic", lambda: float(next(ticks)))
+
+    def run(target: float) -> tuple[train.FitResult, int]:
+        w = torch.nn.Parameter(torch.tensor([4.0]))
+        steps = []
+
+        def batch_loss(gen: torch.Generator) -> torch.Tensor:
+            steps.append(1)
+            return (w**2).sum()
+
+        result = train.train_loop([w], batch_loss, lambda: float((w.detach()[0] - target) ** 2), steps=100,
+                                  lr=(1e-3, 0.1), pull=0.0, seed=0, seconds=seconds)
+        assert result.stopped or float(w.detach()[0]) != 4.0
+        return result, len(steps)
+
+    stuck, steps = run(4.0)
+    assert stuck.stopped and stuck.best_step == 0 and stuck.steps == 0 and len(stuck.trials) == 2
+    assert stuck.held_after == stuck.held_before == 0.0
+    assert steps == 10 if seconds is None else 2 <= steps <= 10  # the trials' steps: 5 a rate, or 1 s each
+    gaining, more = run(0.0)
+    assert not gaining.stopped and more > steps
+
+
 def test_recover_keeps_to_its_time(tiny, student) -> None:
     """A recovery given a time runs its loops by the clock (and says so in its options); the distillation's rate
     is the best of its trials."""
@@ -566,6 +596,21 @@ def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: p
     rounds = max(seg.round for seg in report.segments)  # a distillation that stopped early leaves another round
     # the block stage, the views, the distillation: all that is left; each later round of the windows: all of it
     assert shares == [share, VIEWS_SHARE, 1.0] + [1.0] * (rounds - 1)
+
+
+def test_a_whole_network_distillation_gets_its_share_of_the_time_after_the_block_stage(tiny, student,
+                                                                                      monkeypatch) -> None:
+    """Before a distillation of every weight (``distill_segments=0``), the block stage gets 1 - WHOLE_SHARE of the
+    time whatever its loop count, and the distillation what is left: it caches no views."""
+    from onnxprune.recovery.options import WHOLE_SHARE, Clock
+
+    shares: list[float] = []
+    real = Clock.loop
+    monkeypatch.setattr(Clock, "loop", lambda self, share=1.0: shares.append(share) or real(self, share))
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu",
+                                                                         distill_segments=0))
+    assert report.distill is not None and report.distill.whole_model
+    assert shares[:2] == [1 - WHOLE_SHARE, 1.0]
 
 
 def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(tiny, student, monkeypatch) -> None:

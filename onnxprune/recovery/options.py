@@ -143,6 +143,7 @@ PASSES_SHARE = 0.3  # of a time budget, at most for the block stage's forward pa
 PASSES_COST = 3  # those passes, in passes of the teacher over the same samples
 PASSES_FLOOR = 30.0  # seconds those passes may always take (a small model's, sessions included, cost nothing a user
 # waits for, whatever a loaded machine makes of them)
+WHOLE_SHARE = 0.5  # of a time budget, what a distillation of the whole model gets after the block stage
 VIEWS_SHARE = 0.25  # of a head distillation's time, at most for caching its augmented views: YOLOv8n 320 on 441
 # photos cached 8 views of 353 under `--time 1m` and took 104 s, with the share 1 view and 64 s
 

@@ -14,7 +14,7 @@ import torch
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
 from onnxprune.recovery.options import (
-    DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions,
+    DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, WHOLE_SHARE, Augment, Clock, Progress, RecoverOptions,
 )
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
@@ -35,8 +35,10 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     budget every loop gets an equal share, the distillation's loop counted in the first round (``block_share``);
     a later round (``another_round``) shares what is left among the windows alone."""
     n = len(next(iter(values.values())))
+    distill = options.method.distill and round_ == 1
+    whole = distill and head_start(segments, options.distill_segments, options.train == "changed") is None
     segments, _, train = block_plan(segments, options)
-    stage = clock.loop(block_share(len(train), options.method.distill and round_ == 1)) if train else None
+    stage = clock.loop(block_share(len(train), distill, whole)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
@@ -88,11 +90,14 @@ def block_plan(segments: list[Segment], options: RecoverOptions) -> tuple[list[S
     return segments, skip, [i for i, s in enumerate(segments) if s.trainable and i != skip]
 
 
-def block_share(loops: int, distill: bool) -> float:
-    """Of the time left, what the block stage's ``loops`` get: as much each as the distillation's one loop that
-    follows them (all of it without one). A fixed share gave MobileNetV2's distillation 60% of the time, where it
-    never improved on the block stage's output."""
-    return loops / (loops + 1) if distill else 1.0
+def block_share(loops: int, distill: bool, whole: bool = False) -> float:
+    """Of the time left, what the block stage's ``loops`` get: as much each as a head distillation's one loop that
+    follows them (all of it without one; a fixed share gave MobileNetV2's head distillation 60% of the time, where it
+    never improved on the block stage's output), or ``WHOLE_SHARE`` of it before a distillation of the whole model,
+    whose steps cost a pass of both networks each."""
+    if not distill:
+        return 1.0
+    return 1.0 - WHOLE_SHARE if whole else loops / (loops + 1)
 
 
 def another_round(clock: Clock, report: RecoverReport) -> bool:

@@ -201,7 +201,9 @@ def train_loop(
 
     ``lr`` a sequence: the rate is the one whose trial (``choose_lr``, ``LR_TRIAL`` of the steps or seconds each)
     left the lowest held-out loss, and the loop goes on from the weights that trial left; under ``seconds`` the
-    trials' time is the loop's."""
+    trials' time is the loop's. Where no trial beat the start, at any rate, the loop ends after them (``stopped``),
+    with its start: MobileNetV2's head distillation, which never beat its start, spent a hundred seconds of its
+    loop before its third measure said so."""
     begin = time.monotonic()
     start = [p.detach().clone() for p in params]
     best = held()
@@ -215,6 +217,9 @@ def train_loop(
             begin = time.monotonic()
     gen = torch.Generator().manual_seed(seed)
     result = FitResult(held_before=best, held_after=best, best_step=0, steps=steps, lr=float(lr), trials=trials)
+    if trials and min(held for _, held in trials) >= best:
+        result.steps, result.stopped = 0, True
+        return result
     best_state = [p0.clone() for p0 in start]
     # the winning trial's held-out loss is the least of several on the same samples, biased low: its weights are a
     # start, not a checkpoint (kept, they lost a point of top-1 on MobileNetV2's test photos)

@@ -21,6 +21,7 @@ from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import make_session
 from onnxprune.ir.probe import random_feed, real_inputs
 from onnxprune.recovery.options import writeback_tolerance
+from onnxprune.recovery.train import device_of
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
 # a path, a ModelProto, or what holds one as ``.model`` (``onnxprune.Result``)
@@ -81,7 +82,7 @@ def from_torch(module: TorchGraph, like: Model, out: str | Path | None = None, *
     feed = _sample(written, name, sample)
     session, _ = make_session(written, "cpu", arena=False, quiet=True)
     got = session.run(None, feed)
-    device = next(iter(module.parameters()), torch.empty(0)).device
+    device = device_of(module)
     with torch.no_grad():
         want = [t.detach().cpu().numpy() for t in module(*(torch.from_numpy(feed[n]).to(device)
                                                            for n in module.input_names))]

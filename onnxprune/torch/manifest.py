@@ -18,6 +18,7 @@ from torch import nn
 
 from onnxprune.errors import OnnxPruneError
 from onnxprune.fileio import atomic_write
+from onnxprune.recovery.train import device_of
 
 Step = Callable[[], None]
 LAYERS: dict[str, tuple[type[nn.Module], ...]] = {
@@ -100,9 +101,9 @@ def _step(module: nn.Module, entry: dict) -> Step:
             old = getattr(layer, slot, None)
             value = value.reshape(-1) if isinstance(layer, nn.PReLU) else value
             if isinstance(old, nn.Parameter) or old is None and slot in ("weight", "bias"):
-                setattr(layer, slot, nn.Parameter(value.to(_device(layer)), requires_grad=True))
+                setattr(layer, slot, nn.Parameter(value.to(device_of(layer)), requires_grad=True))
             else:
-                setattr(layer, slot, value.to(_device(layer)))
+                setattr(layer, slot, value.to(device_of(layer)))
         if entry["op"] in ("Conv", "Gemm", "MatMul") and "bias" not in w and getattr(layer, "bias", None) is not None:
             layer.bias = None  # the exported layer has none
 
@@ -117,10 +118,6 @@ def _step(module: nn.Module, entry: dict) -> Step:
     if op == "LayerNormalization":
         return lambda: load(normalized_shape=tuple(weight.shape))
     return lambda: load(num_parameters=weight.numel())
-
-
-def _device(layer: nn.Module) -> torch.device:
-    return next(iter([*layer.parameters(), *layer.buffers()]), torch.empty(0)).device
 
 
 def _folded_norms(module: nn.Module, entries: list[dict]) -> list[Step]:

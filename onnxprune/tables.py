@@ -240,6 +240,8 @@ def print_recovery(r: RecoverReport) -> None:
                       "else the run ended early)", highlight=False, soft_wrap=True)
     console.print("gain/min: the held-out loss's fall, as a share of its start, per minute the stage took",
                   highlight=False, soft_wrap=True)
+    if r.distill_choice:
+        console.print(f"distillation: {r.distill_choice}", highlight=False, soft_wrap=True)
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)

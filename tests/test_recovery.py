@@ -14,7 +14,7 @@ import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
-from onnxprune.recovery.options import DISTILL_LRS
+from onnxprune.recovery.options import DISTILL_LRS, HEAD_SEGMENTS
 from onnxprune.recovery.samples import within
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, Uniform, options_from
@@ -381,7 +381,7 @@ def test_the_block_stage_leaves_a_head_that_is_one_changed_segment_to_the_distil
     # YOLOv8n: the backbone's early blocks, then neck and head in one segment, then the unchanged DFL decoding
     detector = [seg(["a"], ["a"]), seg(["b"]), seg(["c"], ["c"]), seg(["dfl"])]
     classifier = [seg(["a"], ["a"]), seg(["b"], ["b"]), seg(["c"], ["c"])]
-    options = RecoverOptions()
+    options = RecoverOptions(distill_segments=HEAD_SEGMENTS)  # what a detector's run resolves the default to
     assert left_to_distill(detector, options) == 2
     assert left_to_distill(detector[:3], options) is None  # a head of two segments starts before the changed one
     assert left_to_distill(classifier, options) is None  # the head's two changed segments: block-wise first
@@ -592,7 +592,8 @@ def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: p
     real = Clock.loop
     monkeypatch.setattr(Clock, "loop", lambda self, share=1.0: shares.append(share) or real(self, share))
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu",
-                                                                         block_window=window))
+                                                                         block_window=window,
+                                                                         distill_segments=HEAD_SEGMENTS))
     rounds = max(seg.round for seg in report.segments)  # a distillation that stopped early leaves another round
     # the block stage, the views, the distillation: all that is left; each later round of the windows: all of it
     assert shares == [share, VIEWS_SHARE, 1.0] + [1.0] * (rounds - 1)
@@ -613,6 +614,29 @@ def test_a_whole_network_distillation_gets_its_share_of_the_time_after_the_block
     assert shares[:2] == [1 - WHOLE_SHARE, 1.0]
 
 
+def test_the_distillation_trains_the_whole_model_of_a_classifier_where_its_steps_fit() -> None:
+    """Where --distill-segments is not given: the whole model for a classifier when WHOLE_MIN_STEPS of its steps fit
+    in its half of the time (or no time bounds the run), else the head; a detector keeps the head; a given count
+    stands. ``recover`` reports the choice and resolves the options to it."""
+    from onnxprune.recovery.options import WHOLE_MIN_STEPS, WHOLE_SHARE, WHOLE_STEP_COST, distill_part
+
+    options = RecoverOptions(time=900.0, batch_size=32)
+    fits = WHOLE_SHARE * 900.0 / (WHOLE_STEP_COST * 32 * WHOLE_MIN_STEPS)  # the teacher's seconds a sample at the edge
+    assert distill_part(options, True, 0.9 * fits)[0] == 0
+    part, why = distill_part(options, True, 1.1 * fits)
+    assert part == HEAD_SEGMENTS and "fewer than 100" in why
+    assert distill_part(options, False, 1e-6) == (HEAD_SEGMENTS, "the head: the whole model's distillation is "
+                                                  "measured on classifiers only")
+    assert distill_part(RecoverOptions(steps=5), True, 10.0)[0] == 0
+    assert distill_part(RecoverOptions(time=900.0, distill_segments=3), True, 1e-6) == (3, "as asked")
+
+
+def test_recover_reports_what_the_distillation_trains(tiny, student) -> None:
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST))
+    assert report.distill.whole_model and report.options["distill_segments"] == 0
+    assert report.distill_choice == "the whole model"
+
+
 def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(tiny, student, monkeypatch) -> None:
     """A distillation that ends early (here cut to a tenth of a second) leaves its time to the block windows, which
     train again from where they were, within the budget; the written model is still checked against them."""
@@ -626,7 +650,8 @@ def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(t
     monkeypatch.setattr(stages, "fit", quick_distill)
     budget = 8.0  # the distillation's fixed work (its views, one step and a held-out measure per rate) takes ~1 s
     # here, 2.6 s on a loaded machine: at 4 s it sometimes left less than ROUND_SHARE, and no round started
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=budget, provider="cpu"))
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=budget, provider="cpu",
+                                                                             distill_segments=HEAD_SEGMENTS))
     rounds = [seg.round for seg in report.segments]
     assert rounds[0] == 1 and max(rounds) >= 2 and rounds == sorted(rounds)
     assert report.improved and report.writeback_error <= 1e-4 and report.seconds < budget * 1.5
@@ -636,7 +661,7 @@ def test_progress_names_the_work_before_the_training_loops(tiny, student) -> Non
     """Reading the samples, the block stage's passes and caching the head's views are reported before any training
     step (a detector at 640² spent minutes in each with its bar at the label before)."""
     labels: list[str] = []
-    recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu"),
+    recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu", distill_segments=HEAD_SEGMENTS),
             on_progress=lambda label, step, total, held: labels.append(label))
     first = [labels.index(next(x for x in labels if x.startswith(p)))
              for p in ("reading the samples", "block stage: the teacher's", "block 1/", "distill: caching", "distill ·")]

@@ -208,10 +208,11 @@ DistillLrOpt = Annotated[Optional[float], typer.Option(
     help="Distill stage: Adam learning rate (cosine decay). Left out: each of "
          f"{', '.join(f'{lr:.0e}' for lr in DISTILL_LRS)} trains for {LR_TRIAL:.0%} of the stage from the same "
          "weights, and the one with the lowest held-out loss trains the rest, from where its trial ended.")]
-DistillSegmentsOpt = Annotated[int, typer.Option(
+DistillSegmentsOpt = Annotated[Optional[int], typer.Option(
     help="Distill stage: train only the last N segments (the head; back to the last one with weights when those "
          "have none, e.g. a Softmax at the end), on their inputs cached for --distill-views augmented views of "
-         "every training sample; 0 = the whole model, augmented on the fly (slow on CPU).")]
+         "every training sample; 0 = the whole model, augmented on the fly. Default: the whole model for a "
+         "classifier where 100 of its steps fit in half of --time, else 2 (the report says which).")]
 DistillViewsOpt = Annotated[int, typer.Option(
     help="Distill stage: augmented views per training sample cached for the head (fewer under --time where caching "
          "them would take more than a quarter of the stage).")]

@@ -9,10 +9,10 @@ Two stages, run in this order by the default method ``block+distill``:
   the error of the segments before them.
 - ``distill``: distillation towards the teacher's outputs (KL for classifiers, relative MSE
   otherwise) on consistently augmented inputs: both networks see the same randomly cropped,
-  flipped and mixed images (see ``augment``). By default only the last ``distill_segments``
-  segments (the head) are trained, on their inputs cached for ``distill_views`` augmented views of
-  every training sample, rather than the whole model (``distill_segments=0``), whose earlier layers the
-  block stage already matched.
+  flipped and mixed images (see ``augment``): the whole model (``distill_segments=0``), augmented on the
+  fly, or the last ``distill_segments`` segments (the head) on their inputs cached for ``distill_views``
+  augmented views of every training sample. By default the whole model for a classifier where enough of its
+  steps fit in the time, else the head (``options.distill_part``).
 
 A held-out part of the calibration set is split in two: one half picks the best checkpoint of every
 stage, the other judges the result (a verdict on the samples that picked the checkpoints would favour

@@ -86,7 +86,8 @@ class RecoverOptions:
     block_window: int = 3  # changed segments the block stage trains together, to the tensor at the last one's end
     distill_steps: int | None = None  # Adam steps of the distillation stage (None: DISTILL_STEPS)
     distill_lr: float | None = None  # None: the best of ``DISTILL_LRS`` after a short trial each (``train.choose_lr``)
-    distill_segments: int = 2  # trailing segments the distillation trains; 0 = the whole model
+    distill_segments: int | None = None  # trailing segments the distillation trains; 0 = the whole model; None:
+    # the whole model where it is affordable, else the head (``distill_part``)
     distill_views: int = 8  # augmented views of every training sample cached for a head distillation
     distill_features: float = 1.0  # whole-model distillation: weight of the block outputs' relative squared error
     mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
@@ -120,7 +121,7 @@ class RecoverOptions:
             raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
         for name, least in (("steps", 1), ("block_window", 1), ("distill_steps", 1), ("distill_views", 1),
                             ("distill_segments", 0)):
-            if getattr(self, name) < least:
+            if getattr(self, name) is not None and getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
         if self.distill_lr is not None and not self.distill_lr >= 0:
             raise OptionError(f"distill_lr {self.distill_lr} must be a non-negative learning rate",
@@ -144,6 +145,10 @@ PASSES_COST = 3  # those passes, in passes of the teacher over the same samples
 PASSES_FLOOR = 30.0  # seconds those passes may always take (a small model's, sessions included, cost nothing a user
 # waits for, whatever a loaded machine makes of them)
 WHOLE_SHARE = 0.5  # of a time budget, what a distillation of the whole model gets after the block stage
+HEAD_SEGMENTS = 2  # the head a distillation trains where the whole model's is not chosen (``distill_part``)
+WHOLE_STEP_COST = 5  # a whole-model distillation step per sample, in passes of the teacher in onnxruntime (MobileNetV2
+# at 224², batch 32: 0.9-1.3 s a step against 7-11 ms a sample)
+WHOLE_MIN_STEPS = 100  # the least steps of the whole model's distillation in its share of the time, else the head
 VIEWS_SHARE = 0.25  # of a head distillation's time, at most for caching its augmented views: YOLOv8n 320 on 441
 # photos cached 8 views of 353 under `--time 1m` and took 104 s, with the share 1 view and 64 s
 
@@ -171,3 +176,21 @@ class Clock:
         if self.seconds is None:
             return ""
         return f" · {clock_text(self.seconds - (time.monotonic() - self.start))} left"
+
+
+def distill_part(options: RecoverOptions, classifier: bool, per_sample: float) -> tuple[int, str]:
+    """The segments the distillation trains where ``distill_segments`` is not given, and why: the whole model (0)
+    for a classifier (on two class-range splits of MobileNetV2 170M it carried to unseen classes 2 points of top-1 and
+    17% of KL more than the head: ``benchmarks/results/recovery_classes``) where ``WHOLE_MIN_STEPS`` of its steps fit
+    in its share of the time (``per_sample``: the teacher's seconds a sample in onnxruntime), else ``HEAD_SEGMENTS``."""
+    if options.distill_segments is not None:
+        return options.distill_segments, "as asked"
+    if not classifier:
+        return HEAD_SEGMENTS, "the head: the whole model's distillation is measured on classifiers only"
+    if options.time is None:
+        return 0, "the whole model"
+    steps = WHOLE_SHARE * options.time / (WHOLE_STEP_COST * per_sample * options.batch_size)
+    if steps < WHOLE_MIN_STEPS:
+        return HEAD_SEGMENTS, (f"the head: about {steps:.0f} steps of the whole model's would fit in half of --time, "
+                               f"fewer than {WHOLE_MIN_STEPS}")
+    return 0, f"the whole model: about {steps:.0f} steps fit in half of --time"

@@ -60,6 +60,8 @@ class RecoverReport:
     # training objective there of the input and of the recovered weights, which then decides
     confidence: float | None = None  # the share of bootstrap resamples of the verdict samples on which the
     # recovered weights score better (``verdict.confidence``): how sure the verdict is
+    distill_choice: str = ""  # what the distillation trains and why, where --distill-segments was not given
+    # (``options.distill_part``)
     samples_given: int = 0  # training samples given; more than ``samples_train`` where the time budget left room for
     # the forward passes over fewer (``options.PASSES_SHARE``)
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import numpy as np
 import onnx
@@ -21,7 +21,7 @@ from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes.untie_weights import has_shared_weights, untie_weights
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
-    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, writeback_tolerance,
+    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part, writeback_tolerance,
 )
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples, within
@@ -102,10 +102,13 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
 
     t0 = time.perf_counter()
     teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
+    per_sample = max(time.perf_counter() - t0, 1e-9) / (len(held_idx) + len(verdict_idx))
+    task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
+    part, choice = distill_part(options, task is None and teacher_held[0].ndim == 2, per_sample)
+    options = replace(options, distill_segments=part)
     given = len(train_idx)
     plan, skip, blocks = block_plan(segments, options) if options.method.block else ([], None, [])
     if clock.seconds is not None and blocks:  # the block stage's passes over every sample, sized to the budget
-        per_sample = max(time.perf_counter() - t0, 1e-9) / (len(held_idx) + len(verdict_idx))
         fit = int(max(PASSES_SHARE * clock.seconds, PASSES_FLOOR) / (PASSES_COST * per_sample))
         pair = getattr(calib, "flip", False) + 1
         kept = within(train_idx, len(held_idx) + len(verdict_idx), fit, pair, least=options.batch_size // pair)
@@ -113,10 +116,9 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
             rows = np.concatenate([kept, held_idx, verdict_idx])
             values = {name: store.copy(v, rows) for name, v in values.items()}
             train_idx, held_idx, verdict_idx = np.split(np.arange(len(rows)), [len(kept), len(kept) + len(held_idx)])
-    task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
     report = RecoverReport(len(train_idx), len(held_idx) + len(verdict_idx), len(verdict_idx), held is not None, "",
                            0.0, 0.0, None, None, False, device=str(options.torch_device()), options=asdict(options),
-                           samples_given=given)
+                           samples_given=given, distill_choice=choice if options.method.distill else "")
     if task is not None:
         held = [dict(enumerate(t)) for t in (teacher_held, teacher_verdict)]  # two chunks of the held-out samples
         found = task.with_objects(held)

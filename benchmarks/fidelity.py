@@ -4,7 +4,8 @@ For every MAC target and variant (a set of `onnxprune compress` flags) it compre
 top-1/top-5, agreement and KL against the original on held-out photos, and writes
 `<out>/fidelity.json` and `<out>/fidelity.md`. With `--folds K` (K ≤ 5) fold k calibrates on the
 dev photos whose index % 5 != k and evaluates on those with index % 5 == k; the table pools the
-K held-out sets (K=5: every photo evaluated once, by a model that never saw it).
+K held-out sets (K=5: every photo evaluated once, by a model that never saw it). `--class-splits 0,2` splits by
+class range instead: split k evaluates on the 125 photos of classes 250k..250k+249 and calibrates on the other 375.
 
     python benchmarks/fidelity.py --data ../shared/data/imagenet-sample-dev
     python benchmarks/fidelity.py --quick          # tiny configuration, used by the test suite
@@ -122,6 +123,7 @@ def main() -> None:
     parser.add_argument("--targets", default="270M,245M,220M,170M")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--folds", type=int, default=1, help="cross-validation folds (1-5)")
+    parser.add_argument("--class-splits", default="", help="class-range splits instead of --folds, e.g. '0,2'")
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--flip'")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
     parser.add_argument("--keep-reports", action="store_true",
@@ -134,6 +136,9 @@ def main() -> None:
             print(plot_file(result))
         return
     folds = [(f"!{k}%5", f"{k}%5") for k in range(args.folds)]
+    if args.class_splits:
+        folds = [(f"!{125 * k}:{125 * (k + 1)}", f"{125 * k}:{125 * (k + 1)}")
+                 for k in map(int, args.class_splits.split(","))]
     if args.quick:
         folds, args.targets, args.variants = [("0:16", "100:110")], "245M", "default,l1"
     if not args.data.is_dir():

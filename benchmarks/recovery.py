@@ -44,6 +44,9 @@ VARIANTS: dict[str, list[str]] = {
 }
 
 
+STAGE_KEYS = ("parameters", "held_before", "held_after", "best_step", "seconds", "stopped")  # of each stage's report
+
+
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
         "| target | recovery | MACs | top-1 | top-5 | agreement | KL | recover s | held-out KL (photos 1%5) |",
@@ -103,9 +106,12 @@ def main() -> None:
             rep = recover(pruned, original, recovered, args.data,
                           ["--subset", calib, "--held-subset", held, *VARIANTS[variant], *extra])
             wall = time.perf_counter() - start
+            stages = [{"stage": f"block → {s['end'][0]}", **{k: s[k] for k in STAGE_KEYS}} for s in rep["segments"]]
+            if rep["distill"] is not None:
+                stages.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS}})
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
-                         **evaluate(recovered, original, args.data, test)})
+                         "stages": stages, **evaluate(recovered, original, args.data, test)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()

@@ -42,6 +42,19 @@ def test_recovery_quick(tmp_path: Path) -> None:
 
 
 @needs_real_model
+def test_finetune_quick(tmp_path: Path) -> None:
+    """finetune.py's loop: the pruned MobileNetV2 trained with labels through to_torch, written back by from_torch
+    and judged by eval."""
+    subprocess.run([sys.executable, "benchmarks/finetune.py", "--quick", "--data", str(DATA), "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "finetune.json").read_text())
+    assert [r["variant"] for r in result["rows"]] == ["none", "fine-tune with labels"]
+    tuned = result["rows"][1]
+    assert tuned["steps"] > 0 and tuned["images"] == 10 and 0 <= tuned["top1"] <= 1
+    assert (tmp_path / "finetune_245M_tuned.onnx").is_file()
+
+
+@needs_real_model
 def test_timing_modes_quick(tmp_path: Path) -> None:
     subprocess.run([sys.executable, "benchmarks/timing_modes.py", "--quick", "--data", str(DATA), "--out",
                     str(tmp_path)], cwd=ROOT, check=True, capture_output=True)

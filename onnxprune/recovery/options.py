@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+import numpy as np
 import torch
 
 from onnxprune.errors import OptionError, check_choice
@@ -60,6 +61,13 @@ def writeback_tolerance(device: torch.device) -> float:
     torch weights: float32 kernels summing in other orders (~1e-6 on CPU), or cuDNN convolutions in
     TF32 (~1e-3) on CUDA. A weight left unwritten differs by what the training changed."""
     return 1e-4 if device.type == "cpu" else 1e-2
+
+
+def writeback_error(written: np.ndarray, trained: np.ndarray) -> float:
+    """The relative L2 difference of onnxruntime's output on the written model from the trained torch weights', what
+    ``writeback_tolerance`` bounds."""
+    written = written.astype(np.float64)
+    return float(np.linalg.norm(written - trained) / max(np.linalg.norm(written), 1e-30))
 
 
 DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a few hundred photos (docs/results.md)

@@ -21,7 +21,8 @@ from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes.untie_weights import has_shared_weights, untie_weights
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
-    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part, writeback_tolerance,
+    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part, writeback_error,
+    writeback_tolerance,
 )
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples, within
@@ -143,8 +144,7 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
         trained_held = [cur[name][held_idx] for name in outputs]
 
     report.writeback_error = 0.0 if trained_held is None else max(
-        float(np.linalg.norm(o - t) / max(np.linalg.norm(o), 1e-30))
-        for o, t in zip(outputs_of(recovered, held_idx), trained_held))
+        writeback_error(o, t) for o, t in zip(outputs_of(recovered, held_idx), trained_held))
     tolerance = writeback_tolerance(options.torch_device())
     if not report.writeback_error <= tolerance:
         raise OnnxPruneError(f"recover: the written model differs from the trained weights by "

@@ -20,7 +20,7 @@ from onnxprune.fileio import save_model
 from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import make_session
 from onnxprune.ir.probe import random_feed, real_inputs
-from onnxprune.recovery.options import writeback_tolerance
+from onnxprune.recovery.options import writeback_error, writeback_tolerance
 from onnxprune.recovery.train import device_of
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 
@@ -88,7 +88,7 @@ def from_torch(module: TorchGraph, like: Model, out: str | Path | None = None, *
                                                            for n in module.input_names))]
     tolerance = writeback_tolerance(device)
     for output, g, w in zip(module.output_names, got, want):
-        error = float(np.linalg.norm(g.astype(np.float64) - w) / max(np.linalg.norm(w.astype(np.float64)), 1e-30))
+        error = writeback_error(g, w)
         if not error <= tolerance:
             raise ModelError(f"{name}: the written model's output {output!r} differs from the module's by "
                              f"{error:.2e} (relative), past {tolerance:.0e}: the module was not made from this model "

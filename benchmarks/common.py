@@ -46,6 +46,12 @@ def recover_subsets(fold: int, classes: int | None = None) -> tuple[str, str, st
     return f"!{a},{b}%5", f"{b}%5", f"{a}%5"
 
 
+def split_of(fold: int, classes: int | None) -> dict[str, int]:
+    """How a result names the split ``recover_subsets(fold, classes)`` made: ``{"fold": k}`` or ``{"classes": k}``
+    (what ``recovery_pooled.py`` reads)."""
+    return {"fold": fold} if classes is None else {"classes": classes}
+
+
 def run(args: list[str]) -> str:
     """Run a command (echoed to stderr) and return its stdout; fail on a non-zero exit."""
     print("$", shlex.join(args), file=sys.stderr, flush=True)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import onnxprune
-from common import DEFAULT_DATA, compress, evaluate, original_model, recover_subsets
+from common import DEFAULT_DATA, split_of, compress, evaluate, original_model, recover_subsets
 from onnxprune.calib.images import label_from_name, list_images, select
 from onnxprune.flags import parse_duration
 from onnxprune.recovery.augment import resized_crop_flip
@@ -99,7 +99,7 @@ def main() -> None:
         rows.append({"target": target, "variant": "fine-tune with labels", "seconds": time.perf_counter() - start,
                      **run, **evaluate(tuned, original, args.data, test)})
         print(json.dumps({k: rows[-1][k] for k in ("target", "variant", "top1", "agreement", "kl")}), file=sys.stderr)
-    split = {"fold": args.fold} if args.classes is None else {"classes": args.classes}
+    split = split_of(args.fold, args.classes)
     (args.out / f"{args.name}.json").write_text(json.dumps({"split": split, "subsets": [train, held, test],
                                                             "args": sys.argv[1:], "rows": rows}, indent=2))
     for r in rows:

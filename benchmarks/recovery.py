@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_DATA, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets
+from common import DEFAULT_DATA, split_of, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -115,7 +115,7 @@ def main() -> None:
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()
-    split = {"fold": args.fold} if args.classes is None else {"classes": args.classes}
+    split = split_of(args.fold, args.classes)
     (args.out / f"{args.name}.json").write_text(json.dumps({"original": base, "split": split, "subsets": [calib, held,
                                                                                                          test],
                                                            "rows": rows}, indent=2))

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import DEFAULT_DATA, compress, evaluate, original_model, recover, recover_subsets
+from common import DEFAULT_DATA, split_of, compress, evaluate, original_model, recover, recover_subsets
 
 
 def measure(data: Path, out: Path, targets: list[str], times: list[str], fold: int = 0,
@@ -31,7 +31,7 @@ def measure(data: Path, out: Path, targets: list[str], times: list[str], fold: i
     ``fold``, or of the class-range split ``classes`` (``common.recover_subsets``); ``done(rows)`` after each."""
     original = original_model(out)
     train, held, test = recover_subsets(fold, classes)
-    split = {"fold": fold} if classes is None else {"classes": classes}
+    split = split_of(fold, classes)
     rows = []
     for target in targets:
         pruned, recovered = out / f"curve_{target}.onnx", out / f"curve_{target}_recovered.onnx"

@@ -36,6 +36,8 @@ VARIANTS: dict[str, list[str]] = {
     "distill 1 view": ["--distill-views", "1"],
     "distill whole model": ["--distill-segments", "0", "--distill-steps", "300"],
     "whole network": ["--distill-segments", "0"],
+    "colour + both mixes": ["--colour", "0.4", "--mix", "both"],
+    "whole share 0.25": ["--whole-share", "0.25"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxprune.recovery.augment import augment_images, mix, resized_crop_flip
+from onnxprune.recovery.augment import augment_images, jitter_colour, mix, resized_crop_flip
 
 
 def _x(n: int = 6) -> torch.Tensor:
@@ -126,3 +126,31 @@ def test_nhwc_matches_nchw() -> None:
     a = augment_images(x, torch.Generator().manual_seed(0), "mixup")
     b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc")
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
+
+
+def test_colour_jitter_is_an_affine_change_within_its_strength() -> None:
+    """A grey image (all channels equal) stays grey with the saturation; its spread about its mean scales by the
+    contrast factor, within [1 - s, 1 + s]; strength 0 returns the input; the same seed gives the same images."""
+    x = _x()
+    assert torch.equal(jitter_colour(x, torch.Generator().manual_seed(0), 0.0), x)
+    grey = x[:, :1].expand(-1, 3, -1, -1).clone()
+    y = jitter_colour(grey, torch.Generator().manual_seed(0), 0.4)
+    torch.testing.assert_close(y[:, 0], y[:, 1])
+    torch.testing.assert_close(y[:, 1], y[:, 2])
+    ratio = y.std(dim=(1, 2, 3)) / grey.std(dim=(1, 2, 3))
+    assert torch.all(ratio >= 0.6 - 1e-5) and torch.all(ratio <= 1.4 + 1e-5) and ratio.std() > 0.01, ratio
+    torch.testing.assert_close(y, jitter_colour(grey, torch.Generator().manual_seed(0), 0.4))
+    colourful = jitter_colour(x, torch.Generator().manual_seed(3), 0.4)
+    assert colourful.shape == x.shape and not torch.allclose(colourful, x)
+
+
+def test_both_draws_mixup_or_cutmix_per_batch() -> None:
+    """'both' gives, for each seed, exactly what mixup or cutmix gives with the draw that follows its coin."""
+    x, kinds = _colours(6), set()
+    for seed in range(12):
+        got = mix(x, torch.Generator().manual_seed(seed), "both")
+        g = torch.Generator().manual_seed(seed)
+        kind = "mixup" if float(torch.rand((), generator=g)) < 0.5 else "cutmix"
+        torch.testing.assert_close(got, mix(x, g, kind))
+        kinds.add(kind)
+    assert kinds == {"mixup", "cutmix"}

@@ -250,7 +250,9 @@ def test_bad_inputs(tiny, zoo, student) -> None:
     with pytest.raises(ValueError, match="method"):
         recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="finetune"))
     for bad, words in (({"distill_views": 0}, "distill_views 0 must be at least 1"),
-                       ({"distill_segments": -1}, "distill_segments -1 must be at least 0")):
+                       ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
+                       ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
+                       ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)")):
         with pytest.raises(ValueError, match=words):  # when the options are built, before any work
             RecoverOptions(**FAST, **bad)
 
@@ -599,24 +601,27 @@ def test_each_loop_gets_an_equal_share_of_the_time(tiny, student, monkeypatch: p
     assert shares == [share, VIEWS_SHARE, 1.0] + [1.0] * (rounds - 1)
 
 
-def test_a_whole_network_distillation_gets_its_share_of_the_time_after_the_block_stage(tiny, student,
-                                                                                      monkeypatch) -> None:
-    """Before a distillation of every weight (``distill_segments=0``), the block stage gets 1 - WHOLE_SHARE of the
-    time whatever its loop count, and the distillation what is left: it caches no views."""
+@pytest.mark.parametrize("whole_share", [None, 0.25])
+def test_a_whole_network_distillation_gets_its_share_of_the_time_after_the_block_stage(tiny, student, monkeypatch,
+                                                                                      whole_share) -> None:
+    """Before a distillation of every weight (``distill_segments=0``), the block stage gets 1 - whole_share
+    (WHOLE_SHARE where not given) of the time whatever its loop count, and the distillation what is left: it caches
+    no views."""
     from onnxprune.recovery.options import WHOLE_SHARE, Clock
 
     shares: list[float] = []
     real = Clock.loop
     monkeypatch.setattr(Clock, "loop", lambda self, share=1.0: shares.append(share) or real(self, share))
+    given = {} if whole_share is None else {"whole_share": whole_share}
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu",
-                                                                         distill_segments=0))
+                                                                         distill_segments=0, **given))
     assert report.distill is not None and report.distill.whole_model
-    assert shares[:2] == [1 - WHOLE_SHARE, 1.0]
+    assert shares[:2] == [1 - (whole_share or WHOLE_SHARE), 1.0]
 
 
 def test_the_distillation_trains_the_whole_model_of_a_classifier_where_its_steps_fit() -> None:
     """Where --distill-segments is not given: the whole model for a classifier when WHOLE_MIN_STEPS of its steps fit
-    in its half of the time (or no time bounds the run), else the head; a detector keeps the head; a given count
+    in its share of the time (or no time bounds the run), else the head; a detector keeps the head; a given count
     stands. ``recover`` reports the choice and resolves the options to it."""
     from onnxprune.recovery.options import WHOLE_MIN_STEPS, WHOLE_SHARE, WHOLE_STEP_COST, distill_part
 

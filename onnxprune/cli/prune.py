@@ -16,14 +16,14 @@ from onnxprune.errors import OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write
 from onnxprune.flags import (
     DEFAULT_MEAN, DEFAULT_STD, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, BlockWindowOpt,
-    CalibOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt,
+    CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt,
     DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
     GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
     LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, ManifestOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt,
     RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt,
     RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt,
     SpillDirOpt, StdOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
-    TeacherProviderOpt, TrainBatchOpt, TrainOpt,
+    TeacherProviderOpt, TrainBatchOpt, TrainOpt, WholeShareOpt,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -250,6 +250,8 @@ def recover_cmd(
     distill_views: DistillViewsOpt = RECOVER.distill_views,
     distill_features: DistillFeaturesOpt = RECOVER.distill_features,
     mix: MixOpt = RECOVER.mix.value,
+    colour: ColourOpt = RECOVER.colour,
+    whole_share: WholeShareOpt = RECOVER.whole_share,
     holdout: HoldoutOpt = RECOVER.holdout,
     held_subset: HeldSubsetOpt = None,
     train: TrainOpt = RECOVER.train.value,

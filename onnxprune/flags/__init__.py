@@ -220,7 +220,12 @@ DistillFeaturesOpt = Annotated[float, typer.Option(
     help="Distill stage, whole model: weight of the block outputs (the tensors the segments end at) matched to the "
          "teacher's, beside the outputs' objective; 0 = the outputs only.")]
 MixOpt = Annotated[str, typer.Option(
-    help="Distill stage: 'mixup', 'cutmix' or 'none', after random resized crop and flip.")]
+    help="Distill stage: 'mixup', 'cutmix', 'both' (one of them drawn for each batch) or 'none', after random resized "
+         "crop, flip and --colour.")]
+ColourOpt = Annotated[float, typer.Option(
+    help="Distill stage: random contrast, saturation and brightness factors in [1 - C, 1 + C] (0 = none).")]
+WholeShareOpt = Annotated[float, typer.Option(
+    help="Distill stage, whole model: its share of --time, after the block stage's.")]
 HoldoutOpt = Annotated[float, typer.Option(
     help="Fraction of the calibration samples held out: half pick each stage's checkpoint, the other half "
          "judge the result.")]
@@ -412,6 +417,7 @@ def recover_job(values: Values) -> RecoverJob:
                              distill_steps=v["distill_steps"], distill_lr=v["distill_lr"],
                              distill_segments=v["distill_segments"], distill_views=v["distill_views"],
                              distill_features=v["distill_features"], mix=v["mix"],
+                             colour=v["colour"], whole_share=v["whole_share"],
                              layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))

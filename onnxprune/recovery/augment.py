@@ -1,7 +1,8 @@
 """Consistent augmentation for distillation: the teacher and the student see the same new image.
 
-Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), then
-mixup or cutmix mixes each image with another of the batch. They create inputs that neither the
+Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), optionally a
+random change of brightness, contrast and saturation, then mixup or cutmix mixes each image with another of the
+batch. They create inputs that neither the
 pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few
 hundred images from overfitting them ("function matching", Beyer et al. 2022).
 """
@@ -20,6 +21,7 @@ class Mix(StrEnum):
 
     MIXUP = "mixup"
     CUTMIX = "cutmix"
+    BOTH = "both"  # mixup or cutmix, drawn for each batch
     NONE = "none"
 
 
@@ -42,13 +44,33 @@ def resized_crop_flip(x: torch.Tensor, gen: torch.Generator, min_area: float = 0
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
 
 
+def jitter_colour(x: torch.Tensor, gen: torch.Generator, strength: float) -> torch.Tensor:
+    """Each NCHW image's contrast, saturation and brightness scaled by factors drawn in [1 - strength,
+    1 + strength], about the image's own mean and grey level, so it holds in any normalisation of the input."""
+    if strength <= 0:
+        return x
+    n = len(x)
+
+    def factor() -> torch.Tensor:
+        return (1 + (torch.rand(n, 1, 1, 1, generator=gen) * 2 - 1) * strength).to(x)
+
+    grey = x.mean(dim=1, keepdim=True)
+    x = grey + factor() * (x - grey)  # saturation
+    mean = x.mean(dim=(1, 2, 3), keepdim=True)
+    x = mean + factor() * (x - mean)  # contrast
+    return x + (factor() - 1) * x.std(dim=(1, 2, 3), keepdim=True)  # brightness, in units of the image's spread
+
+
 def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
     """Mixup (a convex blend) or cutmix (a pasted box) of each image with a random other one of the
-    batch, with a mixing weight drawn uniformly (Beta(1, 1)); 'none' returns ``x``."""
+    batch, with a mixing weight drawn uniformly (Beta(1, 1)); 'both' draws one of them for the batch; 'none'
+    returns ``x``."""
     if kind not in MIXES:
         raise ValueError(f"mix {kind!r} not in {MIXES}")
     if kind == "none" or len(x) < 2:
         return x
+    if kind == "both":
+        kind = "mixup" if float(torch.rand((), generator=gen)) < 0.5 else "cutmix"
     perm = torch.randperm(len(x), generator=gen).to(x.device)
     lam = float(torch.rand((), generator=gen))
     if kind == "mixup":
@@ -62,8 +84,10 @@ def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
     return out
 
 
-def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw") -> torch.Tensor:
-    """Crop, flip and mix a batch of images in ``layout`` ('nchw' or 'nhwc')."""
+def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw",
+                   colour: float = 0.0) -> torch.Tensor:
+    """Crop, flip, change the colours (``jitter_colour``) of and mix a batch of images in ``layout`` ('nchw' or
+    'nhwc')."""
     if layout == "nhwc":
-        return augment_images(x.permute(0, 3, 1, 2), gen, kind).permute(0, 2, 3, 1).contiguous()
-    return mix(resized_crop_flip(x, gen), gen, kind)
+        return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour).permute(0, 2, 3, 1).contiguous()
+    return mix(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, kind)

@@ -71,6 +71,7 @@ def writeback_error(written: np.ndarray, trained: np.ndarray) -> float:
 
 
 DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a few hundred photos (docs/results.md)
+WHOLE_SHARE = 0.5  # of a time budget, what a distillation of the whole model gets after the block stage
 STEPS, DISTILL_STEPS = 200, 600  # the step counts where steps bound the run and one of them is left out
 # the distillation's candidate learning rates where none is given: YOLOv8n's neck and head (2M weights, one segment)
 # lose mAP within ten steps at 1e-4 and gain at 3e-6, MobileNetV2's classifier gains at neither after the block stages
@@ -99,6 +100,8 @@ class RecoverOptions:
     distill_views: int = 8  # augmented views of every training sample cached for a head distillation
     distill_features: float = 1.0  # whole-model distillation: weight of the block outputs' relative squared error
     mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
+    colour: float = 0.0  # strength of the distillation images' random brightness, contrast and saturation changes
+    whole_share: float = WHOLE_SHARE  # of the time, what a distillation of the whole model gets after the blocks
     layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
     batch_size: int = 32
     holdout: float = 0.2  # fraction of the calibration samples kept aside to choose checkpoints
@@ -134,6 +137,12 @@ class RecoverOptions:
         if self.distill_lr is not None and not self.distill_lr >= 0:
             raise OptionError(f"distill_lr {self.distill_lr} must be a non-negative learning rate",
                               option="distill_lr")
+        if not 0 <= self.colour < 1:
+            raise OptionError(f"colour {self.colour} must be in [0, 1): factors are drawn in [1 - colour, 1 + colour]",
+                              option="colour")
+        if not 0 < self.whole_share < 1:
+            raise OptionError(f"whole_share {self.whole_share} must be a share of the time in (0, 1)",
+                              option="whole_share")
         if not self.distill_features >= 0:
             raise OptionError(f"distill_features {self.distill_features} must be a non-negative weight",
                               option="distill_features")
@@ -152,7 +161,6 @@ PASSES_SHARE = 0.3  # of a time budget, at most for the block stage's forward pa
 PASSES_COST = 3  # those passes, in passes of the teacher over the same samples
 PASSES_FLOOR = 30.0  # seconds those passes may always take (a small model's, sessions included, cost nothing a user
 # waits for, whatever a loaded machine makes of them)
-WHOLE_SHARE = 0.5  # of a time budget, what a distillation of the whole model gets after the block stage
 HEAD_SEGMENTS = 2  # the head a distillation trains where the whole model's is not chosen (``distill_part``)
 WHOLE_STEP_COST = 5  # a whole-model distillation step per sample, in passes of the teacher in onnxruntime (MobileNetV2
 # at 224², batch 32: 0.9-1.3 s a step against 7-11 ms a sample)
@@ -197,8 +205,8 @@ def distill_part(options: RecoverOptions, classifier: bool, per_sample: float) -
         return HEAD_SEGMENTS, "the head: the whole model's distillation is measured on classifiers only"
     if options.time is None:
         return 0, "the whole model"
-    steps = WHOLE_SHARE * options.time / (WHOLE_STEP_COST * per_sample * options.batch_size)
+    steps = options.whole_share * options.time / (WHOLE_STEP_COST * per_sample * options.batch_size)
     if steps < WHOLE_MIN_STEPS:
-        return HEAD_SEGMENTS, (f"the head: about {steps:.0f} steps of the whole model's would fit in half of --time, "
+        return HEAD_SEGMENTS, (f"the head: about {steps:.0f} steps of the whole model's would fit in its share of --time, "
                                f"fewer than {WHOLE_MIN_STEPS}")
-    return 0, f"the whole model: about {steps:.0f} steps fit in half of --time"
+    return 0, f"the whole model: about {steps:.0f} steps fit in {options.whole_share:.0%} of --time"

@@ -14,7 +14,7 @@ import torch
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import objective, with_features
 from onnxprune.recovery.options import (
-    DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, WHOLE_SHARE, Augment, Clock, Progress, RecoverOptions,
+    DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions,
 )
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
@@ -38,7 +38,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     distill = options.method.distill and round_ == 1
     whole = distill and head_start(segments, options.distill_segments, options.train == "changed") is None
     segments, _, train = block_plan(segments, options)
-    stage = clock.loop(block_share(len(train), distill, whole)) if train else None
+    stage = clock.loop(block_share(len(train), distill, options.whole_share if whole else None)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
     ref = dict(values)  # teacher tensors at the same anchor
@@ -90,14 +90,14 @@ def block_plan(segments: list[Segment], options: RecoverOptions) -> tuple[list[S
     return segments, skip, [i for i, s in enumerate(segments) if s.trainable and i != skip]
 
 
-def block_share(loops: int, distill: bool, whole: bool = False) -> float:
+def block_share(loops: int, distill: bool, whole: float | None = None) -> float:
     """Of the time left, what the block stage's ``loops`` get: as much each as a head distillation's one loop that
     follows them (all of it without one; a fixed share gave MobileNetV2's head distillation 60% of the time, where it
-    never improved on the block stage's output), or ``WHOLE_SHARE`` of it before a distillation of the whole model,
-    whose steps cost a pass of both networks each."""
+    never improved on the block stage's output), or all but ``whole`` (``RecoverOptions.whole_share``) of it before a
+    distillation of the whole model, whose steps cost a pass of both networks each."""
     if not distill:
         return 1.0
-    return 1.0 - WHOLE_SHARE if whole else loops / (loops + 1)
+    return loops / (loops + 1) if whole is None else 1.0 - whole
 
 
 def another_round(clock: Clock, report: RecoverReport) -> bool:
@@ -134,8 +134,9 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
                                                            onnx.TensorProto.DOUBLE))
     if not image:
         return "none (the model does not take one batch of images)", None
-    what = f"random resized crop, flip, {options.mix} ({options.layout})"
-    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout)]
+    colour = f"colour ±{options.colour:.0%}, " if options.colour else ""
+    what = f"random resized crop, flip, {colour}{options.mix} ({options.layout})"
+    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, options.colour)]
 
 
 def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],

@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(BIN)/python benchmarks/demo.py --data $(DATA) --out $(OUT)
+	$(BIN)/python examples/demo.py --data $(DATA) --out $(OUT)
 
 test: setup
 	$(BIN)/python -m pytest

@@ -127,7 +127,7 @@ def main() -> None:
     parser.add_argument("--extra", default="", help="flags added to every compress, e.g. '--flip'")
     parser.add_argument("--quick", action="store_true", help="tiny run: 16 calibration and 10 held-out photos")
     parser.add_argument("--keep-reports", action="store_true",
-                        help="keep each compress report as <out>/reports/<target> <variant> fold<k>.json")
+                        help="keep each compress report as <out>/reports/<target>_<variant>_fold<k>.json (spaces in the variant as -)")
     parser.add_argument("--plot-only", type=Path, nargs="+", metavar="FILE",
                         help="redraw the plots of these results JSONs and exit (nothing is recomputed)")
     args = parser.parse_args()
@@ -162,7 +162,7 @@ def main() -> None:
                 pruned.unlink()
                 if args.keep_reports:
                     (args.out / "reports").mkdir(exist_ok=True)
-                    report.replace(args.out / "reports" / f"{target} {variant} fold{k}.json")
+                    report.replace(args.out / "reports" / f"{target}_{variant.replace(' ', '-')}_fold{k}.json")
                 else:
                     report.unlink()
             rows.append({"target": target, "variant": variant, "flags": flags, "macs": max(macs),

@@ -170,7 +170,7 @@ RecoverTimeOpt = Annotated[Optional[str], typer.Option(
                    "is given): each training loop runs for its share of the time, the best held-out checkpoint "
                    "kept, with the time left in the progress line; the training samples are thinned where "
                    "the passes over them would take more than 30% of it (and 30 s). Fidelity against minutes: "
-                   "benchmarks/results/notebook.md, 'Fidelity against minutes of recovery'.")]
+                   "benchmarks/results/notebook/recovery-2.md, 'Fidelity against minutes of recovery'.")]
 
 
 # ---------------------------------------------------------------- sweep

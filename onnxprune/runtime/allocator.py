@@ -5,7 +5,7 @@ that size. ``compress`` allocates tens of gigabytes of such temporaries (im2col 
 activations) and spent a third of its CPU time in the kernel doing so. With the tunable ``glibc.malloc.hugetlb=1``
 (glibc 2.35 or later, transparent huge pages on "always" or "madvise") those maps take 2 MB pages: MobileNetV2 at
 245M on the 500 dev photos 39.6 s -> 28.3 s, a U²-Net-like export 37.3 s -> 29.8 s, page faults 30-50× fewer, peak
-memory up to 5% higher (benchmarks/results/notebook.md, "Huge pages"). glibc reads its tunables when a process
+memory up to 5% higher (benchmarks/results/notebook/third-party.md, "Huge pages"). glibc reads its tunables when a process
 starts, so the command line restarts itself once with it set; a ``GLIBC_TUNABLES`` already in the environment
 (empty: glibc's defaults) is left as it is.
 """

@@ -64,6 +64,73 @@ def test_the_manifest_applied_to_the_module_gives_the_pruned_models_outputs(tmp_
     assert layer.out_channels == len(kept["out_channels"]) == layer.weight.shape[0]
 
 
+class Attention(torch.nn.Module):
+    """Multi-head self-attention with q, k and v projections apart, or fused in one (timm's ``qkv``), counting its
+    heads in ``count`` (``num_heads`` as most code names it)."""
+
+    def __init__(self, dim: int = 32, heads: int = 4, fused: bool = False, count: str = "num_heads") -> None:
+        super().__init__()
+        self.count, self.head_dim, self.fused = count, dim // heads, fused
+        setattr(self, count, heads)
+        if fused:
+            self.qkv = torch.nn.Linear(dim, 3 * dim)
+        else:
+            self.q, self.k, self.v = (torch.nn.Linear(dim, dim) for _ in range(3))
+        self.proj = torch.nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, n, heads = *x.shape[:2], getattr(self, self.count)
+        if self.fused:
+            q, k, v = self.qkv(x).reshape(b, n, 3, heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        else:
+            q, k, v = (f(x).reshape(b, n, heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        a = (q @ k.transpose(-2, -1) * self.head_dim ** -0.5).softmax(-1)
+        return self.proj((a @ v).transpose(1, 2).reshape(b, n, heads * self.head_dim))
+
+
+class AttentionNet(torch.nn.Module):
+    """Patches, a pre-norm attention block and an MLP (Linears on 3-D tokens: MatMul then Add in the export)."""
+
+    def __init__(self, **attention: object) -> None:
+        super().__init__()
+        self.embed, self.norm = torch.nn.Conv2d(3, 32, 8, 8), torch.nn.LayerNorm(32)
+        self.attn = Attention(**attention)
+        self.fc1, self.fc2, self.head = torch.nn.Linear(32, 64), torch.nn.Linear(64, 32), torch.nn.Linear(32, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.embed(x).flatten(2).transpose(1, 2)
+        t = t + self.attn(self.norm(t))
+        return self.head((t + self.fc2(torch.nn.functional.gelu(self.fc1(t)))).mean(1))
+
+
+@pytest.mark.parametrize("fused", [False, True], ids=["q, k, v apart", "fused qkv"])
+def test_an_attention_block_keeps_whole_heads_and_counts_them(tmp_path: Path, fused: bool) -> None:
+    """The projections lose whole heads and the block's ``num_heads`` follows; a fused projection's three parts are
+    stacked back; the Linears on tokens keep their biases (the export's Adds, and the refit's)."""
+    module = AttentionNet(fused=fused)
+    result, x = _pruned(module, tmp_path)
+    entries = result.manifest()
+    heads = [e["heads"] for e in entries if e["heads"]]
+    assert heads and all(h[0] == 4 and 0 < h[1] < 4 for h in heads)
+    user = apply_manifest(copy.deepcopy(module), entries)
+    with torch.no_grad():
+        got = user(torch.from_numpy(x)).numpy()
+    want = _onnxruntime(result.model, x)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+    assert user.attn.num_heads == heads[0][1] and user.fc1.bias is not None
+    assert (user.attn.qkv.out_features if fused else user.attn.q.out_features) == (3 if fused else 1) * 8 * heads[0][1]
+
+
+def test_an_attention_whose_head_count_has_another_name_is_refused_and_left_unchanged(tmp_path: Path) -> None:
+    module = AttentionNet(count="groups_of_channels")
+    result, _ = _pruned(module, tmp_path)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(OnnxPruneError, match=r"layer 'attn\.q' keeps \d of 4 heads, but 'attn' has no head count"):
+        apply_manifest(module, result.manifest())
+    after = module.state_dict()
+    assert module.attn.groups_of_channels == 4 and all(torch.equal(before[k], after[k]) for k in before)
+
+
 def test_a_grouped_and_a_depthwise_conv_keep_their_groups(tmp_path: Path) -> None:
     result, _ = _pruned(MobileNetV2(num_classes=10), tmp_path)
     entries = result.manifest()

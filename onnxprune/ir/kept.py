@@ -89,36 +89,74 @@ def _transposed(op: str, attrs: dict[str, int], slot: str) -> bool:
     return slot == "weight" and (op == "MatMul" or (op == "Gemm" and not attrs.get("transB", 0)))
 
 
+def _weights(model: onnx.ModelProto) -> dict[str, dict]:
+    """Per node with ``SLOTS``, its float weights by slot as torch lays them out (``_transposed``); a MatMul's
+    ``bias`` is the sum of the constant vectors the Adds right after it, of its module (``module_path``), add
+    (torch.onnx writes a Linear on a 3-D input as MatMul then Add, and a refit adds its own), which torch's Linear
+    holds in its bias; ``heads``, where a constant Reshape splits the output into heads (``[..., heads, head_dim]``),
+    their count and width."""
+    inits = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    out = {}
+    for node in model.graph.node:
+        slots = SLOTS.get(node.op_type, ())
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type == a.INT}
+        arrays = {slot: onnx.numpy_helper.to_array(inits[name]) for slot, name in zip(slots, node.input[1:])
+                  if name in inits}
+        if not arrays:
+            continue
+        arrays = {slot: a.T if _transposed(node.op_type, attrs, slot) else a for slot, a in arrays.items()}
+        tensor = node.output[0]
+        while node.op_type == "MatMul" and len(readers.get(tensor, [])) == 1 and readers[tensor][0].op_type == "Add":
+            add = readers[tensor][0]
+            other = next((inits[i] for i in add.input if i != tensor and i in inits), None)
+            if other is None or list(other.dims) != [arrays["weight"].shape[0]] or \
+                    module_path(add.name) != module_path(node.name):
+                break
+            arrays["bias"] = arrays.get("bias", 0) + onnx.numpy_helper.to_array(other)
+            tensor = add.output[0]
+        shapes = [onnx.numpy_helper.to_array(inits[r.input[1]]) for r in readers.get(tensor, [])
+                  if r.op_type == "Reshape" and len(r.input) > 1 and r.input[1] in inits]
+        width = arrays["weight"].shape[0]
+        split = next(((width // int(t[-1]), int(t[-1])) for t in shapes if t.ndim == 1 and len(t) >= 4 and t[-1] > 0
+                      and t[-2] in (-1, width // t[-1]) and width % t[-1] == 0), None)
+        out[node.name] = {"arrays": arrays, "group": attrs.get("group", 1), "heads": split}
+    return out
+
+
+def _heads(split: tuple[int, int] | None, width: int) -> list[int] | None:
+    """An attention projection's head count in the original (``width`` channels in heads as wide as now) and now;
+    None where no Reshape splits it into heads, or their count did not change."""
+    if split is None or width % split[1] or width // split[1] == split[0]:
+        return None
+    return [width // split[1], split[0]]
+
+
 def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
     """Per node of ``pruned`` whose weights differ from ``original``'s (narrowed or refit): its name, op type, the
     torch module path a TorchScript export gives it (``module_path``), the original channels its output and its input
     hold (``read_kept``; None where all), its ``group`` count, and its float weights as torch lays them out
-    (``SLOTS``), with their shapes in ``original``, and whether a BatchNormalization node reads its output (else an
-    exporter may have folded the module's norm into these weights)."""
+    (``SLOTS``, ``_weights``), with their shapes in ``original``, whether a BatchNormalization node reads its
+    output (else an exporter may have folded the module's norm into these weights), and the head counts before and
+    after of an attention projection (else None)."""
     kept = read_kept(pruned)
     normed = {i for n in pruned.graph.node if n.op_type == "BatchNormalization" for i in n.input[:1]}
-    old_nodes = {n.name: n for n in original.graph.node}
-    old_weights = {t.name: t for t in original.graph.initializer}
-    new_weights = {t.name: t for t in pruned.graph.initializer}
+    old, new = _weights(original), _weights(pruned)
     entries = []
     for node in pruned.graph.node:
-        slots = SLOTS.get(node.op_type, ())
-        reads = [(slot, name) for slot, name in zip(slots, node.input[1:]) if name in new_weights]
-        before = old_nodes.get(node.name)
-        if not reads or before is None:
+        if node.name not in new or node.name not in old:
             continue
-        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type == a.INT}
-        old = dict(zip(slots, (old_weights.get(name) for name in before.input[1:])))
-        arrays = {slot: onnx.numpy_helper.to_array(new_weights[name]) for slot, name in reads}
-        if all(old.get(slot) is not None and np.array_equal(a, onnx.numpy_helper.to_array(old[slot]))
-               for slot, a in arrays.items()):
+        arrays, before = new[node.name]["arrays"], old[node.name]["arrays"]
+        if all(slot in before and np.array_equal(a, before[slot]) for slot, a in arrays.items()):
             continue
         channels = {side: kept[tensor][1].tolist() if tensor in kept else None
                     for side, tensor in (("out_channels", node.output[0]), ("in_channels", node.input[0]))}
-        flip = {slot: _transposed(node.op_type, attrs, slot) for slot in arrays}
         entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name), **channels,
-                        "groups": attrs.get("group", 1), "norm_in_graph": node.output[0] in normed,
-                        "original_shapes": {s: None if old.get(s) is None else
-                                            list(old[s].dims)[::-1] if flip[s] else list(old[s].dims) for s in arrays},
-                        "weights": {s: a.T if flip[s] else a for s, a in arrays.items()}})
+                        "groups": new[node.name]["group"], "norm_in_graph": node.output[0] in normed,
+                        "heads": _heads(new[node.name]["heads"], before["weight"].shape[0]),
+                        "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},
+                        "weights": arrays})
     return entries

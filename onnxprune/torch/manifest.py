@@ -1,7 +1,8 @@
 """The kept-channel manifest (``ir.kept.manifest``) on disk, and applied to a user's own ``torch.nn.Module``.
 
 ``apply_manifest`` slices the layers a TorchScript export of the module names (Conv1d/2d/3d with groups, Linear,
-BatchNorm, LayerNorm, PReLU) and loads the pruned model's weights, so that the module computes what the pruned
+BatchNorm, LayerNorm, PReLU; an attention's projections by whole heads, its head count with them) and loads the
+pruned model's weights, so that the module computes what the pruned
 ONNX model computes and trains in the user's own loop. Where the export had folded a BatchNorm into a convolution's
 weights, the folded weights go into the convolution and the BatchNorm after it becomes ``nn.Identity``.
 """
@@ -27,6 +28,9 @@ LAYERS: dict[str, tuple[type[nn.Module], ...]] = {
     "PRelu": (nn.PReLU,),
 }
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_heads", "heads")  # what attention modules count heads by
+HEAD_WIDTHS = ("all_head_size", "inner_dim")  # and what some keep the heads' total width in
+QKV = ".q", ".k", ".v"  # the nodes the load splits a fused projection into (``normal.split_qkv``), in torch's order
 
 
 def save_manifest(entries: list[dict], path: str | Path) -> Path:
@@ -59,9 +63,9 @@ def apply_manifest(module: nn.Module, manifest: list[dict] | str | Path) -> nn.M
     the pruned model's weights; returns the module. Every layer is checked before any changes: a layer the module
     lacks (renamed), of another kind or of other widths than the model the manifest was made from raises one
     OnnxPruneError naming it, and the module is left unchanged."""
-    entries = load_manifest(manifest) if isinstance(manifest, (str, Path)) else manifest
+    entries = _fused(load_manifest(manifest) if isinstance(manifest, (str, Path)) else manifest)
     steps = [_step(module, e) for e in entries]
-    steps += _folded_norms(module, entries)
+    steps += _folded_norms(module, entries) + _head_counts(module, entries)
     for step in steps:
         step()
     return module
@@ -141,3 +145,56 @@ def _folded_norms(module: nn.Module, entries: list[dict]) -> list[Step]:
                                  f"{after[1].num_features} features, where the model had {original} channels")
         steps.append(lambda parent=parent, child=after[0]: setattr(parent, child, nn.Identity()))
     return steps
+
+
+def _fused(entries: list[dict]) -> list[dict]:
+    """``entries`` with the q, k and v projections that the load split one fused projection into (nodes ``<name>.q``,
+    ``.k``, ``.v`` of one module) merged back into one entry, as the module holds them: the weights stacked."""
+    parts: dict[str, dict[str, dict]] = {}
+    for e in entries:
+        if e["op"] in ("Gemm", "MatMul") and e["node"].endswith(QKV):
+            parts.setdefault(e["node"][:-2], {})[e["node"][-2:]] = e
+    if not parts:
+        return entries
+    merged = {}
+    for base, part in parts.items():
+        if len(part) < 3 or len({p["weights"]["weight"].shape[0] for p in part.values()}) > 1:
+            widths = ", ".join(f"{k[1]}: {e['weights']['weight'].shape[0]}" for k, e in sorted(part.items()))
+            raise OnnxPruneError(f"node {base!r}: a fused q/k/v projection whose parts were pruned apart ({widths} "
+                                 "channels): its module holds three equal parts")
+        q, k, v = (part[x] for x in QKV)
+        slots = [s for s in q["weights"] if all(s in p["weights"] for p in (k, v))]
+        rows = [p["original_shapes"]["weight"][0] for p in (q, k, v)]
+        kept = [None if p["out_channels"] is None else [c + sum(rows[:i]) for c in p["out_channels"]]
+                for i, p in enumerate((q, k, v))]
+        merged[id(q)] = {**q, "node": base, "parts": 3,
+                         "out_channels": None if None in kept else kept[0] + kept[1] + kept[2],
+                         "original_shapes": {s: [sum(p["original_shapes"][s][0] for p in (q, k, v)),
+                                                 *q["original_shapes"][s][1:]] for s in slots},
+                         "weights": {s: np.concatenate([p["weights"][s] for p in (q, k, v)]) for s in slots}}
+    dropped = {id(part[x]) for part in parts.values() for x in (".k", ".v")}
+    return [merged.get(id(e), e) for e in entries if id(e) not in dropped]
+
+
+def _head_counts(module: nn.Module, entries: list[dict]) -> list[Step]:
+    """For each attention projection that lost heads, its parent's head count (``HEAD_COUNTS``, the attribute equal
+    to the count before) and total width (``HEAD_WIDTHS``) set to what is left; an OnnxPruneError where the parent
+    holds no such count, as the module would then split its projections into heads of other widths."""
+    changes: dict[tuple[str, str], object] = {}
+    for e in entries:
+        if not e.get("heads"):
+            continue
+        before, after = e["heads"]
+        parent_path = e["module"].rpartition(".")[0]
+        parent = module.get_submodule(parent_path)
+        count = next((a for a in HEAD_COUNTS if getattr(parent, a, None) == before), None)
+        if count is None:
+            raise OnnxPruneError(f"layer {e['module']!r} keeps {after} of {before} heads, but "
+                                 f"{parent_path or 'the module'!r} has no head count ({', '.join(HEAD_COUNTS)}) "
+                                 f"of {before}: set it to {after} after apply_manifest, or name it so")
+        changes[parent_path, count] = after
+        width = e["original_shapes"]["weight"][0] // before // e.get("parts", 1)  # a head's, in each of q, k, v
+        for a in HEAD_WIDTHS:
+            if isinstance(getattr(parent, a, None), int) and getattr(parent, a) == before * width:
+                changes[parent_path, a] = after * width
+    return [lambda p=p, a=a, v=v: setattr(module.get_submodule(p), a, v) for (p, a), v in changes.items()]

@@ -1,6 +1,6 @@
 """What the MobileNetV2 benchmark scripts share: the photos, the original model, and the `onnxprune` commands
 run in-process: their flags read by the CLI's own parser (``onnxprune.cli.flag_values``) and built into the API's
-objects by ``onnxprune.flags``, as the CLI builds them. No flag is declared here."""
+objects by ``onnxprune.flags.jobs``, as the CLI builds them. No flag is declared here."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 import onnxprune
 import onnxprune.ir.probe
-from onnxprune import flags as cli_flags
+from onnxprune.flags import jobs
 from onnxprune.flags import deploy as deploy_flags
 from onnxprune.cli import flag_values, torch_threads
 from onnxprune.fileio import atomic_write
@@ -91,7 +91,7 @@ def forward_seconds(model: Path, data: Path, subset: str, flags: list[str] = (),
 
     values = flag_values("compress", [str(model), "-o", "unused.onnx", "--calib", str(data), "--subset", subset,
                                       "--target-ratio", "0.5", *flags])
-    job = cli_flags.compress_job(values)
+    job = jobs.compress_job(values)
     session = ort.InferenceSession(job.model.SerializeToString(), providers=["CPUExecutionProvider"])
     times = []
     for batch in (1,) if onnxprune.ir.probe.static_batch(job.model) else (1, 32):
@@ -106,7 +106,7 @@ def forward_seconds(model: Path, data: Path, subset: str, flags: list[str] = (),
 
 def evaluate(model: Path, original: Path, data: Path, subset: str, flags: list[str] = ()) -> dict:
     """`onnxprune eval model --images data --subset subset --ref original --json *flags`, in-process: the flags
-    read by the CLI's own parser, the result built as the CLI builds it (``onnxprune.flags``)."""
+    read by the CLI's own parser, the result built as the CLI builds it (``onnxprune.flags.jobs``)."""
     _echo("eval", model, "--images", data, "--subset", subset, "--ref", original, "--json", *flags)
     values = flag_values("eval", [str(model), "--images", str(data), "--subset", subset, "--ref", str(original), *flags])
     return deploy_flags.evaluate(values).to_dict()
@@ -118,7 +118,7 @@ def compress(original: Path, output: Path, data: Path, flags: list[str], report:
     library refuses raises its OnnxPruneError (``onnxprune.cli.error_line`` is the line the CLI prints)."""
     _echo("compress", original, "-o", output, "--calib", data, *flags, *(("--report", report) if report else ()))
     values = flag_values("compress", [str(original), "-o", str(output), "--calib", str(data), *flags])
-    job = cli_flags.compress_job(values)
+    job = jobs.compress_job(values)
     result = job.run()
     if job.recovery is not None:
         result = result.recover(job.recovery, held=job.held)
@@ -137,7 +137,7 @@ def recover(pruned: Path, original: Path, output: Path, data: Path, flags: list[
           *(("--report", report) if report else ()))
     values = flag_values("recover", [str(pruned), "--teacher", str(original), "-o", str(output), "--calib", str(data),
                                      *flags])
-    job = cli_flags.recover_job(values)
+    job = jobs.recover_job(values)
     threads = torch.get_num_threads()
     torch_threads()
     try:

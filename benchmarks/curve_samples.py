@@ -14,7 +14,7 @@ from pathlib import Path
 import onnxprune
 from common import DEFAULT_DATA, original_model
 from fidelity import markdown, pool
-from onnxprune.flags import parse_macs
+from onnxprune.flags.parse import parse_macs
 from onnxprune.pipeline import compress
 from onnxprune.strategies import MACs, options_from
 

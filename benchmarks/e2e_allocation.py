@@ -24,7 +24,7 @@ import onnxruntime as ort
 import onnxprune
 from common import DEFAULT_DATA, original_model
 from fidelity import markdown, pool
-from onnxprune.flags import parse_macs
+from onnxprune.flags.parse import parse_macs
 from onnxprune.strategies import Allocator, MACs, Ratio
 
 RATIOS = (0.75, 0.5, 0.25)

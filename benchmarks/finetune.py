@@ -25,7 +25,7 @@ import torch
 import onnxprune
 from common import DEFAULT_DATA, split_of, compress, evaluate, original_model, recover_subsets
 from onnxprune.calib.images import label_from_name, list_images, select
-from onnxprune.flags import parse_duration
+from onnxprune.flags.parse import parse_duration
 from onnxprune.recovery.augment import resized_crop_flip
 
 

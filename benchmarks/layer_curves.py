@@ -43,9 +43,9 @@ from onnxprune.pipeline import Compressor, schedule
 from onnxprune.strategies import L1, Random, Ratio, options_from
 from paper_global import DownstreamObjective, greedy_global
 from onnxprune.imitation.local import greedy_local, loss
-from onnxprune.imitation.stats import ConsumerStats, neuron_gram
+from onnxprune.imitation.gram import ConsumerStats, neuron_gram
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.segments import run_segment
+from onnxprune.runtime.cuts import run_segment
 from rate import fit
 
 METHODS = ("local", "l1", "random")

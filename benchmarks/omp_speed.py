@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from onnxprune.imitation.omp import group_omp, stats_omp
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 
 
 def main() -> None:

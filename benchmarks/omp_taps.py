@@ -28,7 +28,7 @@ from onnxprune.analysis import consumers
 from onnxprune.calib.images import list_images
 from onnxprune.imitation.omp import RIDGE, GroupOmp, _path, centred
 from onnxprune.imitation.refit import centred_energy, expand_channels, quadratic_loss_full, refit_full
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.probe import run_each
 from third_party import wheel_file

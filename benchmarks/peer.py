@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository's
 from models.build import INPUT_SHAPE, export_model  # noqa: E402
 from models.mobilenet_v2 import mobilenet_v2  # noqa: E402
 from onnxprune.calib.images import Preprocess, list_images, select  # noqa: E402
-from onnxprune.flags import parse_macs  # noqa: E402
+from onnxprune.flags.parse import parse_macs  # noqa: E402
 
 IMPORTANCES = {
     "magnitude": lambda: tp.importance.GroupMagnitudeImportance(p=2),

@@ -37,7 +37,7 @@ import numpy as np
 from common import DEFAULT_DATA, evaluate
 
 from onnxprune.cli import flag_values
-from onnxprune.flags import compress_job
+from onnxprune.flags.jobs import compress_job
 from onnxprune.imitation import omp, refit
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_cv

@@ -20,7 +20,7 @@ import numpy as np
 import onnxprune.strategies.selectors as selectors
 from onnxprune.cli import main as cli_main
 from onnxprune.imitation.omp import _path, path_work, stats_omp_state
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 
 
 def captured(cli_args: list[str], min_work: float) -> list[tuple[list[ConsumerStats], list[int], int]]:

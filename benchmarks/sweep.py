@@ -17,7 +17,7 @@ from pathlib import Path
 
 from common import DEFAULT_DATA, compress, original_model
 from detectors import link, with_objects
-from onnxprune import flags as cli_flags
+from onnxprune.flags import jobs
 from onnxprune.calib.images import list_images
 from onnxprune.cli import flag_values
 from third_party import wheel_file
@@ -56,7 +56,7 @@ def main() -> None:
         print(f"$ onnxprune sweep {model} --calib {photos} --targets {targets} -o {folder} {' '.join(flags)}",
               file=sys.stderr, flush=True)
         start = time.perf_counter()
-        result = cli_flags.sweep(flag_values("sweep", [str(model), "--calib", str(photos), "--targets", targets,
+        result = jobs.sweep(flag_values("sweep", [str(model), "--calib", str(photos), "--targets", targets,
                                                         "-o", str(folder), *flags]))
         sweep_s = time.perf_counter() - start
         compress_s = sum(r.seconds for r in result.rows)

@@ -40,7 +40,7 @@ import onnx
 from common import DEFAULT_DATA, analyze, evaluate, forward_seconds
 from corpus_args import MADE as MADE_DIR
 from onnxprune.errors import CalibrationError
-from onnxprune.evaluation import FIDELITY
+from onnxprune.deploy.evaluation import FIDELITY
 from text_images import write_text_images
 
 MADE = "made here"  # MODELS' package of the exports benchmarks/corpus_torch.py and corpus_ultralytics.py write

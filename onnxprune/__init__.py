@@ -17,7 +17,7 @@ the original, ``bench`` times models, ``export`` writes a TensorRT-ready ONNX an
 through one ``Preprocess`` (``preprocess_for(model)`` derives it from the model's input). The
 strategies (budgets, selectors, allocators, reconstructions) are in ``onnxprune.strategies``; a subclass of
 ``Selector``, ``Allocator``, ``Reconstruction`` or ``Budget`` is a strategy of one's own. The
-pruning loop itself is ``onnxprune.pipeline``; fidelity measures are ``onnxprune.evaluation``.
+pruning loop itself is ``onnxprune.pipeline``; fidelity measures are ``onnxprune.deploy.evaluation``.
 """
 
 import importlib
@@ -29,7 +29,7 @@ _HOMES = {
     "onnxprune.deploy.bench": ["BenchResult"],
     "onnxprune.deploy.quantize": ["QuantizeOptions", "QuantizeReport"],
     "onnxprune.errors": ["OnnxPruneError", "OptionError"],
-    "onnxprune.evaluation": ["EvalResult"],
+    "onnxprune.deploy.evaluation": ["EvalResult"],
     "onnxprune.recovery": ["Layout", "Method", "Mix", "RecoverOptions", "Train"],
     "onnxprune.strategies": ["L1", "MACs", "OMP", "Allocator", "Auto", "Budget", "Curve", "Epsilon", "Global", "Latency",
                              "Local", "NoRefit", "Output", "Random", "Ratio", "Reconstruction", "Refit", "Scale",
@@ -46,7 +46,7 @@ __all__ = sorted(_HOME)
 
 def __getattr__(name: str) -> object:
     """The API's names, imported on first use (torch and onnxruntime take a second and a half to import, and the
-    command line restarts once before it needs them: ``runtime.allocator``); a subpackage by its name."""
+    command line restarts once before it needs them: ``runtime.hugepages``); a subpackage by its name."""
     if name in _HOME:
         value = getattr(importlib.import_module(_HOME[name]), name)
     else:

@@ -1,7 +1,7 @@
 """The command line (``onnxprune``, ``python -m onnxprune``): the long commands restart with huge pages first
-(``runtime.allocator``), before the package's heavy imports, then the typer app runs."""
+(``runtime.hugepages``), before the package's heavy imports, then the typer app runs."""
 
-from onnxprune.runtime.allocator import restart_with_huge_pages
+from onnxprune.runtime.hugepages import restart_with_huge_pages
 
 
 def main() -> None:

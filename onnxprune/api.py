@@ -22,23 +22,17 @@ from onnxprune.deploy.bench import bench_many as bench
 from onnxprune.deploy.export import (
     TensorRTUnavailable, build_engine, engine_latency, have_tensorrt, prepare_for_tensorrt, trtexec_command,
 )
-from onnxprune.deploy.quantize import QuantizeOptions, QuantizeReport, Step, quantize as _quantize, quantized_nodes
+from onnxprune.deploy.quantize import (QuantizeOptions, QuantizeReport, Step, int8_path, quantize as _quantize,
+                                      quantized_nodes)
 from onnxprune.errors import OnnxPruneError, OptionError
-from onnxprune.evaluation import EvalResult, evaluate as _evaluate
+from onnxprune.deploy.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
-from onnxprune.ir.inputs import resolve_input_shapes, specialise_inputs
+from onnxprune.ir.inputs import resolve_input_shapes
 from onnxprune.ir.kept import manifest as kept_manifest
-from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import InputSpec, model_input_specs
-from onnxprune.ir.rewrite import rewritten
-from onnxprune.passes.flatten_channels_first import flatten_channels_first, has_channels_last_head
-from onnxprune.passes.fold_branches import fold_branches, has_branches
-from onnxprune.passes.fuse_layer_norm import fuse_layer_norm, has_written_layer_norm
-from onnxprune.passes.split_qkv import has_fused_qkv, split_qkv
-from onnxprune.passes.unshuffle import has_channel_permutation, unshuffle
-from onnxprune.passes.write_layer_norm import OPSET, has_layer_norm_below_opset, write_layer_norm
+from onnxprune.normal import load, written
 from onnxprune.pipeline import CompressReport, compress as _prune
-from onnxprune.preflight import preflight
+from onnxprune.pipeline.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
 from onnxprune.runtime.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
@@ -88,6 +82,19 @@ class Result:
             raise OptionError("Result.manifest needs the model a compress result was pruned from")
         return kept_manifest(self.original, self.model)
 
+    def quantize_beside(self, path: str | Path, options: QuantizeOptions | None = None, *,
+                        refuse: Iterable[str | Path] = (), on_step: Step | None = None) -> tuple[Result, Path]:
+        """The INT8 model of this compress result, whose float model is written at ``path``: quantized on its
+        calibration samples against the model it was pruned from (``quantize``), written beside it (``int8_path``:
+        small.onnx -> small.int8.onnx, never onto ``path`` or a path in ``refuse``); the result and where it went."""
+        if self.original is None or self.calibration is None:
+            raise OptionError("Result.quantize_beside continues a result of compress; quantize other models with "
+                              "onnxprune.quantize(model, calib)")
+        quantized = quantize(self.model, self.calibration, reference=self.original, options=options, on_step=on_step)
+        beside = int8_path(Path(path))
+        quantized.save(beside, refuse=[*refuse, path])
+        return quantized, beside
+
     def recover(self, options: RecoverOptions | None = None, *, held: CalibSource | None = None,
                 on_progress: Progress | None = None) -> Result:
         """Recovery of this compress result towards the model it was pruned from, on the same calibration set
@@ -101,39 +108,6 @@ class Result:
         model, report = _recover(self.model, self.original, self.calibration, options or RecoverOptions(),
                                  on_progress, held_set)
         return replace(self, model=model, recovery=report)
-
-
-LOAD_REWRITES = [(has_channels_last_head, flatten_channels_first), (has_branches, fold_branches),
-                 (has_fused_qkv, split_qkv), (has_written_layer_norm, fuse_layer_norm),
-                 (has_channel_permutation, unshuffle)]
-
-
-WRITE_REWRITES = [(has_layer_norm_below_opset, write_layer_norm)]
-
-
-def written(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` in ops its opset has, as a result holds it and ``save`` writes it: a norm ``load`` fused into a
-    ``LayerNormalization`` below opset 17 written out again (``passes.write_layer_norm``)."""
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), OPSET)
-    if opset >= OPSET or not any(node.op_type == "LayerNormalization" for node in model.graph.node):
-        return model  # no graph-surgeon round trip, no shape inference: most results
-    return rewritten(model, WRITE_REWRITES, run=True)
-
-
-def load(model: ModelSource, input_shape: Sequence[str] | None = None) -> onnx.ModelProto:
-    """``model`` (a path, read and checked, or a ModelProto) with its dynamic dims other than the batch fixed
-    from ``input_shape`` (``["1x3x224x224"]`` or ``["name:1x3x320x320", ...]``, as ``--input-shape``), a
-    channels-last flatten head read channels first (``passes.flatten_channels_first``), and sums of convolution
-    branches over one input folded into one convolution (``passes.fold_branches``: RepVGG's and MobileOne's deploy
-    form, the same function), an attention's fused q/k/v projection split into three (``passes.split_qkv``, so
-    that its heads prune), a LayerNorm written out as elementwise ops fused into one (``passes.fuse_layer_norm``,
-    so that its channels prune; below opset 17 a result writes it out again, see ``written``), and channel shuffles
-    moved into the weights that read them (``passes.unshuffle``, so that ShuffleNet's units prune)."""
-    if isinstance(model, onnx.ModelProto):
-        given = specialise_inputs(model, input_shape, model.graph.name or "the model")
-    else:
-        given = specialise_inputs(load_model(model), input_shape, str(model))
-    return rewritten(given, LOAD_REWRITES, run=True)  # a dynamic export's shapes, for the passes' matchers
 
 
 def preprocess_for(model: ModelSource | list[InputSpec], *, input_shape: Sequence[str] | None = None,
@@ -181,7 +155,7 @@ def calibration(calib: CalibSource, model: onnx.ModelProto, preprocess: Preproce
 def analyze(model: ModelSource, input_shape: Sequence[str] | None = None) -> Analysis:
     """The channel groups of ``model`` (a path or a ModelProto; prunable or not, with the reason), its MACs and
     parameters; ``input_shape`` fixes its dynamic dims other than the batch (see ``load``). Every prunable group is
-    pruned at once in a copy and run on one random sample (``onnxprune.preflight``): a group that breaks the run is
+    pruned at once in a copy and run on one random sample (``onnxprune.pipeline.preflight``): a group that breaks the run is
     not prunable, with onnxruntime's reason."""
     analysis = _analyze(load(model, input_shape))
     analysis.preflight = preflight(analysis.graph, analysis.prunable).to_dict()

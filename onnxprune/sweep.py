@@ -16,10 +16,11 @@ import numpy as np
 from onnxprune import api
 from onnxprune.calib.images import Preprocess
 from onnxprune.calib.sources import ArraySet, CalibrationSet
-from onnxprune.deploy.quantize import QuantizeOptions, int8_path
+from onnxprune.deploy.quantize import QuantizeOptions
 from onnxprune.errors import OptionError, TargetError
-from onnxprune.evaluation import fidelity
+from onnxprune.deploy.evaluation import fidelity
 from onnxprune.fileio import atomic_write, save_model
+from onnxprune.normal import written
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Ratio, Reconstruction, Refit, Selector, Shared
 from onnxprune.strategies.sensitivity import objects_seen
 
@@ -119,7 +120,7 @@ def sweep(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)  # once the model and the samples are read: a refusal leaves nothing
     original_path = out / "original.onnx"
-    save_model(api.written(onnx_model), original_path)
+    save_model(written(onnx_model), original_path)
     shared = Shared(allocate)
     judged: dict[str, SweepRow] = {}
     original = {"macs": 0, "params": 0, "path": str(original_path), "latency_ms": None}  # from the first report
@@ -145,9 +146,7 @@ def sweep(
                                 None, None, path=str(path), seconds=seconds))
         if int8 is not None:
             t0 = time.perf_counter()
-            quantized = api.quantize(result.model, data, reference=onnx_model, options=int8)
-            q_path = int8_path(path)
-            quantized.save(q_path, refuse=[original_path, path])
+            quantized, q_path = result.quantize_beside(path, int8, refuse=[original_path])
             row.int8 = measured(replace(row, path=str(q_path), seconds=time.perf_counter() - t0),
                                 simulate_qdq=quantized.report.simulated)
         judged[label] = row

@@ -14,10 +14,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from onnxprune.analysis import Analysis
-from onnxprune.cost import format_ms
+from onnxprune.budget.cost import format_ms
 from onnxprune.deploy.bench import BenchResult
 from onnxprune.deploy.quantize import QuantizeReport
-from onnxprune.evaluation import EvalResult
+from onnxprune.deploy.evaluation import EvalResult
 from onnxprune.pipeline import CompressReport, LatencyReport
 from onnxprune.progress import Heartbeat
 from onnxprune.recovery import RecoverReport

@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
-from onnxprune.cost import Cost
+from onnxprune.budget.cost import Cost
 from onnxprune.pipeline import compress
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import MACs, Uniform, options_from

@@ -13,20 +13,20 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from onnxprune.allocation import check_target, curve_widths, epsilon_widths, group_step, lowest_macs, uniform_widths
+from onnxprune.budget.allocation import check_target, curve_widths, epsilon_widths, group_step, lowest_macs, uniform_widths
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.cli import app
-from onnxprune.cost import (
+from onnxprune.budget.cost import (
     CostTable, GroupCost, _subgraph, graph_sha256, input_dims, isotonic, measure_cost_table, this_machine,
     widths_to_time,
 )
-from onnxprune.flags import parse_latency
+from onnxprune.flags.parse import parse_latency
 from onnxprune.pipeline import compress, schedule
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.cuts import Liveness
 from onnxprune.strategies import Latency, options_from
 from tests.onnx_builders import export_tiny, run
 

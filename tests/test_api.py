@@ -28,22 +28,27 @@ from onnxprune.strategies import (
 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
-    ("reconstruct", "ful", "full, scale, none"),
+    ("reconstruct", "ful", "refit, scale, none"),
     ("allocation", "unifrom", "epsilon, uniform, curve"),
     ("method", "magic", "omp, local, global, auto, l1, random"),
     ("target", "papers", "original, paper"),
 ])
 def test_named_strategies_refuse_unknown_names(field: str, value: str, choices: str) -> None:
-    names = {"method": "omp", "allocation": "epsilon", "reconstruct": "full", "target": "original", field: value}
+    names = {"method": "omp", "allocation": "epsilon", "reconstruct": "refit", "target": "original", field: value}
     with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
         named(**names)
+
+
+def test_the_former_name_of_the_refit_says_its_new_one() -> None:
+    with pytest.raises(OnnxPruneError, match="--reconstruct full is now called 'refit'"):
+        named("omp", "epsilon", "full")
 
 
 @pytest.mark.parametrize(("field", "value", "choices"), [
     ("budget", 0.5, r"MACs\(\), Ratio\(\), Latency\(\)"),
     ("select", "omp", r"OMP\(\), Local\(\), Global\(\), Auto\(\), L1\(\), Random\(\)"),
     ("allocate", Refit(), r"Epsilon\(\), Uniform\(\), Curve\(\)"),
-    ("reconstruct", "full", r"NoRefit\(\), Scale\(\), Refit\(\)"),
+    ("reconstruct", "refit", r"NoRefit\(\), Scale\(\), Refit\(\)"),
 ])
 def test_compress_options_refuse_a_wrong_kind(field: str, value: object, choices: str) -> None:
     """CompressOptions holds strategy objects only: a name or another kind fails when built, listing the kind's."""
@@ -54,7 +59,7 @@ def test_compress_options_refuse_a_wrong_kind(field: str, value: object, choices
 @pytest.mark.parametrize(("field", "value", "choices"), [
     ("method", "blocks", "block\\+distill, block, distill"),
     ("train", "all", "segment, changed"),
-    ("mix", "mixin", "mixup, cutmix, none"),
+    ("mix", "mixin", "mixup, cutmix, both, none"),
 ])
 def test_recover_options_refuse_unknown_strategies(field: str, value: str, choices: str) -> None:
     with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
@@ -74,8 +79,8 @@ def test_recover_options_refuse_unknown_strategies(field: str, value: str, choic
     (lambda: options_from(Ratio(0.5), method="omp"), "compress option(s) method are not among"),
     (lambda: options_from(Ratio(0.5), round_to=0), "round_to=0: a whole number of at least 1 (--round-to)"),
     (lambda: options_from(Ratio(0.5), provider="gpu"), "provider 'gpu' is not one of auto, cpu, cuda, tensorrt"),
-    (lambda: named("magic", "epsilon", "full"), "method 'magic' is not one of omp, local, global, auto, l1, random"),
-    (lambda: named("omp", "output", "full", global_budget=60), "the global budget is auto's, not omp's"),
+    (lambda: named("magic", "epsilon", "refit"), "method 'magic' is not one of omp, local, global, auto, l1, random"),
+    (lambda: named("omp", "output", "refit", global_budget=60), "the global budget is auto's, not omp's"),
     (lambda: Auto(budget=-1), "the global budget is seconds, at least 0"),
     (lambda: Global(steps=0), "Global(steps=0): must be at least 1"),
 ])

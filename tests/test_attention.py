@@ -23,7 +23,7 @@ from onnxprune import api
 from onnxprune.analysis import analyze
 from onnxprune.ir.graph import const_value
 from onnxprune.ir.load import import_graph
-from onnxprune.passes.split_qkv import has_fused_qkv
+from onnxprune.normal.split_qkv import has_fused_qkv
 from tests.onnx_builders import compress_dead, export_torch, run, same_outputs
 
 TOKENS, DIM, HEADS = 16, 32, 4

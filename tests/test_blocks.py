@@ -10,7 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import pytest
 
-from onnxprune.allocation import curve_widths
+from onnxprune.budget.allocation import curve_widths
 from onnxprune.analysis import analyze, consumers
 from onnxprune.ir.shapes import infer_shapes
 from onnxprune.calib.sources import load_calibration
@@ -18,7 +18,7 @@ from onnxprune.errors import OptionError
 from onnxprune.passes import remove_block
 from onnxprune.pipeline import compress, schedule
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.segments import Liveness, run_segment
+from onnxprune.runtime.cuts import Liveness, run_segment
 from onnxprune.strategies.sensitivity import curve_of
 from onnxprune.strategies import Allocator, MACs, named, options_from
 from tests.onnx_builders import run
@@ -132,16 +132,16 @@ def test_the_allocation_removes_a_block_when_that_degrades_the_output_least(tiny
 
 
 def test_block_removal_goes_with_the_output_allocation_only() -> None:
-    assert named("omp", "output", "full", remove_blocks=True)[1].remove_blocks
+    assert named("omp", "output", "refit", remove_blocks=True)[1].remove_blocks
     with pytest.raises(OptionError, match="block removal is chosen by the output allocation, not by epsilon"):
-        named("omp", "epsilon", "full", remove_blocks=True)
+        named("omp", "epsilon", "refit", remove_blocks=True)
 
 
 def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) -> None:
     """The probe at width 0 (the consumer's columns cleared, its bias the mean target on the fit samples)
     measures the model whose block is replaced by that constant, run whole here."""
     from onnxprune.pipeline import Compressor
-    from onnxprune.runtime.segments import cut_graph
+    from onnxprune.runtime.cuts import cut_graph
     from onnxprune.strategies.objects import run_chunks
     from onnxprune.strategies.sensitivity import _probe
     from onnxprune.tasks import raw_discrepancy

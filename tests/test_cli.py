@@ -134,9 +134,9 @@ def test_target_flops_with_suffix(files, tmp_path: Path) -> None:
 
 
 def test_best_effort_prunes_to_the_lowest_reachable_macs(files, tmp_path: Path) -> None:
-    from onnxprune.allocation import lowest_macs
+    from onnxprune.budget.allocation import lowest_macs
     from onnxprune.pipeline import schedule
-    from onnxprune.runtime.segments import Liveness
+    from onnxprune.runtime.cuts import Liveness
 
     analysis = analyze(onnx.load(str(files["tiny"])))
     groups = [g for _, g in schedule(analysis, Liveness(analysis.graph))[0]]
@@ -434,7 +434,7 @@ def test_remove_blocks_probes_the_removal_and_needs_the_output_allocation(files,
 def test_flag_values_take_the_library_defaults() -> None:
     """A flag list read by the CLI's own parser (what the benchmarks do): absent flags take the library's
     defaults, and the objects built from the values are those the library defaults to."""
-    from onnxprune import flags
+    from onnxprune.flags import declared, jobs
     from onnxprune.cli import flag_values
     from onnxprune.strategies import CompressOptions, Ratio, named
 
@@ -444,12 +444,12 @@ def test_flag_values_take_the_library_defaults() -> None:
         CompressOptions.select, CompressOptions.allocate, CompressOptions.reconstruct)
     assert (v["batch_size"], v["provider"], v["task"], v["round_to"]) == (
         CompressOptions.batch_size, CompressOptions.provider, CompressOptions.task, 4)
-    assert v["input_shape"] == ["1x3x8x8"] and flags.budget(v) == Ratio(0.5)
+    assert v["input_shape"] == ["1x3x8x8"] and jobs.budget(v) == Ratio(0.5)
     assert flag_values("bench", ["a.onnx"])["input_shape"] is None  # no --input-shape: None, as the CLI passes it
     r = flag_values("recover", ["s.onnx", "--teacher", "t.onnx", "-o", "r.onnx", "--calib", "photos"])
     fields = ("method", "lr", "block_window", "distill_lr", "distill_segments", "distill_views", "distill_features",
               "mix", "colour", "whole_share", "holdout", "train", "pull", "batch_size", "seed", "provider")
-    assert {k: r[k] for k in fields} == {k: getattr(flags.RECOVER, k) for k in fields}
+    assert {k: r[k] for k in fields} == {k: getattr(declared.RECOVER, k) for k in fields}
     assert (r["steps"], r["distill_steps"], r["time"]) == (None, None, None)  # RecoverOptions: the default time
     with pytest.raises(Exception, match="No such option: --no-such-flag"):
         flag_values("compress", ["m.onnx", "-o", "p.onnx", "--calib", "photos", "--no-such-flag"])
@@ -477,7 +477,7 @@ def test_recover_threads_follow_omp_num_threads_else_every_usable_core(monkeypat
 def test_long_commands_restart_with_huge_pages_where_glibc_takes_them() -> None:
     """``compress``/``recover``/``sweep`` restart once with glibc's huge-page tunable (glibc 2.35+, transparent huge
     pages on); never a short command, never over a GLIBC_TUNABLES already set (the restart's own, or the user's)."""
-    from onnxprune.runtime.allocator import TUNABLE, restart_environment
+    from onnxprune.runtime.hugepages import TUNABLE, restart_environment
 
     on, glibc = "always [madvise] never", "glibc 2.36"
     env = restart_environment(["onnxprune", "compress", "m.onnx"], {"PATH": "/bin"}, glibc, on)
@@ -495,7 +495,7 @@ def test_long_commands_restart_with_huge_pages_where_glibc_takes_them() -> None:
 
 def test_a_restart_that_cannot_start_runs_on_with_glibcs_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     """Where the interpreter cannot be started again, the command goes on in its own process instead of failing."""
-    from onnxprune.runtime import allocator
+    from onnxprune.runtime import hugepages
 
     tried = []
 
@@ -503,14 +503,14 @@ def test_a_restart_that_cannot_start_runs_on_with_glibcs_defaults(monkeypatch: p
         tried.append(args)
         raise OSError("no such interpreter")
 
-    monkeypatch.setattr(allocator.sys, "argv", ["onnxprune", "compress", "m.onnx"])
+    monkeypatch.setattr(hugepages.sys, "argv", ["onnxprune", "compress", "m.onnx"])
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-    monkeypatch.setattr(allocator.os, "execve", execve)
-    monkeypatch.setattr(allocator.os, "confstr", lambda name: "glibc 2.36")
-    monkeypatch.setattr(allocator, "_THP", type("T", (), {"read_text": staticmethod(lambda: "always [madvise] never")})())
-    monkeypatch.setattr(allocator.sys, "platform", "linux")
-    allocator.restart_with_huge_pages()
-    assert tried and tried[0][2]["GLIBC_TUNABLES"] == allocator.TUNABLE
+    monkeypatch.setattr(hugepages.os, "execve", execve)
+    monkeypatch.setattr(hugepages.os, "confstr", lambda name: "glibc 2.36")
+    monkeypatch.setattr(hugepages, "_THP", type("T", (), {"read_text": staticmethod(lambda: "always [madvise] never")})())
+    monkeypatch.setattr(hugepages.sys, "platform", "linux")
+    hugepages.restart_with_huge_pages()
+    assert tried and tried[0][2]["GLIBC_TUNABLES"] == hugepages.TUNABLE
 
 
 def test_the_restart_comes_before_the_heavy_imports() -> None:

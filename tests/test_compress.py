@@ -9,11 +9,11 @@ import onnx
 import pytest
 
 from onnxprune.analysis import analyze
-from onnxprune.allocation import group_step
+from onnxprune.budget.allocation import group_step
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.cuts import Liveness
 from onnxprune.strategies import (
     METHODS, RECONSTRUCTIONS, Epsilon, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named,
     options_from,
@@ -117,14 +117,14 @@ def test_ratio_target_gives_valid_dynamic_batch_model(tiny, pruned, method: str,
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_first_layer_error_full_le_scale_le_none(pruned, method: str) -> None:
+def test_first_layer_error_refit_le_scale_le_none(pruned, method: str) -> None:
     """On the first pruned layer the inputs are the same in every mode, and so is the selection."""
     first = {r: pruned(method, r)[1].layers[0] for r in RECONSTRUCTIONS}
     assert len({(l.group, l.kept) for l in first.values()}) == 1
     assert first["none"].error_fold == pytest.approx(first["scale"].error_fold, rel=1e-9)
     assert first["none"].error == pytest.approx(first["none"].error_fold, rel=1e-9)
     tol = 1e-9
-    assert first["full"].error <= first["scale"].error + tol
+    assert first["refit"].error <= first["scale"].error + tol
     assert first["scale"].error <= first["none"].error + tol
 
 
@@ -224,7 +224,7 @@ def test_allocations_meet_the_budget(tiny, allocation: str) -> None:
     scheduled group (up to a channel of the 8-wide group, 1/8); the error-driven allocations spread it."""
     analysis = analyze(tiny.model)
     total = analysis.macs.total
-    options = options_from(Ratio(0.7), allocate=named("omp", allocation, "full")[1], provider="cpu", round_to=1)
+    options = options_from(Ratio(0.7), allocate=named("omp", allocation, "refit")[1], provider="cpu", round_to=1)
     pruned_model, report = compress(tiny.model, _calib(tiny), options)
     assert analyze(pruned_model).macs.total == report.macs_after
     assert 0.69 * total <= report.macs_after <= 0.7 * total
@@ -273,7 +273,7 @@ def test_a_float16_model_compresses_in_float16_as_its_float32_twin(tiny) -> None
     from onnxconverter_common import float16
 
     half = float16.convert_float_to_float16(tiny.model, keep_io_types=True)
-    options = options_from(Ratio(RATIO), allocate=named("omp", "uniform", "full")[1], provider="cpu", round_to=1)
+    options = options_from(Ratio(RATIO), allocate=named("omp", "uniform", "refit")[1], provider="cpu", round_to=1)
     (m32, r32), (m16, r16) = (compress(m, _calib(tiny), options) for m in (tiny.model, half))
     assert [(lr.group, lr.kept) for lr in r16.layers] == [(lr.group, lr.kept) for lr in r32.layers]
     weights = [t for t in m16.graph.initializer if len(t.dims) > 1]

@@ -11,7 +11,7 @@ from onnx import TensorProto, helper
 
 from onnxprune.analysis import consumers
 from onnxprune.ir.load import import_graph
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.ops.conv import conv_pads, patches
 from tests.onnx_builders import run
 

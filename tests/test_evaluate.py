@@ -14,7 +14,7 @@ from rich.console import Console
 from onnxprune.calib.images import IMAGENET_MEAN, IMAGENET_STD, Preprocess
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError
 from onnxprune.tables import format_table
-from onnxprune.evaluation import EvalResult, evaluate
+from onnxprune.deploy.evaluation import EvalResult, evaluate
 from onnxprune.ir import ort as ort_runtime
 from onnxprune.ir.ort import make_session, model_input_specs, model_output_names, run_session
 

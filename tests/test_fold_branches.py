@@ -13,7 +13,7 @@ from torch import nn
 from onnxprune import Ratio, api
 from onnxprune.analysis import analyze
 from onnxprune.ir.load import import_graph
-from onnxprune.passes.fold_branches import deploy_form, has_branches
+from onnxprune.normal.fold_branches import deploy_form, has_branches
 from tests.onnx_builders import export_torch, run
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from onnxprune import tables
-from onnxprune.allocation import check_target, group_step
+from onnxprune.budget.allocation import check_target, group_step
 from onnxprune.analysis import analyze
 from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import TargetError

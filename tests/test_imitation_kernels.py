@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from onnxprune.imitation import refit
-from onnxprune.imitation import stats as stats_mod
+from onnxprune.imitation import gram as gram_mod
 from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.refit import (
     expand_channels,
@@ -19,7 +19,7 @@ from onnxprune.imitation.refit import (
     refit_scale,
     centred_energy,
 )
-from onnxprune.imitation.stats import ConsumerStats, neuron_cross, neuron_gram, target_energy
+from onnxprune.imitation.gram import ConsumerStats, neuron_cross, neuron_gram, target_energy
 
 # ---------------------------------------------------------------- helpers
 
@@ -125,7 +125,7 @@ def test_moved_sums_in_row_blocks_equal_the_whole_products(d: int) -> None:
                               [(d, d), (d, 4), (d,), (4,), (d,), (4,)])
     tt = torch.tensor(2.0, dtype=torch.float64)
     want = xx + torch.outer(dx, sx) + torch.outer(sx, dx) + 37 * torch.outer(dx, dx)
-    assert torch.equal(stats_mod._moved((xx, xt, sx, st, tt), 37, dx, dt)[0], want)
+    assert torch.equal(gram_mod._moved((xx, xt, sx, st, tt), 37, dx, dt)[0], want)
 
 
 def test_consumer_stats_torch_numpy_and_merge_agree() -> None:
@@ -186,7 +186,7 @@ def test_consumer_stats_rejects_bad_shapes() -> None:
 
 @pytest.mark.parametrize("k", [1, 9])
 def test_neuron_gram_and_cross_match_materialised_contributions(k: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(stats_mod, "_BLOCK_ELEMENTS", 200)  # force several row blocks
+    monkeypatch.setattr(gram_mod, "_BLOCK_ELEMENTS", 200)  # force several row blocks
     rng = np.random.default_rng(k)
     n, o, p = 6, 4, 300
     x = rng.standard_normal((p, n * k))
@@ -421,7 +421,7 @@ def test_subtract_outer_in_blocks_equals_the_outer_product(shape: tuple[int, int
     rng = np.random.default_rng(2)
     a, u, v = rng.standard_normal(shape), rng.standard_normal(shape[0]), rng.standard_normal(shape[1])
     want = a - np.outer(u, v)
-    np.testing.assert_array_equal(stats_mod.subtract_outer(a, u, v), want)
+    np.testing.assert_array_equal(gram_mod.subtract_outer(a, u, v), want)
     np.testing.assert_array_equal(a, want)  # in place
 
 
@@ -429,7 +429,7 @@ def test_subtract_outer_in_blocks_equals_the_outer_product(shape: tuple[int, int
 def test_symmetrize_in_blocks_equals_the_mean_with_the_transpose(d: int) -> None:
     a = np.random.default_rng(3).standard_normal((d, d))
     want = (a + a.T) / 2
-    np.testing.assert_array_equal(stats_mod.symmetrize(a, block=256), want)
+    np.testing.assert_array_equal(gram_mod.symmetrize(a, block=256), want)
     np.testing.assert_array_equal(a, want)  # in place
 
 
@@ -516,7 +516,7 @@ def test_chunks_built_in_one_scratch_give_the_same_sums() -> None:
     rng = np.random.default_rng(3)
     chunks = [(rng.standard_normal((b, 6, 50)).astype(np.float32), rng.standard_normal((b, 4, 50)).astype(np.float32))
               for b in (2, 1, 3)]
-    fresh, reused, scratch = ConsumerStats(6, 4), ConsumerStats(6, 4), stats_mod.Scratch()
+    fresh, reused, scratch = ConsumerStats(6, 4), ConsumerStats(6, 4), gram_mod.Scratch()
     buffers = []
     for x, t in chunks:
         fresh.update(x, t)

@@ -18,7 +18,7 @@ from torch import nn
 from onnxprune import api
 from onnxprune.analysis import analyze
 from onnxprune.ir.load import import_graph
-from onnxprune.passes import write_layer_norm
+from onnxprune.normal.write_layer_norm import write_layer_norm
 from onnxprune.recovery.segments import find_segments
 from tests.onnx_builders import compress_dead, export_torch, run, same_outputs
 

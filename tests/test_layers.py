@@ -22,13 +22,13 @@ FLOORS: list[tuple[str, ...]] = [
     ("onnxprune.flags", "onnxprune.tables"),  # flags declared, their values -> the API's objects; what the CLI prints
     ("onnxprune.sweep",),  # many budgets over one calibration and one set of probes, judged and timed
     ("onnxprune.api", "onnxprune.torch"),  # load / compress / recover / evaluate / bench / export; to and from torch
-    ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop; training; TensorRT, timing
+    ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop (its pre-flight included);
+    # training; after pruning: fidelity to another model, INT8, TensorRT, timing
     ("onnxprune.strategies",),  # budgets, selectors, allocators, reconstructions
     ("onnxprune.core",),  # what strategies see of a run (Context), statistics, reconstruction on a graph
-    ("onnxprune.allocation", "onnxprune.evaluation", "onnxprune.preflight"),  # widths within a budget; fidelity of a
-    # model to another; every group pruned at once in a copy, run in onnxruntime
-    ("onnxprune.cost",),  # MAC and latency costs of widths
-    ("onnxprune.passes", "onnxprune.tasks", "onnxprune.fileio"),  # graph rewrites; output decoding; safe writes
+    ("onnxprune.budget",),  # MAC and latency costs of widths; widths within a budget
+    ("onnxprune.normal", "onnxprune.passes", "onnxprune.tasks", "onnxprune.fileio"),  # the normal form in and out;
+    # the pruning's surgery; output decoding; safe writes
     ("onnxprune.analysis", "onnxprune.runtime", "onnxprune.calib"),  # groups and MACs; running graphs; samples
     ("onnxprune.ops",),  # the op registry
     ("onnxprune.ir",),  # loading, shapes, onnxruntime sessions, graph helpers

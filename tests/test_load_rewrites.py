@@ -1,4 +1,4 @@
-"""The load rewrites (``api.LOAD_REWRITES``) where ONNX shape inference cannot tell a tensor's shape: torch.onnx
+"""The load rewrites (``normal.LOAD_REWRITES``) where ONNX shape inference cannot tell a tensor's shape: torch.onnx
 writes ``chunk()`` at opset 13+ as a ``Slice`` whose bounds are computed from the input's ``Shape``, and inference
 leaves every dim of its output unknown (EdgeNeXt's split attention: the branch fold read its channel count as an
 int and crashed the load). Each rewrite's own model, every shape made unknown (rank kept, or not): the rewrites
@@ -14,10 +14,10 @@ import onnx_graphsurgeon as gs
 import pytest
 import torch
 
-from onnxprune import api
 from onnxprune.ir.graph import export_model
 from onnxprune.ir.load import inferred_graph
 from onnxprune.ir.rewrite import constants_read_directly
+from onnxprune.normal import LOAD_REWRITES
 from tests.onnx_builders import export_torch, run
 from tests.test_attention import DIM, TOKENS, Attention
 from tests.test_fold_branches import RepNet
@@ -50,7 +50,7 @@ def _unknown(graph: gs.Graph, keep_rank: bool) -> gs.Graph:
 def test_load_rewrites_leave_what_unknown_shapes_hide(kind: str, keep_rank: bool, tmp_path: Path) -> None:
     model, shape = _model(kind, tmp_path)
     graph = _unknown(constants_read_directly(inferred_graph(model)), keep_rank)
-    for finds, rewrite in api.LOAD_REWRITES:
+    for finds, rewrite in LOAD_REWRITES:
         if finds(graph):
             graph = rewrite(graph)
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)

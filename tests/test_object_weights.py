@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from onnxprune.core.statistics import grid_of, position_weights
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.ops.registry import thin
 from onnxprune.tasks import Detect, infer_task
-from onnxprune.tasks.detection import cells
+from onnxprune.tasks.boxes import cells
 
 
 def _sums(stats: ConsumerStats) -> list[np.ndarray]:

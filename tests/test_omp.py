@@ -16,7 +16,7 @@ from onnxprune.imitation.omp import (
     stats_omp,
     stats_omp_state,
 )
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.imitation.refit import expand_channels
 
 # ---------------------------------------------------------------- helpers

@@ -19,7 +19,7 @@ from onnxprune.analysis import analyze
 from onnxprune.cli import app
 from onnxprune.errors import AnalysisError
 from onnxprune.ir.ort import ort_failure
-from onnxprune.preflight import _halve, _prefix, preflight
+from onnxprune.pipeline.preflight import _halve, _prefix, preflight
 from tests.onnx_builders import GraphBuilder, export_torch, run
 
 

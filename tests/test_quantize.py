@@ -29,7 +29,7 @@ from onnxprune.deploy.quantize import (
     tail,
 )
 from onnxprune.deploy.rounding import gptq_round, input_grams
-from onnxprune.evaluation import evaluate
+from onnxprune.deploy.evaluation import evaluate
 from tests.onnx_builders import run
 
 FAST = QuantizeOptions(methods=("minmax",), float_ends="no", rounding="nearest", samples=32)
@@ -200,7 +200,7 @@ def test_compress_int8_writes_the_int8_model_beside_the_pruned_one(tiny, tmp_pat
 
 
 def test_compress_int8_passes_max_loss_to_its_quantization(tiny, tmp_path: Path) -> None:
-    from onnxprune.flags import int8
+    from onnxprune.flags.jobs import int8
 
     out = tmp_path / "small.onnx"
     args = ["compress", str(tiny.path), "-o", str(out), "--calib", str(tiny.calib), "--target-ratio", "0.7", "-q"]

@@ -15,7 +15,7 @@ import torch
 from onnx import numpy_helper
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from onnxprune.allocation import group_step
+from onnxprune.budget.allocation import group_step
 from onnxprune.analysis import analyze, consumers
 from onnxprune.ir.inputs import specialise_inputs
 from onnxprune.calib.sources import load_calibration

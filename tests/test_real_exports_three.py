@@ -21,9 +21,9 @@ from onnxprune import api
 from onnxprune.pipeline import compressor
 from onnxprune.analysis import analyze
 from onnxprune.errors import ModelError, UnsupportedOpError
-from onnxprune.evaluation import evaluate
-from onnxprune.passes import flatten_channels_first
-from onnxprune.passes.flatten_channels_first import channels_first_heads
+from onnxprune.deploy.evaluation import evaluate
+from onnxprune.normal.flatten_channels_first import flatten_channels_first
+from onnxprune.normal.flatten_channels_first import channels_first_heads
 from onnxprune.ir.graph import EXPORT_BYTES
 from onnxprune.ir.load import inferred_graph
 from onnxprune.ir.ort import zero_pad

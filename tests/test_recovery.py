@@ -784,7 +784,7 @@ def test_detectors_whose_boxes_the_export_leaves_encoded_train_on_the_same_objec
     """A raw-grid YOLOX and a PicoDet head (distance bins per level): ``detect_task`` finds them, and DetectLoss on
     torch tensors, through ``DetectionLayout.decoded``, equals ``tasks.Detect``'s discrepancy and has gradients."""
     from onnxprune.recovery.objective import DetectLoss, detect_task
-    from onnxprune.tasks.detection import cells
+    from onnxprune.tasks.boxes import cells
 
     rng = np.random.default_rng(1)
     image = np.zeros((1, 3, 64, 64), np.float32)

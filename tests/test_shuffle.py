@@ -1,4 +1,4 @@
-"""ShuffleNetV2's channel shuffle (issue 71): ``passes.unshuffle`` moves the permutation into the weights that read it,
+"""ShuffleNetV2's channel shuffle (issue 71): ``normal.unshuffle`` moves the permutation into the weights that read it,
 so a unit's channels are ranges of its branches' outputs, which prune.
 
 The oracle is exactness: the rewritten graph computes what the export did, and the channels a test removes are dead
@@ -21,7 +21,7 @@ from models.corpus import _ShuffleUnit
 from onnxprune import api
 from onnxprune.analysis import analyze
 from onnxprune.ir.load import inferred_graph
-from onnxprune.passes.unshuffle import has_channel_permutation, unshuffle
+from onnxprune.normal.unshuffle import has_channel_permutation, unshuffle
 from tests.onnx_builders import compress_dead, export_torch, run, same_outputs, warm_batchnorms
 
 HALF = 8  # channels of a unit's branch: the units carry 2 × HALF

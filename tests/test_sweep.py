@@ -17,7 +17,7 @@ import onnxprune.strategies.allocators as allocators
 from onnxprune import api
 from onnxprune.errors import TargetError
 from onnxprune.strategies import Ratio
-from onnxprune.flags import parse_target
+from onnxprune.flags.parse import parse_target
 from onnxprune.sweep import sweep
 
 

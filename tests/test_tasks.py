@@ -15,7 +15,7 @@ from PIL import Image, ImageDraw, ImageFont
 from onnxprune.calib.images import Preprocess
 from onnxprune.errors import OptionError
 from onnxprune.tasks import CTC, Detect, TextRegions, infer_task, task_named
-from onnxprune.tasks.detection import (APAccumulator, DetectionLayout, Detections, Truth, bootstrap_sd, box_iou,
+from onnxprune.tasks.boxes import (APAccumulator, DetectionLayout, Detections, Truth, bootstrap_sd, box_iou,
                                        cells, grid_centres, nms)
 from onnxprune.tasks.labels import Labels
 from onnxprune.tasks.text import ctc_decode, edit_distance, matched_regions, regions

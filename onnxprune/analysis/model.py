@@ -21,7 +21,7 @@ class Analysis:
     params: int
     blocks: dict[int, Block]  # the removable residual blocks, by their hidden group's id
     uncounted: list[str]  # control-flow nodes whose subgraphs' MACs are not counted (``macs.uncounted``)
-    preflight: dict | None = None  # what the pre-flight run found (``onnxprune.preflight``), where it ran
+    preflight: dict | None = None  # what the pre-flight run found (``onnxprune.pipeline.preflight``), where it ran
 
     @property
     def task(self) -> str | None:

@@ -20,9 +20,7 @@ from rich.markup import escape
 from onnxprune import api
 from onnxprune.errors import OnnxPruneError
 from onnxprune.fileio import atomic_write, check_output
-from onnxprune.flags import (
-    MACS_HELP,
-)
+from onnxprune.flags.declared import MACS_HELP
 from onnxprune.tables import (err_console)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 from rich.markup import escape
@@ -19,26 +19,20 @@ from onnxprune.flags.deploy import (
     FloatEndsOpt, MaxLossOpt, MethodsOpt, QuantHeldOpt, QuantRefOpt, ReduceRangeOpt, RoundingOpt, RuntimeOpt,
     SamplesOpt,
 )
-from onnxprune.flags import (
-    DEFAULT_MEAN, DEFAULT_STD, BgrOpt, CalibOpt, CropOpt, InputShapeOpt, LayoutOpt, MeanOpt, QuietOpt, ReportOpt,
-    ResizeOpt, StdOpt, SubsetOpt, TaskOpt,
+from onnxprune.flags.declared import (
+    CalibOpt, InputShapeOpt, QuietOpt, ReportOpt, SubsetOpt, TaskOpt, images,
 )
 from onnxprune.tables import console, err_console, format_bench_table, format_table, print_quantize, progress
 from onnxprune.tasks import CONF, NMS_IOU
 
 
 @app.command("eval")
+@images
 def eval_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to evaluate.")],
     images: Annotated[Path, typer.Option(help="Image folder; a leading number in a file name is its class.")],
     ref: Annotated[Optional[Path], typer.Option(help="Reference model for agreement / KL / output error.")] = None,
     subset: SubsetOpt = None,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = DEFAULT_MEAN,
-    std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "auto",
-    bgr: BgrOpt = False,
     provider: Annotated[str, typer.Option(help="Execution provider: auto, cpu, cuda.")] = "auto",
     input_shape: InputShapeOpt = None,
     task: TaskOpt = "auto",
@@ -54,12 +48,13 @@ def eval_cmd(
                                "onnxruntime's int8 kernels (whose 8-bit products saturate on x86 CPUs without "
                                "VNNI): how `quantize --runtime tensorrt` judges.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    **image_flags: Any,
 ) -> None:
     """Top-1/top-5 from file-name labels, agreement/KL/output error against --ref, and the task's metrics:
     mAP50 and mAP50-95 of a detector against --ref's detections (and --labels), mask IoU of a segmenter,
     string agreement of a CTC recogniser, region F1 of a text detector. Top-1, top-5, agreement, KL and a
     detector's mAP come with their spread over the images (± one standard deviation over resamples of them)."""
-    values = dict(locals())
+    values = dict(locals(), **image_flags)
     try:
         if not model.is_file():
             raise ModelError(f"{model}: no such file")
@@ -103,6 +98,7 @@ def bench_cmd(
 
 
 @app.command("quantize")
+@images
 def quantize_cmd(
     model: Annotated[Path, typer.Argument(help="Float ONNX model (pruned or not).")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the INT8 (QDQ) model.")],
@@ -117,16 +113,11 @@ def quantize_cmd(
     samples: SamplesOpt = QuantizeOptions.samples,
     reduce_range: ReduceRangeOpt = None,
     subset: SubsetOpt = None,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = DEFAULT_MEAN,
-    std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "auto",
-    bgr: BgrOpt = False,
     input_shape: InputShapeOpt = None,
     task: TaskOpt = "auto",
     report: ReportOpt = None,
     quiet: QuietOpt = False,
+    **image_flags: Any,
 ) -> None:
     """Static INT8 quantization (QDQ, onnxruntime's tools) with the calibration images, judged against --ref.
 
@@ -135,7 +126,7 @@ def quantize_cmd(
     classifier's top-1 agreement, a detector's mAP50-95, ...) is best on the held-out images is written, with the
     float input's and the INT8 model's scores beside it. With --max-loss, where that model loses more than it to
     the float input, the first and the last layers stay in float, as few as bring it within."""
-    values = dict(locals())
+    values = dict(locals(), **image_flags)
     try:
         if output.resolve() in (model.resolve(), *([ref.resolve()] if ref else [])):
             raise OutputError(f"output {output} is an input model: choose another -o path")

@@ -10,20 +10,21 @@ from typing import Annotated, Any, Optional
 import typer
 import typer.main
 
-from onnxprune import api, flags
+from onnxprune import api
+from onnxprune.flags import jobs
 from onnxprune.cli.app import app, check_outputs, fail, save, torch_threads, write_json
 from onnxprune.errors import OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write
-from onnxprune.flags import (
-    DEFAULT_MEAN, DEFAULT_STD, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BgrOpt, BlockWindowOpt,
-    CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, CropOpt, DistillFeaturesOpt,
-    DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
-    GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
-    LatencyThreadsOpt, LayoutOpt, LimitOpt, LrOpt, ManifestOpt, MeanOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt,
-    RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt,
-    RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, ResizeOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt,
-    SpillDirOpt, StdOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
-    TeacherProviderOpt, TrainBatchOpt, TrainOpt, WholeShareOpt,
+from onnxprune.flags.declared import (
+    ALLOCATION, METHOD, RECONSTRUCT, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BlockWindowOpt, CalibOpt,
+    ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt, DistillLrOpt,
+    DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt,
+    HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt, LatencyThreadsOpt,
+    LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt,
+    RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt,
+    ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StepsOpt, SubsetOpt,
+    TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt,
+    WholeShareOpt, images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -55,6 +56,7 @@ def analyze_cmd(
 
 
 @app.command("compress")
+@images
 def compress_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to prune.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Where to write the pruned model.")],
@@ -66,20 +68,14 @@ def compress_cmd(
     threads: LatencyThreadsOpt = None,
     cost_table: CostTableOpt = None,
     save_cost_table: SaveCostTableOpt = None,
-    method: SelectMethodOpt = flags.METHOD,
+    method: SelectMethodOpt = METHOD,
     global_budget: GlobalBudgetOpt = None,
-    allocation: AllocationOpt = flags.ALLOCATION,
+    allocation: AllocationOpt = ALLOCATION,
     target: ImitationTargetOpt = Local.imitate,
-    reconstruct: ReconstructOpt = flags.RECONSTRUCT,
+    reconstruct: ReconstructOpt = RECONSTRUCT,
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
     flip: CompressFlipOpt = None,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = DEFAULT_MEAN,
-    std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "auto",
-    bgr: BgrOpt = False,
     batch_size: CompressBatchOpt = CompressOptions.batch_size,
     provider: CompressProviderOpt = CompressOptions.provider,
     seed: RandomSeedOpt = Random.seed,
@@ -108,13 +104,14 @@ def compress_cmd(
     runtime: RuntimeOpt = QuantizeOptions.runtime,
     max_loss: MaxLossOpt = None,
     quiet: QuietOpt = False,
+    **image_flags: Any,
 ) -> None:
     """Prune channels to a MAC or latency budget and write a smaller ONNX model.
 
     Dynamic input dims other than the batch need --input-shape; the written model keeps a dynamic batch
     dim and has the other dims fixed to those values. Before it is written, onnxruntime loads it and runs it on
     one calibration sample: a model that fails there is not written."""
-    values = dict(locals())
+    values = dict(locals(), **image_flags)
     try:
         if output.resolve() == model.resolve():
             raise OutputError(f"output {output} is the input model: choose another -o path")
@@ -127,7 +124,7 @@ def compress_cmd(
                                   "it chose")
             _compress_keeping(values, quiet)
             return
-        job = flags.compress_job(values)
+        job = jobs.compress_job(values)
         with progress("compress", quiet) as advance:
             pruned = job.run(advance)
         outcome = pruned if job.recovery is None else _recover(
@@ -138,10 +135,8 @@ def compress_cmd(
         quantized = None
         if quantized_path is not None:
             with progress("quantize", quiet) as advance:
-                quantized = api.quantize(outcome.model, job.data, reference=job.model, options=job.int8,
-                                         on_step=advance)
+                quantized, _ = outcome.quantize_beside(output, job.int8, refuse=[model], on_step=advance)
             quantized.report.reference = str(model)
-            save(quantized, quantized_path, None, refuse=[model, output])
             if report is not None:
                 write_json(report, {**outcome.to_dict(), "int8": {"path": str(quantized_path),
                                                                    **quantized.report.to_dict()}})
@@ -158,7 +153,7 @@ def compress_cmd(
 def _compress_keeping(values: dict[str, Any], quiet: bool) -> None:
     """compress --keep: a sweep's search into <output>.sweep/, its choice copied to -o (and --report)."""
     with progress("compress --keep", quiet) as advance:
-        result, chosen, folder = flags.keep(values, advance)
+        result, chosen, folder = jobs.keep(values, advance)
     atomic_write(values["output"], lambda tmp: tmp.write_bytes(Path(chosen.path).read_bytes()))
     if chosen.int8 is not None:
         atomic_write(int8_path(values["output"]), lambda tmp: tmp.write_bytes(Path(chosen.int8.path).read_bytes()))
@@ -184,6 +179,7 @@ def _recover(call: Callable[[RecoveryProgress], api.Result], quiet: bool) -> api
 
 
 @app.command("sweep")
+@images
 def sweep_cmd(
     model: Annotated[Path, typer.Argument(help="ONNX model to prune.")],
     output: Annotated[Path, typer.Option("-o", "--output", help="Folder for the models, their reports, sweep.json "
@@ -192,17 +188,11 @@ def sweep_cmd(
     targets: TargetsOpt = None,
     held: HeldOpt = None,
     keep: KeepOpt = None,
-    method: SelectMethodOpt = flags.METHOD,
-    allocation: AllocationOpt = flags.ALLOCATION,
-    reconstruct: ReconstructOpt = flags.RECONSTRUCT,
+    method: SelectMethodOpt = METHOD,
+    allocation: AllocationOpt = ALLOCATION,
+    reconstruct: ReconstructOpt = RECONSTRUCT,
     subset: SubsetOpt = None,
     flip: CompressFlipOpt = None,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = DEFAULT_MEAN,
-    std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "auto",
-    bgr: BgrOpt = False,
     batch_size: CompressBatchOpt = CompressOptions.batch_size,
     provider: CompressProviderOpt = CompressOptions.provider,
     round_to: RoundToOpt = CompressOptions.round_to,
@@ -217,24 +207,26 @@ def sweep_cmd(
     runtime: RuntimeOpt = QuantizeOptions.runtime,
     max_loss: MaxLossOpt = None,
     quiet: QuietOpt = False,
+    **image_flags: Any,
 ) -> None:
     """Compress to several budgets on one calibration and one set of output-allocation probes; judge each model
     on held-out images by the task's metric against the original, time it, and print the trade-off.
 
     Writes every model and its report to -o, with sweep.json (the table) and sweep.png (fidelity against
     speed-up, the original marked). With --keep, also finds the cheapest budget that keeps the metric."""
-    values = dict(locals())
+    values = dict(locals(), **image_flags)
     try:
         if output.exists() and not output.is_dir():
             raise OutputError(f"-o {output} is a file: sweep writes a folder of models")
         with progress("sweep", quiet) as advance:
-            result = flags.sweep(values, advance)
+            result = jobs.sweep(values, advance)
     except OnnxPruneError as exc:
         fail(exc)
     print_sweep(result, output)
 
 
 @app.command("recover")
+@images
 def recover_cmd(
     model: Annotated[Path, typer.Argument(help="Pruned ONNX model (the student).")],
     teacher: Annotated[Path, typer.Option(help="The original model it was pruned from.")],
@@ -260,12 +252,6 @@ def recover_cmd(
     subset: SubsetOpt = None,
     limit: LimitOpt = None,
     flip: FlipOpt = False,
-    resize: ResizeOpt = None,
-    crop: CropOpt = None,
-    mean: MeanOpt = DEFAULT_MEAN,
-    std: StdOpt = DEFAULT_STD,
-    layout: LayoutOpt = "auto",
-    bgr: BgrOpt = False,
     batch_size: TrainBatchOpt = RECOVER.batch_size,
     provider: TeacherProviderOpt = RECOVER.provider,
     seed: DrawSeedOpt = RECOVER.seed,
@@ -274,18 +260,19 @@ def recover_cmd(
     input_shape: InputShapeOpt = None,
     report: ReportOpt = None,
     quiet: QuietOpt = False,
+    **image_flags: Any,
 ) -> None:
     """Few-shot recovery: block-wise reconstruction, then distillation on augmented images, towards the teacher,
     within 15 minutes by default (--time).
 
     Never worse: the result is kept only if it is closer to the teacher (KL for classifiers) on the
     held-out calibration samples than the input; otherwise the input is written unchanged."""
-    values = dict(locals())
+    values = dict(locals(), **image_flags)
     try:
         if output.resolve() in (model.resolve(), teacher.resolve()):
             raise OutputError(f"output {output} is an input model: choose another -o path")
         check_outputs((output, "-o"), (report, "--report"), inputs=[model, teacher])
-        job = flags.recover_job(values)
+        job = jobs.recover_job(values)
         result = _recover(job.run, quiet)
         save(result, output, report, refuse=[model, teacher])
     except OnnxPruneError as exc:

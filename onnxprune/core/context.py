@@ -12,9 +12,9 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import Analysis, consumers
 from onnxprune.analysis.groups import ConsumerUse, Group
-from onnxprune.imitation.stats import ConsumerStats
+from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.ir.probe import FixedBatch
-from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.cuts import Liveness
 from onnxprune.runtime.store import Array
 
 Progress = Callable[[int, int, str], None]

@@ -16,11 +16,11 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.analysis import consumers
-from onnxprune.runtime.segments import in_graph_layout
+from onnxprune.runtime.cuts import in_graph_layout
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
-from onnxprune.imitation.stats import ConsumerStats, Scratch, neuron_gram
+from onnxprune.imitation.gram import ConsumerStats, Scratch, neuron_gram
 from onnxprune.ir.graph import static_shape
 from onnxprune.ops.registry import lookup
 

@@ -29,7 +29,7 @@ from onnxruntime.quantization.calibrate import create_calibrator, save_tensors_d
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.deploy.rounding import gptq_weights
 from onnxprune.errors import CalibrationError, ModelError, OptionError, check_choice
-from onnxprune.evaluation import EvalResult, evaluate, fidelity
+from onnxprune.deploy.evaluation import EvalResult, evaluate, fidelity
 from onnxprune.ir.probe import fixed_batch
 
 RUNTIMES = ("onnxruntime", "tensorrt")

@@ -10,7 +10,8 @@ import typer
 
 from onnxprune import api
 from onnxprune.deploy.quantize import METHODS, QuantizeOptions
-from onnxprune.flags import Values, preprocess
+from onnxprune.flags.declared import Values
+from onnxprune.flags.jobs import preprocess
 
 RuntimeOpt = Annotated[str, typer.Option(
     help="The INT8 layout: 'onnxruntime' (its CPU kernels: unsigned asymmetric activations, signed symmetric "

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from onnxprune.imitation.refit import expand_channels
-from onnxprune.imitation.stats import ConsumerStats, subtract_outer, symmetrize
+from onnxprune.imitation.gram import ConsumerStats, subtract_outer, symmetrize
 from onnxprune.imitation.threads import one_torch_thread
 
 REL_TOL = 1e-10

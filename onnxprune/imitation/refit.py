@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from onnxprune.imitation.stats import ConsumerStats, subtract_outer
+from onnxprune.imitation.gram import ConsumerStats, subtract_outer
 
 
 def expand_channels(keep: np.ndarray, k: int) -> np.ndarray:

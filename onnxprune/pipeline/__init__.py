@@ -11,7 +11,7 @@ compares a name.
 
 from __future__ import annotations
 
-from onnxprune.cost import LatencyReport
+from onnxprune.budget.cost import LatencyReport
 from onnxprune.pipeline.compressor import Compressor
 from onnxprune.pipeline.report import CompressReport, LayerReport
 from onnxprune.pipeline.run import compress

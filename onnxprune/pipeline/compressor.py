@@ -14,7 +14,7 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from onnxprune.allocation import group_step
+from onnxprune.budget.allocation import group_step
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
 from onnxprune.calib.sources import CalibrationSet
@@ -34,7 +34,7 @@ from onnxprune.passes import remove_block, slice_channels
 from onnxprune.pipeline.memory import RUN_BYTES, plan
 from onnxprune.pipeline.report import LayerReport
 from onnxprune.pipeline.schedule import is_gate
-from onnxprune.runtime.segments import Liveness, batchless, cached_axis, no_batch_axis, run_segment
+from onnxprune.runtime.cuts import Liveness, batchless, cached_axis, no_batch_axis, run_segment
 from onnxprune.runtime.store import Array, Store, show_bytes
 from onnxprune.strategies import CompressOptions
 from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights, scan
@@ -58,10 +58,8 @@ class Compressor:
         self.model = model
         self.options = options
         # a graph whose input alone fixes the batch is calibrated through a copy with a free batch
-        self.written_batch = static_batch(model)
-        self.batched = free_batch(model) if self.written_batch is not None else None
-        if self.batched is None:
-            self.written_batch = None
+        self.batched = free_batch(model)
+        self.written_batch = None if self.batched is None else static_batch(model)
         self.analysis = analyze(self.batched or model)
         self.original = loaded(self.analysis.graph).copy()
         self.graph = self.analysis.graph

@@ -25,7 +25,7 @@ from onnxprune.analysis.groups import Group
 from onnxprune.core.statistics import STATS_BYTES
 from onnxprune.ir.graph import static_shape
 from onnxprune.ops.registry import lookup
-from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.cuts import Liveness
 from onnxprune.runtime.store import available_memory, show_bytes
 
 FIT = 0.85  # of the memory available at the start, what the plan lets the run grow by

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from onnxprune.cost import LatencyReport
+from onnxprune.budget.cost import LatencyReport
 
 
 @dataclass

@@ -8,18 +8,18 @@ from functools import partial
 
 import onnx
 
-from onnxprune.allocation import check_target
+from onnxprune.budget.allocation import check_target
 from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import count_params
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.core.context import Progress
-from onnxprune.cost import Spend
+from onnxprune.budget.cost import Spend
 from onnxprune.errors import TargetError
 from onnxprune.ir.probe import FixedBatch
 from onnxprune.pipeline.compressor import Compressor
 from onnxprune.pipeline.memory import peak_rss
-from onnxprune.preflight import preflight
+from onnxprune.pipeline.preflight import preflight
 from onnxprune.pipeline.report import CompressReport
 from onnxprune.pipeline.schedule import schedule
 from onnxprune.strategies import CompressOptions

@@ -8,7 +8,7 @@ from onnxprune.analysis import Analysis
 from onnxprune.analysis.groups import Group
 from onnxprune.errors import AnalysisError
 from onnxprune.ir.graph import static_shape
-from onnxprune.runtime.segments import Liveness
+from onnxprune.runtime.cuts import Liveness
 
 # Integer/quantized ops that stand where float Conv/MatMul would: a quantized model has no float channels to prune.
 QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",

@@ -1,6 +1,6 @@
 """What recovery trains towards and judges by: the task ``eval`` reports, where the outputs show one.
 
-A detector (any ``tasks.detection`` layout: YOLOv5/v8/v11, YOLOX with or without its grid decoded, PicoDet/GFL
+A detector (any ``tasks.boxes`` layout: YOLOv5/v8/v11, YOLOX with or without its grid decoded, PicoDet/GFL
 distance bins, dense face heads) trains on ``DetectLoss``, the objective ``compress`` allocates by, on the boxes
 ``DetectionLayout.decoded`` places (the code ``eval`` decodes with), and is judged by its mAP50-95 against the
 teacher's detections; a classifier on the KL; anything else on the relative squared error of
@@ -16,7 +16,7 @@ import torch
 from onnxprune.recovery.train import Loss, kl_loss, relative_mse
 from onnxprune.tasks import Detect, image_hw, infer_task
 from onnxprune.tasks.detect import BOX_WEIGHT_FLOOR
-from onnxprune.tasks.detection import DetectionLayout
+from onnxprune.tasks.boxes import DetectionLayout
 
 
 @dataclass(frozen=True)

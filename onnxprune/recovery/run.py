@@ -16,9 +16,8 @@ from onnxprune.ir.graph import export_model, with_metadata
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
 from onnxprune.ir.probe import fixed_batch, static_batch
-from onnxprune.ir.rewrite import rewritten
 from onnxprune.ir.shapes import infer_shapes
-from onnxprune.passes.untie_weights import has_shared_weights, untie_weights
+from onnxprune.normal import untied
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
     PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part, writeback_error,
@@ -29,10 +28,7 @@ from onnxprune.recovery.samples import discrepancy, samples, within
 from onnxprune.recovery.segments import find_segments
 from onnxprune.recovery.stages import another_round, block_plan, block_stage, distill_stage
 from onnxprune.recovery.verdict import confidence, scores
-from onnxprune.runtime.segments import run_segment
-
-UNTIE = [(has_shared_weights, untie_weights)]
-
+from onnxprune.runtime.cuts import run_segment
 
 def recover(
     student: onnx.ModelProto,
@@ -43,7 +39,7 @@ def recover(
     held: CalibrationSet | None = None,
 ) -> tuple[onnx.ModelProto, RecoverReport]:
     """Recovery of ``student`` towards ``teacher`` by ``options.method``; never returns a worse model. A weight several
-    nodes share is untied first (``passes.untie_weights``): the recovered model has one copy per reader.
+    nodes share is untied first (``normal.untied``): the recovered model has one copy per reader.
     ``held``: samples that choose checkpoints and judge the result (default: a split of ``calib``); the report says on
     what share of the judging ones' bootstrap resamples the recovered weights score better (``verdict.confidence``).
     A detector whose verdict samples give both models the same mAP50-95 (few objects, found in place by both) is
@@ -52,7 +48,7 @@ def recover(
     Torch's global random state is seeded with ``options.seed`` for the run and restored after it (the
     caller's state is left as it was)."""
     given = student
-    student, teacher = (rewritten(m, UNTIE) for m in (student, teacher))  # trained apart, as each window sees them
+    student, teacher = untied(student), untied(teacher)  # trained apart, as each window sees them
     s_free, t_free = _batched(student, "the pruned model"), _batched(teacher, "the teacher")
     cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
     with torch.random.fork_rng(devices=cuda):
@@ -67,6 +63,9 @@ def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
     """A copy of ``model`` that batches freely where its input alone fixes the batch (``free_batch``: as compress
     calibrates it; the written model keeps the user's batch), None where it batches freely already; an
     OnnxPruneError where the graph fixes its batch inside (training batches samples, and would mix them)."""
+    free = free_batch(model)
+    if free is not None:
+        return free
     static = static_batch(model)
     if static is None:
         fixed = fixed_batch(model)
@@ -74,9 +73,6 @@ def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
             return None
         where = f"inside the graph: {fixed.reason}"
     else:
-        free = free_batch(model)
-        if free is not None:
-            return free
         where = f"{static.reason}, and inside the graph, where a copy with a free batch cannot free it"
     raise OnnxPruneError(f"recover trains on batches of samples, but {what} fixes its batch ({where}): re-export it "
                          "with a dynamic batch")

@@ -20,7 +20,7 @@ from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentRepor
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
 from onnxprune.recovery.train import distill, evaluate_net, fit
-from onnxprune.runtime.segments import run_segment
+from onnxprune.runtime.cuts import run_segment
 from onnxprune.runtime.store import Array, Store
 from onnxprune.runtime.torch_eval import TorchGraph, write_back
 from onnxprune.tasks import Detect

@@ -20,7 +20,7 @@ import torch
 from onnxprune.recovery.objective import DetectLoss
 from onnxprune.recovery.train import log_probs
 from onnxprune.tasks import Detect
-from onnxprune.tasks.detection import APAccumulator
+from onnxprune.tasks.boxes import APAccumulator
 
 RESAMPLES = 1000
 

@@ -7,10 +7,10 @@ from typing import Any
 
 import numpy as np
 
-from onnxprune.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, uniform_widths
+from onnxprune.budget.allocation import CURVE_FLOOR, curve_widths, epsilon_widths, uniform_widths
 from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Context, Progress
-from onnxprune.cost import Cost
+from onnxprune.budget.cost import Cost
 from onnxprune.errors import OptionError
 from onnxprune.strategies.base import Allocator
 from onnxprune.strategies.sensitivity import output_curves

@@ -7,11 +7,11 @@ from typing import Any
 
 import numpy as np
 
-from onnxprune.allocation import lowest_macs
+from onnxprune.budget.allocation import lowest_macs
 from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Choice, ConsumerData, Context, Progress
 from onnxprune.core.statistics import error_curves
-from onnxprune.cost import Cost, Spend
+from onnxprune.budget.cost import Cost, Spend
 
 
 class Strategy:

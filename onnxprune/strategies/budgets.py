@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Context, Progress
-from onnxprune.cost import CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
+from onnxprune.budget.cost import CostTable, LatencySpend, MacCost, MacSpend, Spend, measure_cost_table
 from onnxprune.errors import OptionError
 from onnxprune.ir.ort import first_provider
 from onnxprune.strategies.base import Budget

@@ -90,7 +90,7 @@ SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Gl
 ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve, "output": Output}
 
 
-RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"full": Refit, "scale": Scale, "none": NoRefit}
+RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"refit": Refit, "scale": Scale, "none": NoRefit}  # the API's words
 METHODS, ALLOCATIONS, RECONSTRUCTIONS = tuple(SELECTORS), tuple(ALLOCATORS), tuple(RECONSTRUCTORS)
 # the strategies of each kind that onnxprune provides, as a wrong value's error lists them
 CHOICES: dict[type[Strategy], tuple[type[Strategy], ...]] = {
@@ -106,6 +106,9 @@ def named(method: str, allocation: str, reconstruct: str, target: str = "origina
     check_choice("method", method, METHODS)
     check_choice("target", target, TARGETS)
     check_choice("allocation", allocation, ALLOCATIONS)
+    if reconstruct == "full":
+        raise OptionError("--reconstruct full is now called 'refit', as the API's Refit(): use --reconstruct refit",
+                          option="reconstruct")
     check_choice("reconstruct", reconstruct, RECONSTRUCTIONS)
     if remove_blocks and ALLOCATORS[allocation] is not Output:
         raise OptionError(f"block removal is chosen by the output allocation, not by {allocation}: use "

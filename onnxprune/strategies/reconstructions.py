@@ -12,7 +12,7 @@ from onnxprune.core.context import ConsumerData, Context
 from onnxprune.errors import OptionError
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import refit_scale
-from onnxprune.imitation.stats import neuron_cross, neuron_gram
+from onnxprune.imitation.gram import neuron_cross, neuron_gram
 from onnxprune.strategies.base import Reconstruction
 
 

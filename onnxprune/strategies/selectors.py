@@ -12,7 +12,7 @@ from onnxprune.core.context import Choice, ConsumerData, Context
 from onnxprune.errors import OptionError
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.omp import SELECT_WORK, stats_omp
-from onnxprune.imitation.stats import neuron_cross, neuron_gram, target_energy
+from onnxprune.imitation.gram import neuron_cross, neuron_gram, target_energy
 from onnxprune.strategies.base import Selector
 
 

@@ -23,7 +23,7 @@ import numpy as np
 from onnxprune.analysis import consumers
 from onnxprune.analysis.groups import Group
 from onnxprune.core.context import Context, Progress
-from onnxprune.cost import group_step
+from onnxprune.budget.cost import group_step
 from onnxprune.errors import AnalysisError, CalibrationError
 from onnxprune.imitation.omp import PROBE_WORK, stats_omp
 from onnxprune.imitation.refit import expand_channels as expand

@@ -11,7 +11,7 @@ from __future__ import annotations
 from onnxprune.tasks.base import Judge, Metric, Task, log_probs, raw_discrepancy
 from onnxprune.tasks.ctc import CTC
 from onnxprune.tasks.detect import CONF, NMS_IOU, Detect, HeatDetect, SetDetect
-from onnxprune.tasks.detection import box_iou
+from onnxprune.tasks.boxes import box_iou
 from onnxprune.tasks.infer import TASKS, image_hw, infer_task, task_named
 from onnxprune.tasks.mask import Mask
 from onnxprune.tasks.seq import Seq

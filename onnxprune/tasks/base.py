@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from onnxprune.ir.ort import zero_pad
-from onnxprune.tasks.detection import Truth
+from onnxprune.tasks.boxes import Truth
 
 Judge = Callable[[Sequence[Mapping[str, np.ndarray]]], float]  # candidates' outputs -> discrepancy to a fixed reference
 

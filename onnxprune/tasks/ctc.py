@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.tasks.base import Metric, Task
-from onnxprune.tasks.detection import Truth
+from onnxprune.tasks.boxes import Truth
 from onnxprune.tasks.text import ctc_decode, edit_distance
 
 

@@ -1,4 +1,4 @@
-"""Detectors: raw-grid, DFL and split-head outputs (``tasks.detection``), sets of detections (``tasks.sets``) and
+"""Detectors: raw-grid, DFL and split-head outputs (``tasks.boxes``), sets of detections (``tasks.sets``) and
 heat maps (``tasks.maps``) scored by mAP against the reference's detections; instance masks by their IoU."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from functools import partial
 import numpy as np
 
 from onnxprune.tasks.base import Judge, Metric, Task
-from onnxprune.tasks.detection import (DENSE_STRIDES, STRIDES, APAccumulator, DetectionLayout, Detections, Truth,
+from onnxprune.tasks.boxes import (DENSE_STRIDES, STRIDES, APAccumulator, DetectionLayout, Detections, Truth,
                                       bootstrap_sd, cells)
 from onnxprune.tasks.maps import HeatLayout
 from onnxprune.tasks.sets import SetLayout, set_discrepancy

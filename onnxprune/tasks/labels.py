@@ -12,7 +12,7 @@ from PIL import Image
 
 from onnxprune.calib.images import Preprocess
 from onnxprune.errors import CalibrationError
-from onnxprune.tasks.detection import Truth
+from onnxprune.tasks.boxes import Truth
 
 MIN_VISIBLE = 0.5  # a box the crop cuts to less than this share of its area is left out
 

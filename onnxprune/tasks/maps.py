@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from onnxprune.tasks.base import Metric
-from onnxprune.tasks.detection import Detections, Truth, bootstrap_sd
+from onnxprune.tasks.boxes import Detections, Truth, bootstrap_sd
 
 HEAT_STRIDES = (4, 2, 8)  # the strides a heat map is looked for at, the common one first
 PEAK_CELLS = 4  # the side of a peak's box, in cells of the heat map

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from onnxprune.tasks.detection import Detections, box_iou, cells, xywh_to_xyxy
+from onnxprune.tasks.boxes import Detections, box_iou, cells, xywh_to_xyxy
 
 MAX_SET = 1000  # a set of at most this many slots; more is an anchor grid
 WEIGHT_FLOOR = 0.05  # detections scored below this count for nothing in the objective

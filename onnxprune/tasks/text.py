@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from onnxprune.tasks.detection import box_iou
+from onnxprune.tasks.boxes import box_iou
 
 BINARY_THRESHOLD = 0.3  # DBNet's usual threshold on the probability map
 REGION_IOU = 0.5

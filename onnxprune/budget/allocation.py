@@ -1,6 +1,6 @@
 """Per-group widths that meet a budget: MACs, or latency predicted by a measured cost table.
 
-Every allocation spends a ``Cost`` (``onnxprune.cost``): the cost of the model for given group widths and
+Every allocation spends a ``Cost`` (``onnxprune.budget.cost``): the cost of the model for given group widths and
 of the unpruned model. A ``MacModel`` is used as the MAC cost.
 """
 
@@ -10,7 +10,7 @@ import numpy as np
 
 from onnxprune.analysis.groups import Group
 from onnxprune.analysis.macs import MacModel
-from onnxprune.cost import Cost, as_cost, group_step
+from onnxprune.budget.cost import Cost, as_cost, group_step
 from onnxprune.errors import TargetError
 
 CURVE_FLOOR = 0.25  # curve_widths never narrows a group below this share of its channels

@@ -181,3 +181,23 @@ def test_the_manifest_file_round_trips_and_compress_writes_it(tmp_path: Path, ti
                                              ("Conv_12", None), ("/Conv", None)])
 def test_a_torchscript_node_name_gives_its_module_path(node: str, path: str | None) -> None:
     assert module_path(node) == path
+
+
+def test_a_gemm_whose_matrix_is_computed_lists_its_changed_bias_alone() -> None:
+    """A Gemm reading a computed B and a constant C: the manifest lists its bias, with no weight and no heads."""
+    def model(c: list[float]) -> onnx.ModelProto:
+        h = onnx.helper
+        graph = h.make_graph(
+            [h.make_node("Identity", ["w"], ["b"], name="/fc/Identity"),
+             h.make_node("Gemm", ["x", "b", "c"], ["y"], name="/fc/Gemm", transB=1)], "g",
+            [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2])],
+            [h.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 2])],
+            [h.make_tensor("w", onnx.TensorProto.FLOAT, [2, 2], [1, 0, 0, 1]),
+             h.make_tensor("c", onnx.TensorProto.FLOAT, [2], c)])
+        return h.make_model(graph)
+
+    from onnxprune.ir.kept import manifest
+
+    [entry] = manifest(model([0.0, 0.0]), model([1.0, 2.0]))
+    assert entry["module"] == "fc" and entry["heads"] is None and list(entry["weights"]) == ["bias"]
+    assert entry["weights"]["bias"].tolist() == [1.0, 2.0] and entry["original_shapes"] == {"bias": [2]}

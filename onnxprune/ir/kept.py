@@ -118,19 +118,26 @@ def _weights(model: onnx.ModelProto) -> dict[str, dict]:
                 break
             arrays["bias"] = arrays.get("bias", 0) + onnx.numpy_helper.to_array(other)
             tensor = add.output[0]
-        shapes = [onnx.numpy_helper.to_array(inits[r.input[1]]) for r in readers.get(tensor, [])
-                  if r.op_type == "Reshape" and len(r.input) > 1 and r.input[1] in inits]
-        width = arrays["weight"].shape[0]
-        split = next(((width // int(t[-1]), int(t[-1])) for t in shapes if t.ndim == 1 and len(t) >= 4 and t[-1] > 0
-                      and t[-2] in (-1, width // t[-1]) and width % t[-1] == 0), None)
-        out[node.name] = {"arrays": arrays, "group": attrs.get("group", 1), "heads": split}
+        projects = node.op_type in ("MatMul", "Gemm") and "weight" in arrays  # a Linear, which may feed heads
+        out[node.name] = {"arrays": arrays, "group": attrs.get("group", 1),
+                          "heads": _split(readers, inits, tensor, len(arrays["weight"])) if projects else None}
     return out
 
 
-def _heads(split: tuple[int, int] | None, width: int) -> list[int] | None:
-    """An attention projection's head count in the original (``width`` channels in heads as wide as now) and now;
-    None where no Reshape splits it into heads, or their count did not change."""
-    if split is None or width % split[1] or width // split[1] == split[0]:
+def _split(readers: dict[str, list[onnx.NodeProto]], inits: dict[str, onnx.TensorProto], tensor: str,
+           width: int) -> tuple[int, int] | None:
+    """(heads, head width) where a Reshape of constant target ``[..., heads or -1, head width]`` reads ``tensor`` of
+    ``width`` channels, else None."""
+    targets = [onnx.numpy_helper.to_array(inits[r.input[1]]) for r in readers.get(tensor, [])
+               if r.op_type == "Reshape" and len(r.input) > 1 and r.input[1] in inits]
+    return next(((width // int(t[-1]), int(t[-1])) for t in targets if t.ndim == 1 and len(t) >= 4 and t[-1] > 0
+                 and width % t[-1] == 0 and t[-2] in (-1, width // t[-1])), None)
+
+
+def _heads(split: tuple[int, int], width: int) -> list[int] | None:
+    """An attention projection's head count in the original (``width`` channels in heads as wide as now) and now
+    (``split``: ``_split``'s); None where their count did not change."""
+    if width % split[1] or width // split[1] == split[0]:
         return None
     return [width // split[1], split[0]]
 
@@ -156,7 +163,7 @@ def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
                     for side, tensor in (("out_channels", node.output[0]), ("in_channels", node.input[0]))}
         entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name), **channels,
                         "groups": new[node.name]["group"], "norm_in_graph": node.output[0] in normed,
-                        "heads": _heads(new[node.name]["heads"], before["weight"].shape[0]),
+                        "heads": new[node.name]["heads"] and _heads(new[node.name]["heads"], len(before["weight"])),
                         "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},
                         "weights": arrays})
     return entries

@@ -29,7 +29,7 @@ import torch
 import onnxprune
 from onnxprune.recovery.augment import augment_images
 from onnxprune.recovery.objective import DetectLoss
-from onnxprune.runtime.torch_eval import TorchGraph
+from onnxprune.torch.engine import TorchGraph
 from onnxprune.tasks import infer_task
 from third_party import wheel_file
 

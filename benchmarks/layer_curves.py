@@ -45,7 +45,7 @@ from paper_global import DownstreamObjective, greedy_global
 from onnxprune.imitation.local import greedy_local, loss
 from onnxprune.imitation.gram import ConsumerStats, neuron_gram
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import run_segment
+from onnxprune.ir.cuts import run_segment
 from rate import fit
 
 METHODS = ("local", "l1", "random")

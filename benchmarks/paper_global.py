@@ -42,8 +42,8 @@ import torch
 
 from onnxprune.errors import CalibrationError, ModelError
 from onnxprune.imitation.path import WidthPath
-from onnxprune.runtime.store import DiskArray
-from onnxprune.runtime.torch_eval import TorchGraph
+from onnxprune.ir.store import DiskArray
+from onnxprune.torch.engine import TorchGraph
 
 LOSSES = ("kl", "mse")
 MEMORY_BYTES = 2 << 30

@@ -34,7 +34,7 @@ from onnxprune.normal import load, written
 from onnxprune.pipeline import CompressReport, compress as _prune
 from onnxprune.pipeline.preflight import preflight
 from onnxprune.recovery import Progress, RecoverOptions, RecoverReport, recover as _recover
-from onnxprune.runtime.store import memory_bytes
+from onnxprune.ir.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.tasks.labels import Labels

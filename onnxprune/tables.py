@@ -24,7 +24,7 @@ from onnxprune.recovery import RecoverReport
 from onnxprune.recovery.report import DistillReport, SegmentReport
 from onnxprune.recovery.train import PATIENCE
 from onnxprune.recovery.verdict import RESAMPLES
-from onnxprune.runtime.store import show_bytes
+from onnxprune.ir.store import show_bytes
 from onnxprune.strategies.sensitivity import objects_seen
 from onnxprune.sweep import SweepResult, SweepRow
 

@@ -26,7 +26,7 @@ from onnxprune.flags.parse import parse_latency
 from onnxprune.pipeline import compress, schedule
 from onnxprune.errors import ModelError, TargetError
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 from onnxprune.strategies import Latency, options_from
 from tests.onnx_builders import export_tiny, run
 

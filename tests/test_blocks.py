@@ -18,7 +18,7 @@ from onnxprune.errors import OptionError
 from onnxprune.passes import remove_block
 from onnxprune.pipeline import compress, schedule
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import Liveness, run_segment
+from onnxprune.ir.cuts import Liveness, run_segment
 from onnxprune.strategies.sensitivity import curve_of
 from onnxprune.strategies import Allocator, MACs, named, options_from
 from tests.onnx_builders import run
@@ -141,7 +141,7 @@ def test_the_removal_probe_is_the_output_of_the_block_written_as_its_mean(tiny) 
     """The probe at width 0 (the consumer's columns cleared, its bias the mean target on the fit samples)
     measures the model whose block is replaced by that constant, run whole here."""
     from onnxprune.pipeline import Compressor
-    from onnxprune.runtime.cuts import cut_graph
+    from onnxprune.ir.cuts import cut_graph
     from onnxprune.strategies.objects import run_chunks
     from onnxprune.strategies.sensitivity import _probe
     from onnxprune.tasks import raw_discrepancy

@@ -136,7 +136,7 @@ def test_target_flops_with_suffix(files, tmp_path: Path) -> None:
 def test_best_effort_prunes_to_the_lowest_reachable_macs(files, tmp_path: Path) -> None:
     from onnxprune.budget.allocation import lowest_macs
     from onnxprune.pipeline import schedule
-    from onnxprune.runtime.cuts import Liveness
+    from onnxprune.ir.cuts import Liveness
 
     analysis = analyze(onnx.load(str(files["tiny"])))
     groups = [g for _, g in schedule(analysis, Liveness(analysis.graph))[0]]

@@ -9,11 +9,12 @@ import onnx
 import pytest
 
 from onnxprune.analysis import analyze
+from onnxprune.analysis.groups import kept_entries
 from onnxprune.budget.allocation import group_step
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 from onnxprune.strategies import (
     METHODS, RECONSTRUCTIONS, Epsilon, Global, Local, MACs, NoRefit, Random, Ratio, Refit, Scale, named,
     options_from,
@@ -73,8 +74,8 @@ def _keep_all(tiny, reconstruct) -> tuple[onnx.ModelProto, list[tuple[float, flo
                             run_.peek(run_.original, run_.values_o, need))
         n = group.channels
         keep, a = np.arange(n), np.full(n, 1.0 / n)
-        errors.append(tuple(run_.apply(group, data, keep, n * a)[:2]))  # (error_fold, error, ...)
-        run_.slice_cache(group, keep)
+        entries = kept_entries(run_.graph, group, keep)
+        errors.append(tuple(run_.apply(group, data, keep, n * a, entries)[:2]))  # (error_fold, error, ...)
     return run_.export(), errors
 
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from onnxprune.analysis import analyze
 from benchmarks.paper_global import DownstreamObjective, greedy_global, taylor_scores
-from onnxprune.runtime.torch_eval import TorchGraph
+from onnxprune.torch.engine import TorchGraph
 from tests.onnx_builders import export_torch, masked_original
 
 # --------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from onnxprune.ir.kept import narrow, read_kept, write_kept
 from onnxprune.ir.load import import_graph
 from onnxprune.pipeline import compress
 from onnxprune.recovery import RecoverOptions, recover
-from onnxprune.runtime.cuts import run_segment
+from onnxprune.ir.cuts import run_segment
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, options_from
 from tests.onnx_builders import export_torch
 

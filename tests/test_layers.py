@@ -21,17 +21,18 @@ FLOORS: list[tuple[str, ...]] = [
     ("onnxprune.cli",),  # the command line
     ("onnxprune.flags", "onnxprune.tables"),  # flags declared, their values -> the API's objects; what the CLI prints
     ("onnxprune.sweep",),  # many budgets over one calibration and one set of probes, judged and timed
-    ("onnxprune.api", "onnxprune.torch"),  # load / compress / recover / evaluate / bench / export; to and from torch
+    ("onnxprune.api",),  # load / compress / recover / evaluate / bench / export
     ("onnxprune.pipeline", "onnxprune.recovery", "onnxprune.deploy"),  # the pruning loop (its pre-flight included);
     # training; after pruning: fidelity to another model, INT8, TensorRT, timing
     ("onnxprune.strategies",),  # budgets, selectors, allocators, reconstructions
     ("onnxprune.core",),  # what strategies see of a run (Context), statistics, reconstruction on a graph
-    ("onnxprune.budget",),  # MAC and latency costs of widths; widths within a budget
+    ("onnxprune.budget", "onnxprune.torch"),  # MAC and latency costs of widths, widths within a budget; a graph as
+    # a torch module (the engine recover trains with), to and from the user's torch, the manifest
     ("onnxprune.normal", "onnxprune.passes", "onnxprune.tasks", "onnxprune.fileio"),  # the normal form in and out;
     # the pruning's surgery; output decoding; safe writes
-    ("onnxprune.analysis", "onnxprune.runtime", "onnxprune.calib"),  # groups and MACs; running graphs; samples
+    ("onnxprune.analysis", "onnxprune.runtime", "onnxprune.calib"),  # groups and MACs; timed runs, huge pages; samples
     ("onnxprune.ops",),  # the op registry
-    ("onnxprune.ir",),  # loading, shapes, onnxruntime sessions, graph helpers
+    ("onnxprune.ir",),  # loading, shapes, graph helpers; onnxruntime sessions and runs, cut by cut into the store
     ("onnxprune.imitation", "onnxprune.errors", "onnxprune.progress"),  # numerical kernels; errors; heartbeat
 ]
 

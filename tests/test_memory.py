@@ -16,7 +16,7 @@ import torch
 import onnxprune
 from onnxprune.analysis import analyze, consumers
 from onnxprune.pipeline.memory import MIN_STATS_BYTES, RUN_BYTES, peak_rss, plan
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 from tests.onnx_builders import export_torch
 
 from models.unet import UNet

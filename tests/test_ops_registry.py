@@ -13,7 +13,8 @@ from onnxprune.ops import OpEntry, lookup, register, registered
 from onnxprune.ops.elementwise import pointwise
 from onnxprune.ops.registry import product
 from onnxprune.passes import slice_channels
-from onnxprune.runtime.torch_eval import OpNode, TorchGraph
+from onnxprune.ops.kernel import OpNode
+from onnxprune.torch.engine import TorchGraph
 from tests.onnx_builders import GraphBuilder, export_graph, masked_original, run
 
 X = np.random.default_rng(0).standard_normal((2, 3, 8, 8)).astype(np.float32)

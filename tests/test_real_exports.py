@@ -59,11 +59,11 @@ def test_a_batch_the_input_fixes_is_calibrated_batched_and_written_back(tmp_path
     """A static batch 1 in the input (torch.onnx.export without dynamic_axes), and maybe in a Reshape's target:
     calibration runs batches through a copy with a free batch (the Reshape's 1 made 0, "copy the batch"), and
     the written model keeps the input and outputs of batch 1."""
-    import onnxprune.pipeline.compressor as pipeline
+    import onnxprune.ir.cache as cache
 
     batches = []
-    real = pipeline.run_segment
-    monkeypatch.setattr(pipeline, "run_segment", lambda *a, **k: (batches.append(k["batch_size"]), real(*a, **k))[1])
+    real = cache.run_segment
+    monkeypatch.setattr(cache, "run_segment", lambda *a, **k: (batches.append(k["batch_size"]), real(*a, **k))[1])
     model = _detector(1, target)
     assert fixed_batch(model).reason == "input 'input' has a static batch of 1"
     pruned, report = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))
@@ -92,11 +92,11 @@ def _exported_static(batch: int | str) -> onnx.ModelProto:
 def test_a_batch_fixed_by_constant_nodes_is_freed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The copy frees a batch written by a Constant-node target that two Reshapes share, and a weight's Identity
     (no batch axis, computed from no input) does not count as a tensor that mixes samples."""
-    import onnxprune.pipeline.compressor as pipeline
+    import onnxprune.ir.cache as cache
 
     batches = []
-    real = pipeline.run_segment
-    monkeypatch.setattr(pipeline, "run_segment", lambda *a, **k: (batches.append(k["batch_size"]), real(*a, **k))[1])
+    real = cache.run_segment
+    monkeypatch.setattr(cache, "run_segment", lambda *a, **k: (batches.append(k["batch_size"]), real(*a, **k))[1])
     assert fixed_batch(_exported_static("N")).reason.startswith("Reshape flat gives flat_out shape [1, 6, 128]")
     model = _exported_static(1)
     pruned, report = compress_dead(model, tmp_path, {"stem": 6, "body": 12}, (1, 3, 8, 8))

@@ -18,7 +18,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from onnxprune import api
-from onnxprune.pipeline import compressor
+from onnxprune.ir import cache
 from onnxprune.analysis import analyze
 from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.deploy.evaluation import evaluate
@@ -206,9 +206,9 @@ def test_time_major_outputs_count_macs_and_calibrate_batched(tmp_path: Path) -> 
     assert analysis.macs.total == convs + 16 * 64 * 10  # per sample: the batch axis is axis 1 at the MatMul
     assert fixed_batch(model) is None
     calls = []
-    real = compressor.run_segment
+    real = cache.run_segment
     monkey = pytest.MonkeyPatch()
-    monkey.setattr(compressor, "run_segment", lambda *a, **k: (calls.append(k["batch_size"]), real(*a, **k))[1])
+    monkey.setattr(cache, "run_segment", lambda *a, **k: (calls.append(k["batch_size"]), real(*a, **k))[1])
     try:
         pruned, report = compress_dead(model, tmp_path, {"stem": 6, "feat": 6}, (1, 3, 8, 16))
     finally:

@@ -13,7 +13,7 @@ from onnxprune.errors import AnalysisError, CalibrationError, OptionError
 from onnxprune.pipeline import Compressor, compress, schedule
 from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import cut_graph
+from onnxprune.ir.cuts import cut_graph
 from onnxprune.strategies.objects import run_chunks
 from onnxprune.strategies.sensitivity import _probe, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy

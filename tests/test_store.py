@@ -1,4 +1,4 @@
-"""Cached activations in bounded memory: ``runtime.store`` spills past its budget to unlinked files, and
+"""Cached activations in bounded memory: ``ir.store`` spills past its budget to unlinked files, and
 ``compress`` gives the same model whatever the budget."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import OptionError, ResourceError, TargetError
 from onnxprune.pipeline import compress
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.store import DiskArray, Store, memory_bytes, parse_size
+from onnxprune.ir.store import DiskArray, Store, memory_bytes, parse_size
 from onnxprune.strategies import MACs, Ratio, options_from
 
 

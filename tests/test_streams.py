@@ -20,7 +20,7 @@ from onnxprune.analysis.groups import keep_index
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import compress, schedule
 from onnxprune.ir.ort import model_input_specs
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 from onnxprune.strategies import Allocator, MACs, NoRefit, Refit, Selector, options_from
 from tests.onnx_builders import masked_original, run
 

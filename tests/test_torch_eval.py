@@ -16,7 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from onnxprune.errors import ModelError, UnsupportedOpError
 from onnxprune.ops import lookup
-from onnxprune.runtime.torch_eval import TorchGraph, write_back
+from onnxprune.torch.engine import TorchGraph, write_back
 from tests.onnx_builders import session, wheel_file
 
 F32, I64 = TensorProto.FLOAT, TensorProto.INT64

@@ -412,3 +412,9 @@ def find_groups(graph: gs.Graph) -> list[Group]:
         for name, offsets in group.offsets.items():
             layout.segments.setdefault(name, []).extend((o, group.channels, group.witness) for o in offsets)
     return groups
+
+
+def is_gate(node: gs.Node) -> bool:
+    """A producer with one value per channel and sample (an SE excitation conv on a pooled map, or a Gemm)."""
+    shape = static_shape(node.outputs[0])
+    return shape is not None and len(shape) >= 2 and all(d == 1 for d in shape[2:])

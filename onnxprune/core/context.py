@@ -14,8 +14,8 @@ from onnxprune.analysis import Analysis, consumers
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.imitation.gram import ConsumerStats
 from onnxprune.ir.probe import FixedBatch
-from onnxprune.runtime.cuts import Liveness
-from onnxprune.runtime.store import Array
+from onnxprune.ir.cuts import Liveness
+from onnxprune.ir.store import Array
 
 Progress = Callable[[int, int, str], None]
 Choice = tuple[np.ndarray, np.ndarray, "float | None"]  # kept channels (sorted), fold factors, relative loss

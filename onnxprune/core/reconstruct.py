@@ -7,14 +7,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.analysis import consumers
-from onnxprune.analysis.groups import Group, kept_entries
+from onnxprune.analysis.groups import Group
 from onnxprune.core.context import ConsumerData
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import quadratic_loss_full, refit_cv
 from onnxprune.ir.graph import const_value
 from onnxprune.ops.registry import set_bias
 from onnxprune.passes import refit_consumer, scale_columns
-from onnxprune.runtime.store import Array
+from onnxprune.ir.store import Array
 
 
 def refit(graph: gs.Graph, group: Group, data: list[ConsumerData], cols: np.ndarray, priors: list[np.ndarray]
@@ -57,13 +57,14 @@ def _weights_in(graph: gs.Graph, group: Group, d: ConsumerData) -> tuple[np.ndar
 GateShift = tuple[np.ndarray, np.ndarray]  # (what each output lost on average, the output rows kept)
 
 
-def gate_shifts(graph: gs.Graph, group: Group, keep: np.ndarray, values: dict[str, Array]) -> dict[str, GateShift]:
+def gate_shifts(graph: gs.Graph, group: Group, entries: dict[str, np.ndarray],
+                values: dict[str, Array]) -> dict[str, GateShift]:
     """For each 1×1 gate conv of ``group`` (``Group.gates``; VoVNet's effective squeeze-excitation), before the group
-    is sliced to ``keep``: what the input channels it is about to lose added to each of its outputs, on average over
-    the calibration samples of its input in ``values`` (``W[:, dropped] · mean x[dropped]``), and the output rows
-    that stay. ``shift_gates`` moves it into the bias once sliced, so the kept channels' gates keep their mean."""
+    is sliced to what it keeps (``entries``: ``kept_entries``): what the input channels it is about to lose added to
+    each of its outputs, on average over the calibration samples of its input in ``values`` (``W[:, dropped] · mean
+    x[dropped]``), and the output rows that stay. ``shift_gates`` moves it into the bias once sliced, so the kept
+    channels' gates keep their mean."""
     nodes = {n.name: n for n in graph.nodes}
-    entries = kept_entries(graph, group, keep)
     out = {}
     for name in group.gates:
         gate = nodes.get(name)

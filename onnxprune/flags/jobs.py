@@ -17,7 +17,7 @@ from onnxprune.errors import OnnxPruneError, OptionError, TargetError
 from onnxprune.flags.declared import Values
 from onnxprune.flags.parse import numbers, parse_duration, parse_latency, parse_macs, parse_target
 from onnxprune.recovery import RecoverOptions
-from onnxprune.runtime.store import memory_bytes
+from onnxprune.ir.store import memory_bytes
 from onnxprune.strategies import Latency, MACs, Ratio, named
 from onnxprune.sweep import SweepResult, SweepRow, sweep as run_sweep
 

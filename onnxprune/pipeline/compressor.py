@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -16,12 +15,12 @@ import onnx_graphsurgeon as gs
 
 from onnxprune.budget.allocation import group_step
 from onnxprune.analysis import analyze
-from onnxprune.analysis.groups import ConsumerUse, Group, kept_entries
+from onnxprune.analysis.groups import ConsumerUse, Group, is_gate, kept_entries
 from onnxprune.calib.sources import CalibrationSet
 from onnxprune.core import reconstruct
 from onnxprune.core.context import ConsumerData
 from onnxprune.core.statistics import collect
-from onnxprune.errors import CalibrationError, ResourceError
+from onnxprune.errors import CalibrationError
 from onnxprune.imitation.refit import centred_energy
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.ir.graph import export_model, loaded, restore_subgraphs, with_metadata
@@ -33,9 +32,9 @@ from onnxprune.ir.shapes import infer_shapes
 from onnxprune.passes import remove_block, slice_channels
 from onnxprune.pipeline.memory import RUN_BYTES, plan
 from onnxprune.pipeline.report import LayerReport
-from onnxprune.pipeline.schedule import is_gate
-from onnxprune.runtime.cuts import Liveness, batchless, cached_axis, no_batch_axis, run_segment
-from onnxprune.runtime.store import Array, Store, show_bytes
+from onnxprune.ir.cache import Cache
+from onnxprune.ir.cuts import Liveness, cached_axis, no_batch_axis
+from onnxprune.ir.store import Store
 from onnxprune.strategies import CompressOptions
 from onnxprune.strategies.objects import ObjectSamples, object_samples, object_weights, scan
 
@@ -55,6 +54,8 @@ class Compressor:
     """Holds both graphs and their cached live tensors while pruning group by group."""
 
     def __init__(self, model: onnx.ModelProto, calib: CalibrationSet, options: CompressOptions) -> None:
+        if len(calib) == 0:
+            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
         self.model = model
         self.options = options
         # a graph whose input alone fixes the batch is calibrated through a copy with a free batch
@@ -77,8 +78,8 @@ class Compressor:
             if group.name in self.memory.excluded:
                 group.blockers.append(f"memory: {self.memory.excluded[group.name]}")
         self.store = Store(self.memory.budget, options.spill_dir)
-        self._check_room(len(calib), self.memory.cache)
-        self.inputs = self._load(calib)
+        self.store.check_room(len(calib), self.memory.cache)
+        self.inputs = self.store.stack(calib.batches(options.batch_size), len(calib))
         if len(next(iter(self.inputs.values()))) < 2:
             raise CalibrationError("compress needs at least 2 calibration samples (the refit cross-validates)")
         self.values_p = dict(self.inputs)
@@ -87,11 +88,10 @@ class Compressor:
         self.fixed_batch = fixed_batch(light, self.inputs, weights)
         # A graph that writes its batch into the graph runs as exported; the statistics still batch freely.
         self.run_batch = self.memory.run_batch if self.fixed_batch is None else self.fixed_batch.size
+        self.cache = Cache(self.live, self.store, options.provider, self.run_batch, self.fixed_batch is not None)
         self.stats_bytes = self.memory.stats_bytes  # a statistics chunk's unfolded inputs and targets, at most
-        self.provider = options.provider
         self.reference: dict[str, np.ndarray] | None = None  # original outputs, for global imitation
         self.allocation: dict | None = None  # what the allocator measured (the output allocation's probes)
-        self.on_chunk: Callable[[int, int], None] | None = None  # (samples done, total) as the cache advances
         self.on_status: Callable[[str], None] | None = None  # what the current group's pruning is doing
         self.kept_rows: dict[str, np.ndarray] = {}  # stream producer -> its original output rows still there
         self.pending: list[Pending] = []  # stream consumers to refit when the loop reaches them
@@ -101,27 +101,6 @@ class Compressor:
         self.found: np.ndarray | None = None  # per calibration sample: whether the original finds an object there
         self.weights: np.ndarray | None = None  # a detector's position weights per calibration sample
         self.kept = read_kept(model)  # tensor -> (axis, the original channels it holds): the output's metadata
-
-    def _check_room(self, n: int, need: int) -> None:
-        """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
-        widest cut, i.e. before any group's consumer, the live tensors of both networks; ``memory.plan``) cannot fit
-        in the RAM budget plus the free space of the spill folder."""
-        if need > self.store.budget and not self.store.folder.is_dir():
-            raise ResourceError(f"the spill folder {self.store.folder} is not a folder: create it or point spill_dir "
-                                "at another", option="spill_dir")
-        free = shutil.disk_usage(self.store.folder).free if need > self.store.budget else 0
-        if need > self.store.budget + free:
-            raise ResourceError(
-                f"{n} calibration samples need about {show_bytes(need)} of cached activations, and there are "
-                f"{show_bytes(self.store.budget)} of RAM for them (the memory budget) and {show_bytes(free)} free "
-                f"in {self.store.folder}: calibrate on fewer samples, raise the memory budget, free disk space "
-                "there or point spill_dir elsewhere", option="spill_dir")
-
-    def _load(self, calib: CalibrationSet) -> dict[str, Array]:
-        """The calibration inputs, batch by batch into the store's arrays."""
-        if len(calib) == 0:
-            raise CalibrationError("the calibration set is empty: give a folder or file with samples")
-        return self.store.stack(calib.batches(self.options.batch_size), len(calib))
 
     def keep_objects(self, on_scan: Callable[[int, int], None] | None = None) -> None:
         """A detector fits and probes on the calibration samples where the original finds an object, with others
@@ -144,38 +123,23 @@ class Compressor:
 
     def advance(self, graph: gs.Graph, values: dict[str, np.ndarray], cut: int) -> None:
         """Bring the cached tensors of ``graph`` to those live at ``cut`` (in place)."""
-        live = self.live.live(cut)
-        tensors = graph.tensors()  # a removed block's tensors are gone from the pruned graph
-        new, ran = run_segment(graph, values, {t for t in live - set(values) if t in tensors},
-                               provider=self.options.provider, batch_size=self.run_batch,
-                               exact=self.fixed_batch is not None, store=self.store, on_chunk=self.on_chunk)
-        self.provider = ran or self.provider
-        values.update(new)
-        for name in set(values) - live:
-            del values[name]
+        self.cache.advance(graph, values, cut)
 
     def exclude_batchless(self, order: list[tuple[int, Group]]) -> None:
         """Before any work: leave unpruned each group that would cache, at its cut or as its consumers' input, a
         tensor without the samples on its first axis (computed from the batch size: a transformer's tokens
         flattened to [B·T, C]), with that tensor as the reason, found on one batch of the first samples."""
         needed = {group.id: self.live.live(cut) | {use.tensor for use in group.consumers} for cut, group in order}
-        batch = 2 if self.fixed_batch is None else self.run_batch  # 2: a batch of 1 hides a [T, C] tensor's T = 1
-        some = {name: v[:batch] for name, v in self.inputs.items()}
-        bad = batchless(self.original, some, set().union(*needed.values()), provider=self.options.provider,
-                        batch_size=batch, exact=self.fixed_batch is not None) if needed else {}
+        bad = self.cache.batchless(self.original, self.inputs, set().union(*needed.values())) if needed else {}
         for _, group in order:
             found = sorted(needed[group.id] & set(bad))
             if found:
-                group.blockers.append(f"{no_batch_axis(found[0], bad[found[0]], batch)} and would be cached at "
-                                      "this group's cut")
+                group.blockers.append(f"{no_batch_axis(found[0], bad[found[0]], self.cache.probe_batch)} and would "
+                                      "be cached at this group's cut")
 
     def peek(self, graph: gs.Graph, values: dict[str, np.ndarray], names: set[str]) -> dict[str, np.ndarray]:
         """``values`` plus the tensors ``names`` not cached yet, computed ahead (not kept in the cache)."""
-        new, ran = run_segment(graph, values, names - set(values), provider=self.options.provider,
-                               batch_size=self.run_batch, exact=self.fixed_batch is not None, store=self.store,
-                               on_chunk=self.on_chunk)
-        self.provider = ran or self.provider
-        return {**values, **new}
+        return self.cache.peek(graph, values, names)
 
     def collect(self, group: Group, prefix: dict[str, np.ndarray], reference: dict[str, np.ndarray],
                 uses: list[ConsumerUse] | None = None, samples: np.ndarray | None = None) -> list[ConsumerData]:
@@ -204,42 +168,37 @@ class Compressor:
     def reference_outputs(self) -> dict[str, np.ndarray]:
         """The original network's outputs on the calibration set (computed once)."""
         if self.reference is None:
-            outputs = [t.name for t in self.original.outputs]
-            self.reference, _ = run_segment(self.original, dict(self.inputs), outputs, provider=self.options.provider,
-                                            batch_size=self.run_batch, exact=self.fixed_batch is not None,
-                                            store=self.store)
+            self.reference = self.cache.run(self.original, dict(self.inputs), [t.name for t in self.original.outputs],
+                                            progress=False)
         return self.reference
 
     def prune(self, cut: int, group: Group, width: int) -> LayerReport | None:
-        """Bring both networks to ``cut``, then select ``width`` channels of ``group`` and reconstruct its
-        consumers (None: the group keeps all its channels; width 0 removes a removable block). A residual
-        stream's consumers that run later are refitted when the loop reaches them (``refit_pending``)."""
+        """Refit the residual streams' consumers due before ``cut`` (``refit_pending``), bring both networks to
+        ``cut``, then select ``width`` channels of ``group`` and reconstruct its consumers (None: the group keeps all
+        its channels; width 0 removes a removable block). A residual stream's consumers that run later are refitted
+        when the loop reaches them."""
+        self.refit_pending(cut + 1)
         t0 = time.perf_counter()
-        self.advance(self.graph, self.values_p, cut)
-        self.advance(self.original, self.values_o, cut)
+        self.cache.advance(self.graph, self.values_p, cut)
+        self.cache.advance(self.original, self.values_o, cut)
         if width == group.channels:
             return None
         need = {c.tensor for c in group.consumers}
-        data = self.collect(group, self.peek(self.graph, self.values_p, need),
-                            self.peek(self.original, self.values_o, need))
+        data = self.collect(group, self.cache.peek(self.graph, self.values_p, need),
+                            self.cache.peek(self.original, self.values_o, need))
         if width == 0:
             return self.remove(group, data, t0)
         keep, fold, rel = self.select.select(self, group, data, width)
+        entries = kept_entries(self.graph, group, keep)  # the indices each member tensor keeps, before the slicing
         nodes = {n.name: n for n in self.graph.nodes}
         later = [p for p in group.producers if self.live.position[p] >= cut]
         stream = bool(later) and not is_gate(nodes[later[0]])
         deferred = [d for d in data if self.live.position[d.use.node] > cut] if (
             stream and self.options.reconstruct.refits_after_gate) else []
         if stream:
-            rows = kept_entries(self.graph, group, keep)
-            self.kept_rows.update({p: rows[nodes[p].outputs[0].name] for p in later})
+            self.kept_rows.update({p: entries[nodes[p].outputs[0].name] for p in later})
         now = [d for d in data if d not in deferred]
-        gates = {nodes[g].inputs[0].name for g in group.gates if g in nodes}
-        shifts = reconstruct.gate_shifts(self.graph, group, keep, self.peek(self.graph, self.values_p, gates)
-                                         ) if gates else {}
-        err_fold, err, ridges = self.apply(group, now, keep, fold)
-        reconstruct.shift_gates(self.graph, shifts)
-        self.slice_cache(group, keep)
+        err_fold, err, ridges = self.apply(group, now, keep, fold, entries)
         again = (self.refit_after_gate(group, data, keep, min(self.live.position[p] for p in later))
                  if later and not stream and self.options.reconstruct.refits_after_gate else None)
         if again is not None:
@@ -273,11 +232,11 @@ class Compressor:
         for p in due:
             t0 = time.perf_counter()
             self.pending.remove(p)
-            self.advance(self.graph, self.values_p, p.position)
-            self.advance(self.original, self.values_o, p.position)
+            self.cache.advance(self.graph, self.values_p, p.position)
+            self.cache.advance(self.original, self.values_o, p.position)
             need = {p.use.tensor}
-            fresh = self.collect(p.group, self.peek(self.graph, self.values_p, need),
-                                 self.peek(self.original, self.values_o, need), [p.use])
+            fresh = self.collect(p.group, self.cache.peek(self.graph, self.values_p, need),
+                                 self.cache.peek(self.original, self.values_o, need), [p.use])
             self.graph, ridges, err = reconstruct.refit(self.graph, p.group, fresh, np.arange(p.layer.kept),
                                                         [d.current.weight for d in fresh])
             p.tally[0] += err
@@ -286,15 +245,27 @@ class Compressor:
             p.layer.ridges += ridges
             p.layer.seconds += time.perf_counter() - t0
 
-    def apply(
-        self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray
-    ) -> tuple[float, float, list[float]]:
-        """Slice the group, then let the reconstruction set its consumers. Returns (error_fold, error, ridges)."""
-        narrow(self.kept, kept_entries(self.graph, group, keep), {n: a for n, (a, _) in group.tensors.items()})
+    def apply(self, group: Group, data: list[ConsumerData], keep: np.ndarray, fold: np.ndarray,
+              entries: dict[str, np.ndarray]) -> tuple[float, float, list[float]]:
+        """Slice the group in the graph and the cache (``entries``: ``kept_entries`` of ``keep``), let the
+        reconstruction set its consumers, and the group's gates keep their mean (``reconstruct.gate_shifts``).
+        Returns (error_fold, error, ridges)."""
+        nodes = {n.name: n for n in self.graph.nodes}
+        gates = {nodes[g].inputs[0].name for g in group.gates if g in nodes}
+        shifts = reconstruct.gate_shifts(self.graph, group, entries, self.cache.peek(self.graph, self.values_p, gates)
+                                         ) if gates else {}
+        narrow(self.kept, entries, {n: a for n, (a, _) in group.tensors.items()})
         self.graph = slice_channels(self.graph, group, keep)
+        tensors = self.graph.tensors()  # the cached tensors sliced as the graph was
+        axes = {name: cached_axis(self.values_p[name], tensors[name], axis) for name, (axis, _) in group.tensors.items()
+                if name in self.values_p}
+        sizes = {name: self.values_p[name].shape[axis] for name, axis in axes.items()}
+        for name, index in kept_entries(self.graph, group, keep, sizes).items():
+            self.values_p[name] = self.store.take(self.values_p[name], index, axis=axes[name])
         energy = sum(centred_energy(d.stats) for d in data) or 1.0
         fold_err = sum(reconstruct.fold_loss(d, keep, fold) for d in data) / energy
         err, ridges = self.options.reconstruct.apply(self, group, data, keep, fold)
+        reconstruct.shift_gates(self.graph, shifts)
         return fold_err, err / energy, ridges
 
     def refit_after_gate(self, group: Group, data: list[ConsumerData], keep: np.ndarray, gate: int
@@ -305,22 +276,13 @@ class Compressor:
         if not stale:
             return None
         need = {d.use.tensor for d in stale}
-        fresh = self.collect(group, self.peek(self.graph, self.values_p, need),
-                             self.peek(self.original, self.values_o, need), [d.use for d in stale])
+        fresh = self.collect(group, self.cache.peek(self.graph, self.values_p, need),
+                             self.cache.peek(self.original, self.values_o, need), [d.use for d in stale])
         self.graph, ridges, err = reconstruct.refit(self.graph, group, fresh, np.arange(len(keep)),
                                                     [d.current.weight[:, expand(keep, d.current.k)] for d in stale])
         rest = [d for d in data if d not in stale]
         err += reconstruct.written_error(self.graph, group, rest, keep)
         return err / (sum(centred_energy(d.stats) for d in [*fresh, *rest]) or 1.0), ridges
-
-    def slice_cache(self, group: Group, keep: np.ndarray) -> None:
-        """Slice the group's cached tensors like ``apply`` sliced the graph."""
-        tensors = self.graph.tensors()
-        axes = {name: cached_axis(self.values_p[name], tensors[name], axis) for name, (axis, _) in group.tensors.items()
-                if name in self.values_p}
-        sizes = {name: self.values_p[name].shape[axis] for name, axis in axes.items()}
-        for name, index in kept_entries(self.graph, group, keep, sizes).items():
-            self.values_p[name] = self.store.take(self.values_p[name], index, axis=axes[name])
 
     def export(self) -> onnx.ModelProto:
         model = export_model(self.graph.cleanup(recurse_subgraphs=False).toposort(recurse_subgraphs=False))

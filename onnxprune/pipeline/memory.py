@@ -25,8 +25,8 @@ from onnxprune.analysis.groups import Group
 from onnxprune.core.statistics import STATS_BYTES
 from onnxprune.ir.graph import static_shape
 from onnxprune.ops.registry import lookup
-from onnxprune.runtime.cuts import Liveness
-from onnxprune.runtime.store import available_memory, show_bytes
+from onnxprune.ir.cuts import Liveness
+from onnxprune.ir.store import available_memory, show_bytes
 
 FIT = 0.85  # of the memory available at the start, what the plan lets the run grow by
 MIN_STATS_BYTES = 64 << 20
@@ -79,6 +79,11 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
     the bytes of activations one run should stay within (``RUN_BYTES`` on the CPU; None: no bound)."""
     free = (available or available_memory)()
     graph = analysis.graph
+    nodes = {n.name: n for n in graph.nodes}
+    macs = {e.node: e.macs for e in analysis.macs.entries}
+    held = {g.name: consumer_bytes(g, nodes, macs) for g in analysis.groups}
+    unfold = max((u for u, _ in held.values()), default=0)
+    statistics = {g.name: held[g.name][1] for g in analysis.groups if g.prunable}
     tensors = graph.tensors()
     size = {name: sample_bytes(t) for name, t in tensors.items()}
     inputs = {t.name for t in graph.inputs}
@@ -89,10 +94,6 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
     cuts = {live.position[use.node] for group in analysis.groups for use in group.consumers}
     widest = max((sum(size.get(t, 0) for t in live.live(c) - inputs) for c in cuts), default=0)
     cache = samples * (sum(size.get(t, 0) for t in inputs) + 2 * widest)
-    nodes = {n.name: n for n in graph.nodes}
-    macs = {e.node: e.macs for e in analysis.macs.entries}
-    unfold = max((_unfold_bytes(nodes[use.node], macs.get(use.node, 0)) for g in analysis.groups
-                  for use in g.consumers), default=0)
     weights = sum(int(np.asarray(t.values).nbytes) for t in tensors.values() if isinstance(t, gs.Constant))
     run = batch
     if per_run is not None and not fixed:  # the largest power of two within per_run, at least 2
@@ -121,7 +122,11 @@ def plan(analysis: Analysis, live: Liveness, samples: int, batch: int, fixed: bo
         result.actions.append(f"the statistics unfold at most {show_bytes(result.stats_bytes)} at a time")
     result.parts = parts()
     result.estimate = sum(result.parts.values())
-    result.excluded = too_wide(analysis, max(room - result.estimate, room // 2))
+    left = max(room - result.estimate, room // 2)  # a group whose statistics need more is left unpruned
+    result.excluded = {name: (f"choosing its channels holds about {show_bytes(need)} of statistics (consumer {node} "
+                              f"reads {columns} columns), more than the {show_bytes(left)} this run may use: give the "
+                              "machine more memory to prune it") for name, (need, node, columns) in statistics.items()
+                       if need > left}
     if result.excluded:
         result.actions.append(f"{len(result.excluded)} group(s) left unpruned: their statistics would not fit")
     return result
@@ -132,15 +137,19 @@ STATS_COPIES = 6
 merge, the group OMP's centred and regularised copies, and its basis (at most as large)."""
 
 
-def statistics_bytes(group: Group, nodes: dict[str, gs.Node]) -> tuple[int, str, int]:
-    """What choosing ``group``'s channels holds for its consumers' statistics (float64, ``STATS_COPIES`` of each
-    consumer's D×D and D×O sums, D its columns: input channels × kernel taps, from shapes only), and the widest
-    consumer with its D."""
-    total, widest, columns = 0, "", 0
+def consumer_bytes(group: Group, nodes: dict[str, gs.Node], macs: dict[str, int]) -> tuple[int, tuple[int, str, int]]:
+    """From shapes only, what ``group``'s consumers hold: the largest one sample's unfolded input (its MACs over its
+    output channels) and output take, float32; and what choosing the group's channels holds for their statistics
+    (float64, ``STATS_COPIES`` of each consumer's D×D and D×O sums, D its columns: input channels × kernel taps), with
+    the widest consumer and its D."""
+    unfold, total, widest, columns = 0, 0, "", 0
     for use in group.consumers:
         node = nodes[use.node]
+        out = static_shape(node.outputs[0])
+        if out and len(out) >= 2 and all(isinstance(d, int) for d in out[1:]):
+            unfold = max(unfold, 4 * (macs.get(use.node, 0) // max(out[1], 1) + math.prod(out[1:])))
         entry = lookup(node.op)
-        weight, out = static_shape(node.inputs[1]), static_shape(node.outputs[0])
+        weight = static_shape(node.inputs[1])
         axis = entry.mixing.axis(node) if entry is not None and entry.mixing is not None else None
         if not weight or not out or axis is None or not isinstance(out[axis], int) or not out[axis]:
             continue
@@ -149,29 +158,7 @@ def statistics_bytes(group: Group, nodes: dict[str, gs.Node]) -> tuple[int, str,
         total += 8 * STATS_COPIES * (d * d + d * o)
         if d > columns:
             widest, columns = use.node, d
-    return total, widest, columns
-
-
-def too_wide(analysis: Analysis, room: int) -> dict[str, str]:
-    """The groups whose statistics (``statistics_bytes``) would not fit in ``room`` bytes, with the reason (the run
-    leaves them unpruned and prunes the others, instead of being killed on reaching them)."""
-    nodes = {n.name: n for n in analysis.graph.nodes}
-    out = {}
-    for group in analysis.groups:
-        need, node, columns = statistics_bytes(group, nodes)
-        if group.prunable and need > room:
-            out[group.name] = (f"choosing its channels holds about {show_bytes(need)} of statistics (consumer {node} "
-                               f"reads {columns} columns), more than the {show_bytes(room)} this run may use: give the "
-                               f"machine more memory to prune it")
-    return out
-
-
-def _unfold_bytes(node: gs.Node, macs: int) -> int:
-    """Bytes of one sample of a consumer's unfolded input (its MACs over its output channels) and output, float32."""
-    shape = static_shape(node.outputs[0])
-    if not shape or len(shape) < 2 or any(not isinstance(d, int) for d in shape[1:]):
-        return 0
-    return 4 * (macs // max(shape[1], 1) + math.prod(shape[1:]))
+    return unfold, (total, widest, columns)
 
 
 def peak_rss(status: Path = Path("/proc/self/status")) -> int:

@@ -57,9 +57,8 @@ def compress(
     )
     for i, (cut, group) in enumerate(order):
         _progress(on_layer, i, len(order), f"pruning {group.name}")
-        run.on_chunk = None if on_layer is None else partial(_samples, on_layer, i, len(order), group.name)
+        run.cache.on_chunk = None if on_layer is None else partial(_samples, on_layer, i, len(order), group.name)
         run.on_status = None if on_layer is None else partial(_status, on_layer, i, len(order), group.name)
-        run.refit_pending(cut + 1)
         layer = run.prune(cut, group, widths[group.id])
         if layer is not None:
             report.layers.append(layer)
@@ -69,7 +68,7 @@ def compress(
     after = analyze(pruned)
     report.macs_after = after.macs.total
     report.params_after = count_params(after.graph)
-    report.provider = run.provider
+    report.provider = run.cache.ran or options.provider
     report.latency = spend.outcome(model, pruned, widths, target, requested,
                                    lambda label: _progress(on_layer, len(order), len(order), label))
     report.selection = run.select.summary()

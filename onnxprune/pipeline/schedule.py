@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import onnx_graphsurgeon as gs
-
 from onnxprune.analysis import Analysis
-from onnxprune.analysis.groups import Group
+from onnxprune.analysis.groups import Group, is_gate
 from onnxprune.errors import AnalysisError
-from onnxprune.ir.graph import static_shape
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 
 # Integer/quantized ops that stand where float Conv/MatMul would: a quantized model has no float channels to prune.
 QUANTIZED_OPS = frozenset({"ConvInteger", "MatMulInteger", "QLinearConv", "QLinearMatMul", "DynamicQuantizeLinear",
@@ -70,9 +67,3 @@ def schedule(analysis: Analysis, live: Liveness, streams: bool = False) -> tuple
         raise AnalysisError(f"no prunable channel group in this graph ({groups}: {shown}); "
                             "`onnxprune analyze` lists every group")
     return order, skipped
-
-
-def is_gate(node: gs.Node) -> bool:
-    """A producer with one value per channel and sample (an SE excitation conv on a pooled map, or a Gemm)."""
-    shape = static_shape(node.outputs[0])
-    return shape is not None and len(shape) >= 2 and all(d == 1 for d in shape[2:])

@@ -24,11 +24,11 @@ Samples the pruner fitted on make an optimistic held-out set: pass ``held`` samp
 from __future__ import annotations
 
 from onnxprune.recovery.augment import Mix
-from onnxprune.recovery.options import METHODS, TRAIN, Layout, Method, Progress, RecoverOptions, Train, writeback_tolerance
+from onnxprune.recovery.options import METHODS, TRAIN, Layout, Method, Progress, RecoverOptions, Train
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.run import recover
 from onnxprune.recovery.samples import discrepancy, halves, split
 from onnxprune.recovery.segments import Segment
 
 __all__ = ["METHODS", "TRAIN", "DistillReport", "Layout", "Method", "Mix", "Progress", "RecoverOptions", "RecoverReport",
-           "Segment", "SegmentReport", "Train", "discrepancy", "halves", "recover", "split", "writeback_tolerance"]
+           "Segment", "SegmentReport", "Train", "discrepancy", "halves", "recover", "split"]

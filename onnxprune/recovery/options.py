@@ -7,13 +7,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-import numpy as np
 import torch
 
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.progress import clock_text
 from onnxprune.recovery.augment import Mix
-from onnxprune.runtime.store import Store, check_memory, default_budget
+from onnxprune.ir.store import Store, check_memory, default_budget
 
 
 class Train(StrEnum):
@@ -54,20 +53,6 @@ class Method(StrEnum):
 METHODS = tuple(m.value for m in Method)
 Progress = Callable[[str, int, int, float | None], None]
 Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
-
-
-def writeback_tolerance(device: torch.device) -> float:
-    """Largest relative difference allowed between onnxruntime on the written model and the trained
-    torch weights: float32 kernels summing in other orders (~1e-6 on CPU), or cuDNN convolutions in
-    TF32 (~1e-3) on CUDA. A weight left unwritten differs by what the training changed."""
-    return 1e-4 if device.type == "cpu" else 1e-2
-
-
-def writeback_error(written: np.ndarray, trained: np.ndarray) -> float:
-    """The relative L2 difference of onnxruntime's output on the written model from the trained torch weights', what
-    ``writeback_tolerance`` bounds."""
-    written = written.astype(np.float64)
-    return float(np.linalg.norm(written - trained) / max(np.linalg.norm(written), 1e-30))
 
 
 DEFAULT_TIME = 900.0  # seconds: what a 2-core CPU needs for MobileNetV2 on a few hundred photos (docs/results.md)
@@ -149,7 +134,7 @@ class RecoverOptions:
         check_memory(self.memory)
 
     def store(self) -> Store:
-        """Where the run's cached tensors live (``runtime.store``)."""
+        """Where the run's cached tensors live (``ir.store``)."""
         return Store(default_budget() if self.memory is None else self.memory, self.spill_dir)
 
 

@@ -20,15 +20,15 @@ from onnxprune.ir.shapes import infer_shapes
 from onnxprune.normal import untied
 from onnxprune.recovery.objective import detect_task
 from onnxprune.recovery.options import (
-    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part, writeback_error,
-    writeback_tolerance,
+    PASSES_COST, PASSES_FLOOR, PASSES_SHARE, Clock, Progress, RecoverOptions, distill_part,
 )
 from onnxprune.recovery.report import RecoverReport
 from onnxprune.recovery.samples import discrepancy, samples, within
 from onnxprune.recovery.segments import find_segments
 from onnxprune.recovery.stages import another_round, block_plan, block_stage, distill_stage
 from onnxprune.recovery.verdict import confidence, scores
-from onnxprune.runtime.cuts import run_segment
+from onnxprune.torch.engine import writeback_error, writeback_tolerance
+from onnxprune.ir.cuts import run_segment
 
 def recover(
     student: onnx.ModelProto,

@@ -10,7 +10,7 @@ from onnxprune.calib.sources import CalibrationSet
 from onnxprune.errors import CalibrationError
 from onnxprune.recovery.options import RecoverOptions
 from onnxprune.recovery.train import kl_loss, relative_mse
-from onnxprune.runtime.store import Array, Store
+from onnxprune.ir.store import Array, Store
 from onnxprune.tasks import Detect
 
 

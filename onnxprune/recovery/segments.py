@@ -15,7 +15,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.errors import ModelError
-from onnxprune.runtime.cuts import Liveness
+from onnxprune.ir.cuts import Liveness
 
 
 @dataclass

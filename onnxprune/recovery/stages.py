@@ -20,9 +20,9 @@ from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentRepor
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
 from onnxprune.recovery.train import distill, evaluate_net, fit
-from onnxprune.runtime.cuts import run_segment
-from onnxprune.runtime.store import Array, Store
-from onnxprune.runtime.torch_eval import TorchGraph, write_back
+from onnxprune.ir.cuts import run_segment
+from onnxprune.ir.store import Array, Store
+from onnxprune.torch.engine import TorchGraph, write_back
 from onnxprune.tasks import Detect
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from onnxprune.runtime.store import Array, Store
-from onnxprune.runtime.torch_eval import TorchGraph
+from onnxprune.ir.store import Array, Store
+from onnxprune.torch.engine import TorchGraph, device_of
 
 Loss = Callable[[list[torch.Tensor], list[torch.Tensor]], torch.Tensor]
 LR_TRIAL = 0.05  # of a loop's steps or seconds, each candidate learning rate's trial (``choose_lr``)
@@ -41,11 +41,6 @@ def relative_mse(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor
     for y, t in zip(ys, ts):
         total = total + ((y - t) ** 2).sum() / ((t - t.mean(dim=0)) ** 2).sum().clamp_min(1e-12)
     return total
-
-
-def device_of(net: torch.nn.Module) -> torch.device:
-    """Where the net's weights live (CPU for a net without any)."""
-    return next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
 
 
 def _feed(xs: Sequence[np.ndarray], idx: np.ndarray, device: torch.device) -> list[torch.Tensor]:

@@ -16,8 +16,8 @@ import onnx_graphsurgeon as gs
 from onnxprune.analysis import consumers
 from onnxprune.errors import ModelError
 from onnxprune.ir.ort import graph_session
-from onnxprune.runtime.cuts import cut_graph, run_chunks, settle
-from onnxprune.runtime.store import Array
+from onnxprune.ir.cuts import cut_graph, run_chunks, settle
+from onnxprune.ir.store import Array
 from onnxprune.tasks import raw_discrepancy
 
 
@@ -25,12 +25,12 @@ __all__ = ["ConsumerDownstream", "FedCut"]
 
 
 class FedCut:
-    """The part of ``graph`` after a cut (``runtime.cuts.cut_graph``: the tensors ``at_cut`` in, ``outputs``
+    """The part of ``graph`` after a cut (``ir.cuts.cut_graph``: the tensors ``at_cut`` in, ``outputs``
     out) with the consumers ``nodes``' weights and biases as graph inputs, so that one onnxruntime session runs
     every candidate weighting of them. ``exact_batch``: the batch a graph that fixes it runs at (short runs are
     padded), else None. ``prepack=False``: onnxruntime does not pre-pack the weights (``ir.ort.make_session``), for
     a session that runs a few candidates. ``settle_once``: the nodes that neither are the consumers nor read them run
-    once here (``runtime.cuts.settle``: a detector's other heads), not in every candidate's run. The session keeps
+    once here (``ir.cuts.settle``: a detector's other heads), not in every candidate's run. The session keeps
     onnxruntime's memory arena: it runs several candidates on the same samples."""
 
     def __init__(self, graph: gs.Graph, at_cut: Mapping[str, Array], nodes: Sequence[str], outputs: Sequence[str],

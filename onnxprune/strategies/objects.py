@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.core.context import Context
-from onnxprune.runtime.cuts import cut_graph, run_cut
+from onnxprune.ir.cuts import cut_graph, run_cut
 from onnxprune.tasks import Detect, Task, image_hw, task_named
 
 SCAN = 64  # samples the original runs on at once while looking for objects (their outputs held meanwhile: YOLO11n

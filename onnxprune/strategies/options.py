@@ -10,7 +10,7 @@ from typing import Any
 
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.ir.ort import PROVIDER_CHAINS
-from onnxprune.runtime.store import check_memory
+from onnxprune.ir.store import check_memory
 from onnxprune.strategies.allocators import Curve, Epsilon, Output, Uniform
 from onnxprune.strategies.auto import DEFAULT_GLOBAL_BUDGET, Auto
 from onnxprune.strategies.base import Allocator, Budget, Reconstruction, Selector, Strategy

@@ -1,6 +1,6 @@
 """``to_torch``: an ONNX model as a trainable ``torch.nn.Module``; ``from_torch``: its weights written back.
 
-The module is the graph-to-torch engine ``recover`` trains with (``runtime.torch_eval.TorchGraph``): every float
+The module is the graph-to-torch engine ``recover`` trains with (``torch.engine.TorchGraph``): every float
 initializer a parameter, every node a kernel of the op registry, outputs equal to onnxruntime's. The model is read
 as its file holds it (no load rewrite), so that the written model is the same graph with new weights.
 """
@@ -20,9 +20,7 @@ from onnxprune.fileio import save_model
 from onnxprune.ir.load import load_model
 from onnxprune.ir.ort import make_session
 from onnxprune.ir.probe import random_feed, real_inputs
-from onnxprune.recovery.options import writeback_error, writeback_tolerance
-from onnxprune.recovery.train import device_of
-from onnxprune.runtime.torch_eval import TorchGraph, write_back
+from onnxprune.torch.engine import TorchGraph, device_of, write_back, writeback_error, writeback_tolerance
 
 # a path, a ModelProto, or what holds one as ``.model`` (``onnxprune.Result``)
 Model = Union[str, Path, onnx.ModelProto, Any]

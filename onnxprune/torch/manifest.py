@@ -19,7 +19,7 @@ from torch import nn
 
 from onnxprune.errors import OnnxPruneError
 from onnxprune.fileio import atomic_write
-from onnxprune.recovery.train import device_of
+from onnxprune.torch.engine import device_of
 
 Step = Callable[[], None]
 LAYERS: dict[str, tuple[type[nn.Module], ...]] = {

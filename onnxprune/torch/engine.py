@@ -1,4 +1,18 @@
-"""The evaluation engine: an ONNX graph as a ``torch.nn.Module`` running the kernels of ``onnxprune.ops``."""
+"""An ONNX graph as a differentiable ``torch.nn.Module`` running the kernels of ``onnxprune.ops``.
+
+Used where onnxruntime cannot help: gradients of the network's final discrepancy w.r.t. a per-channel mask (global
+imitation), training the pruned model's weights (``recover``) and the user's own training loop (``to_torch``).
+
+* ``TorchGraph(model, outputs=..., inputs_at=..., hooks=...)`` evaluates the graph (or only the part downstream of
+  ``inputs_at``); float initializers are ``nn.Parameter``s (shape-like floats and BatchNormalization statistics are
+  buffers), ``Constant`` nodes are buffers. The kernels live with the rest of each op's knowledge in
+  ``onnxprune.ops``, keyed by the opset each starts at (``onnxprune.ops.kernel``: what they see, ``OpNode``).
+* ``write_back(model, torch_graph)`` copies the (trained) tensors back into the initializers; ``writeback_error``
+  and ``writeback_tolerance`` judge the written model against the torch one.
+
+Semantics follow the ONNX spec as onnxruntime implements it, opsets 7-21 (where an attribute became an input, a
+kernel per opset range, or one that reads either place).
+"""
 
 from __future__ import annotations
 
@@ -379,3 +393,22 @@ def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
     m = onnx.ModelProto()
     m.CopyFrom(model)
     return m
+
+
+def device_of(net: torch.nn.Module) -> torch.device:
+    """Where the net's weights live (CPU for a net without any)."""
+    return next(iter([*net.parameters(), *net.buffers()]), torch.empty(0)).device
+
+
+def writeback_tolerance(device: torch.device) -> float:
+    """Largest relative difference allowed between onnxruntime on the written model and the trained
+    torch weights: float32 kernels summing in other orders (~1e-6 on CPU), or cuDNN convolutions in
+    TF32 (~1e-3) on CUDA. A weight left unwritten differs by what the training changed."""
+    return 1e-4 if device.type == "cpu" else 1e-2
+
+
+def writeback_error(written: np.ndarray, trained: np.ndarray) -> float:
+    """The relative L2 difference of onnxruntime's output on the written model from the trained torch weights', what
+    ``writeback_tolerance`` bounds."""
+    written = written.astype(np.float64)
+    return float(np.linalg.norm(written - trained) / max(np.linalg.norm(written), 1e-30))

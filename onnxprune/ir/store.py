@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -144,6 +145,23 @@ class Store:
         self.in_ram = 0  # bytes of the store's live numpy arrays
         self.peak_ram = 0
         self.spilled = 0  # bytes written to disk so far (all arrays ever spilled)
+
+    def check_room(self, n: int, need: int) -> None:
+        """ResourceError before any work when ``n`` samples' cached tensors (``need`` bytes: the inputs, and at the
+        widest cut, i.e. before any group's consumer, the live tensors of both networks; ``memory.plan``) cannot fit
+        in the RAM budget plus the free space of the spill folder."""
+        if self.budget is None or need <= self.budget:
+            return
+        if not self.folder.is_dir():
+            raise ResourceError(f"the spill folder {self.folder} is not a folder: create it or point spill_dir at "
+                                "another", option="spill_dir")
+        free = shutil.disk_usage(self.folder).free
+        if need > self.budget + free:
+            raise ResourceError(
+                f"{n} calibration samples need about {show_bytes(need)} of cached activations, and there are "
+                f"{show_bytes(self.budget)} of RAM for them (the memory budget) and {show_bytes(free)} free "
+                f"in {self.folder}: calibrate on fewer samples, raise the memory budget, free disk space "
+                "there or point spill_dir elsewhere", option="spill_dir")
 
     def _free(self, nbytes: int) -> None:
         self.in_ram -= nbytes

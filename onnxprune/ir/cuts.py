@@ -17,7 +17,7 @@ import onnxruntime as ort
 from onnxprune.errors import AnalysisError
 from onnxprune.ir.ort import graph_session
 from onnxprune.ir.shapes import graph_batch, sample_rows
-from onnxprune.runtime.store import Array, Store
+from onnxprune.ir.store import Array, Store
 from onnxprune.ir.subgraphs import outer_reads
 
 

@@ -39,6 +39,38 @@ class C2f(nn.Module):
         return self.cv2(torch.cat(y, 1))
 
 
+class C2fTwoConvs(nn.Module):
+    """A ``C2f`` with its first conv as one conv a half (Torch-Pruning's ``C2f_v2`` for Ultralytics' C2f): the same
+    outputs, no Split, so pruning may narrow the halves apart and the module follows (``apply_manifest``)."""
+
+    def __init__(self, c2f: C2f) -> None:
+        super().__init__()
+        c, (first, norm, _) = c2f.c, c2f.cv1
+        self.cv0, self.cv1 = (_rows(first, norm, slice(i * c, (i + 1) * c)) for i in range(2))
+        self.m, self.cv2 = c2f.m, c2f.cv2
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = [self.cv0(x), self.cv1(x)]
+        y.extend(m(y[-1]) for m in self.m)
+        return self.cv2(torch.cat(y, 1))
+
+
+def _rows(first: nn.Conv2d, norm: nn.BatchNorm2d, rows: slice) -> nn.Sequential:
+    """Conv-BN-SiLU computing output channels ``rows`` of ``first`` and ``norm``."""
+    part = conv(first.in_channels, rows.stop - rows.start, first.kernel_size[0], first.stride[0])
+    part[0].weight.data.copy_(first.weight.data[rows])
+    for name in ("weight", "bias", "running_mean", "running_var"):
+        getattr(part[1], name).data.copy_(getattr(norm, name).data[rows])
+    return part
+
+
+def two_convs(module: nn.Module) -> nn.Module:
+    """``module`` with every ``C2f`` replaced by its ``C2fTwoConvs`` (in place; returned)."""
+    for name, child in module.named_children():
+        setattr(module, name, C2fTwoConvs(child) if isinstance(child, C2f) else two_convs(child))
+    return module
+
+
 class SPPF(nn.Module):
     def __init__(self, c_in: int, c_out: int) -> None:
         super().__init__()

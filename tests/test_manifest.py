@@ -17,6 +17,7 @@ import onnxprune
 from models import corpus_recent
 from models.mobilenet_v2 import MobileNetV2
 from models.resnet import BasicBlock, ResNet
+from models.yolo import Detector, two_convs
 from onnxprune.errors import OnnxPruneError
 from onnxprune.ir.kept import module_path
 from onnxprune.ir.ort import make_session
@@ -46,7 +47,8 @@ def _onnxruntime(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("build", [lambda: MobileNetV2(num_classes=10),
                                    lambda: ResNet(BasicBlock, [3, 4, 6, 3], num_classes=10),
-                                   lambda: corpus_recent.ResNeXtLike()], ids=["mobilenet_v2", "resnet34", "resnext"])
+                                   lambda: corpus_recent.ResNeXtLike(), lambda: two_convs(Detector())],
+                         ids=["mobilenet_v2", "resnet34", "resnext", "yolov8-style, C2f as two convs"])
 def test_the_manifest_applied_to_the_module_gives_the_pruned_models_outputs(tmp_path: Path, build) -> None:
     module = build()
     result, x = _pruned(module, tmp_path)
@@ -157,6 +159,27 @@ def test_a_module_that_does_not_match_is_refused_by_layer_and_left_unchanged(tmp
         apply_manifest(wider, entries)
     after = module.state_dict()
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_a_split_whose_pieces_were_pruned_apart_is_refused_and_a_kept_halving_followed(tmp_path: Path) -> None:
+    """A YOLOv8-style C2f cuts its first conv's output in halves (``split((c, c))``): where the pruning narrowed the
+    halves apart the module cannot follow and is refused naming the block, unchanged; where they stay equal its
+    piece width ``c`` follows."""
+    module = Detector()
+    result, x = _pruned(module, tmp_path)
+    entries = result.manifest()
+    splits = {e["module"]: e["pieces"] for e in entries if e["op"] == "Split"}
+    apart = next(m for m, (_, after) in splits.items() if len(set(after)) > 1)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    with pytest.raises(OnnxPruneError, match=rf"layer '{apart}' cuts a tensor in pieces of .* C2f_v2"):
+        apply_manifest(module, entries)
+    after = module.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    halved = {m for m, (_, after) in splits.items() if len(set(after)) == 1}
+    assert halved
+    kept_equal = [e for e in entries if e["op"] != "Split" or e["module"] in halved]
+    user = apply_manifest(copy.deepcopy(module), kept_equal)
+    assert all(user.get_submodule(m).c == splits[m][1][0] for m in halved)
 
 
 def test_the_manifest_file_round_trips_and_compress_writes_it(tmp_path: Path, tiny) -> None:

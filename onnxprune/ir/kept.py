@@ -142,13 +142,32 @@ def _heads(split: tuple[int, int], width: int) -> list[int] | None:
     return [width // split[1], split[0]]
 
 
+def _pieces(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Per Split node whose piece sizes are constant (its ``split`` input, from an initializer or a Constant node,
+    or attribute), those sizes."""
+    values = {t.name: t for t in model.graph.initializer}
+    values.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.name == "value"})
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "Split":
+            continue
+        if len(node.input) > 1 and node.input[1] in values:
+            out[node.name] = [int(v) for v in onnx.numpy_helper.to_array(values[node.input[1]]).reshape(-1)]
+        for a in node.attribute:
+            if a.name == "split":
+                out[node.name] = [int(v) for v in a.ints]
+    return out
+
+
 def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
     """Per node of ``pruned`` whose weights differ from ``original``'s (narrowed or refit): its name, op type, the
     torch module path a TorchScript export gives it (``module_path``), the original channels its output and its input
     hold (``read_kept``; None where all), its ``group`` count, and its float weights as torch lays them out
     (``SLOTS``, ``_weights``), with their shapes in ``original``, whether a BatchNormalization node reads its
     output (else an exporter may have folded the module's norm into these weights), and the head counts before and
-    after of an attention projection (else None)."""
+    after of an attention projection (else None). A Split whose pieces changed is listed with its ``pieces`` before
+    and after (a module that cuts a tensor in pieces must cut it as the pruned model does)."""
     kept = read_kept(pruned)
     normed = {i for n in pruned.graph.node if n.op_type == "BatchNormalization" for i in n.input[:1]}
     old, new = _weights(original), _weights(pruned)
@@ -166,4 +185,8 @@ def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
                         "heads": new[node.name]["heads"] and _heads(new[node.name]["heads"], len(before["weight"])),
                         "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},
                         "weights": arrays})
+    before, after = _pieces(original), _pieces(pruned)
+    entries += [{"node": name, "op": "Split", "module": module_path(name), "out_channels": None, "in_channels": None,
+                 "pieces": [before[name], pieces], "weights": {}}
+                for name, pieces in after.items() if name in before and before[name] != pieces]
     return entries

@@ -30,6 +30,7 @@ LAYERS: dict[str, tuple[type[nn.Module], ...]] = {
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_heads", "heads")  # what attention modules count heads by
 HEAD_WIDTHS = ("all_head_size", "inner_dim")  # and what some keep the heads' total width in
+PIECE_WIDTHS = ("c",)  # what a block that cuts a tensor in equal pieces keeps a piece's width in (Ultralytics' C2f)
 QKV = ".q", ".k", ".v"  # the nodes the load splits a fused projection into (``normal.split_qkv``), in torch's order
 
 
@@ -64,8 +65,8 @@ def apply_manifest(module: nn.Module, manifest: list[dict] | str | Path) -> nn.M
     lacks (renamed), of another kind or of other widths than the model the manifest was made from raises one
     OnnxPruneError naming it, and the module is left unchanged."""
     entries = _fused(load_manifest(manifest) if isinstance(manifest, (str, Path)) else manifest)
-    steps = [_step(module, e) for e in entries]
-    steps += _folded_norms(module, entries) + _head_counts(module, entries)
+    steps = [_step(module, e) for e in entries if e["op"] != "Split"]
+    steps += _folded_norms(module, entries) + _head_counts(module, entries) + _split_widths(module, entries)
     for step in steps:
         step()
     return module
@@ -198,3 +199,23 @@ def _head_counts(module: nn.Module, entries: list[dict]) -> list[Step]:
             if isinstance(getattr(parent, a, None), int) and getattr(parent, a) == before * width:
                 changes[parent_path, a] = after * width
     return [lambda p=p, a=a, v=v: setattr(module.get_submodule(p), a, v) for (p, a), v in changes.items()]
+
+
+def _split_widths(module: nn.Module, entries: list[dict]) -> list[Step]:
+    """For each Split whose equal pieces stay equal, the piece width its module keeps (``PIECE_WIDTHS``, the
+    attribute equal to the width before) set to what is left; an OnnxPruneError where the pieces were pruned apart
+    (a module cuts a tensor in pieces by code, not by the widths of its layers, and cannot follow)."""
+    steps = []
+    for e in entries:
+        if e["op"] != "Split":
+            continue
+        (before, after), where = e["pieces"], e["module"] or e["node"]
+        if len(set(before)) > 1 or len(set(after)) > 1:
+            raise OnnxPruneError(
+                f"layer {where!r} cuts a tensor in pieces of {before} channels, the pruned model in {after}: the module "
+                "cannot follow (its code cuts the pieces); export the block with one convolution per piece (as "
+                "Torch-Pruning's C2f_v2 does for Ultralytics' C2f) and prune that export")
+        block = module.get_submodule(e["module"]) if e["module"] else None
+        steps += [lambda b=block, a=a, v=after[0]: setattr(b, a, v) for a in PIECE_WIDTHS
+                  if block is not None and getattr(block, a, None) == before[0]]
+    return steps

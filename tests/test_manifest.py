@@ -161,6 +161,28 @@ def test_a_module_that_does_not_match_is_refused_by_layer_and_left_unchanged(tmp
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_a_dynamo_export_names_its_layers_by_their_weights(tmp_path: Path) -> None:
+    """torch.onnx's dynamo exporter (the default since torch 2.9) writes no scopes into node names, but names each
+    weight after its parameter (``features.0.0.weight``): the manifest reads the layer there, and the module follows."""
+    torch.manual_seed(0)
+    module = MobileNetV2(num_classes=10)
+    warm_batchnorms(module)
+    path = tmp_path / "dynamo.onnx"
+    torch.onnx.export(module.eval(), (torch.zeros(*SHAPE),), str(path), dynamo=True, verbose=False)
+    assert all(module_path(n.name) is None for n in onnx.load(str(path)).graph.node if n.op_type == "Conv")
+    rng = np.random.default_rng(0)
+    result = onnxprune.compress(str(path), rng.standard_normal((24, *SHAPE[1:])).astype(np.float32),
+                                budget=Ratio(0.6), allocate=Uniform())
+    entries = result.manifest()
+    assert entries and all(e["module"] is not None for e in entries)
+    user = apply_manifest(copy.deepcopy(module), entries)
+    x = rng.standard_normal(SHAPE).astype(np.float32)  # the export fixed its batch at 1
+    with torch.no_grad():
+        got = user(torch.from_numpy(x)).numpy()
+    want = _onnxruntime(result.model, x)
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
 def test_a_split_whose_pieces_were_pruned_apart_is_refused_and_a_kept_halving_followed(tmp_path: Path) -> None:
     """A YOLOv8-style C2f cuts its first conv's output in halves (``split((c, c))``): where the pruning narrowed the
     halves apart the module cannot follow and is refused naming the block, unchanged; where they stay equal its

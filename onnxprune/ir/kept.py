@@ -83,6 +83,14 @@ def module_path(node: str) -> str | None:
     return ".".join(parts)
 
 
+def parameter_modules(model: onnx.ModelProto) -> dict[str, str]:
+    """Per node whose weight is an initializer named as torch names a parameter (``features.0.0.weight``, what the
+    dynamo exporter writes, whose node names hold no scope), the module that name is of (``features.0.0``)."""
+    inits = {t.name for t in model.graph.initializer}
+    return {n.name: n.input[1].removesuffix(".weight") for n in model.graph.node
+            if len(n.input) > 1 and n.input[1] in inits and n.input[1].endswith(".weight")}
+
+
 def _transposed(op: str, attrs: dict[str, int], slot: str) -> bool:
     """Whether torch's module holds the initializer of ``slot`` transposed: a MatMul's [in, out] matrix, and a Gemm's
     without transB, are Linear's [out, in] weight."""
@@ -162,13 +170,15 @@ def _pieces(model: onnx.ModelProto) -> dict[str, list[int]]:
 
 def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
     """Per node of ``pruned`` whose weights differ from ``original``'s (narrowed or refit): its name, op type, the
-    torch module path a TorchScript export gives it (``module_path``), the original channels its output and its input
+    torch module path a TorchScript export gives it (``module_path``; else the one its weight's name gives,
+    ``parameter_modules``), the original channels its output and its input
     hold (``read_kept``; None where all), its ``group`` count, and its float weights as torch lays them out
     (``SLOTS``, ``_weights``), with their shapes in ``original``, whether a BatchNormalization node reads its
     output (else an exporter may have folded the module's norm into these weights), and the head counts before and
     after of an attention projection (else None). A Split whose pieces changed is listed with its ``pieces`` before
     and after (a module that cuts a tensor in pieces must cut it as the pruned model does)."""
     kept = read_kept(pruned)
+    named = parameter_modules(original)
     normed = {i for n in pruned.graph.node if n.op_type == "BatchNormalization" for i in n.input[:1]}
     old, new = _weights(original), _weights(pruned)
     entries = []
@@ -180,7 +190,8 @@ def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
             continue
         channels = {side: kept[tensor][1].tolist() if tensor in kept else None
                     for side, tensor in (("out_channels", node.output[0]), ("in_channels", node.input[0]))}
-        entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name), **channels,
+        entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name) or named.get(node.name),
+                        **channels,
                         "groups": new[node.name]["group"], "norm_in_graph": node.output[0] in normed,
                         "heads": new[node.name]["heads"] and _heads(new[node.name]["heads"], len(before["weight"])),
                         "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},

@@ -28,7 +28,6 @@ from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.deploy.evaluation import EvalResult, evaluate as _evaluate
 from onnxprune.fileio import save_model
 from onnxprune.ir.inputs import resolve_input_shapes
-from onnxprune.ir.kept import manifest as kept_manifest
 from onnxprune.ir.ort import InputSpec, model_input_specs
 from onnxprune.normal import load, written
 from onnxprune.pipeline import CompressReport, compress as _prune
@@ -38,6 +37,7 @@ from onnxprune.ir.store import memory_bytes
 from onnxprune.strategies import OMP, Allocator, Budget, Output, Reconstruction, Refit, Selector, options_from
 from onnxprune.tasks import CONF, NMS_IOU
 from onnxprune.tasks.labels import Labels
+from onnxprune.torch.manifest import manifest as kept_manifest
 
 ModelSource = Union[str, Path, onnx.ModelProto]
 # A folder of images, a .npy/.npz file, 'file.py:fn' or 'package.module:fn', an array or a dict of arrays
@@ -76,7 +76,7 @@ class Result:
         return self.report.to_dict()
 
     def manifest(self) -> list[dict]:
-        """The kept-channel manifest of a compress result (``ir.kept.manifest``): per node whose weights changed, its
+        """The kept-channel manifest of a compress result (``torch.manifest.manifest``): per node whose weights changed, its
         torch module path, the original channels kept and its new weights (``onnxprune.torch.apply_manifest``)."""
         if self.original is None:
             raise OptionError("Result.manifest needs the model a compress result was pruned from")

@@ -19,10 +19,10 @@ from models.mobilenet_v2 import MobileNetV2
 from models.resnet import BasicBlock, ResNet
 from models.yolo import Detector, two_convs
 from onnxprune.errors import OnnxPruneError
-from onnxprune.ir.kept import module_path
 from onnxprune.ir.ort import make_session
 from onnxprune.strategies import Ratio, Uniform
 from onnxprune.torch import apply_manifest, load_manifest, save_manifest
+from onnxprune.torch.manifest import module_path
 from tests.onnx_builders import export_torch, warm_batchnorms
 
 SHAPE = (1, 3, 64, 64)
@@ -241,7 +241,7 @@ def test_a_gemm_whose_matrix_is_computed_lists_its_changed_bias_alone() -> None:
              h.make_tensor("c", onnx.TensorProto.FLOAT, [2], c)])
         return h.make_model(graph)
 
-    from onnxprune.ir.kept import manifest
+    from onnxprune.torch.manifest import manifest
 
     [entry] = manifest(model([0.0, 0.0]), model([1.0, 2.0]))
     assert entry["module"] == "fc" and entry["heads"] is None and list(entry["weights"]) == ["bias"]

@@ -8,7 +8,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.ir.graph import const_value
-from onnxprune.ops.registry import OpEntry, register
+from onnxprune.ops.registry import OpEntry, TorchLayer, register
 from onnxprune.ops.roles import Blocked, Channelwise, Port, Role, SliceSite, Span, channels_at, rank_of
 from onnxprune.ops.kernel import Inputs, OpFn, OpNode, Tensor, binary, is_float
 
@@ -127,5 +127,7 @@ _KERNELS: dict[str, OpFn] = {
 }
 _CHANNELWISE = ("Add", "Sub", "Mul", "Div", "Pow", "Max", "Min", "Sum", "Mean", "PRelu", "Where")
 
+_LAYERS = {"PRelu": TorchLayer(("weight",), (torch.nn.PReLU,))}
+
 for _op, _fn in _KERNELS.items():
-    register(OpEntry(_op, channels=_broadcast if _op in _CHANNELWISE else None, torch={1: _fn}))
+    register(OpEntry(_op, channels=_broadcast if _op in _CHANNELWISE else None, torch={1: _fn}, layer=_LAYERS.get(_op)))

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from onnxprune.ir.graph import const_shape, const_value, static_shape
 from onnxprune.errors import UnsupportedOpError
-from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias, thin
+from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, TorchLayer, product, register, set_bias, thin
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Regroup, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
@@ -318,9 +318,10 @@ register(OpEntry(
     mixing=Mixing(_conv_matrix, conv_unfold, _spatial_columns, _conv_write, unfold_every=conv_unfold_every,
                   positions=conv_positions),
     torch={1: _conv}, check=lambda n, p: None if len(n.get("kernel_shape", [0])) <= 3 else "more than 3 spatial dims",
+    layer=TorchLayer(("weight", "bias"), (torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)),
 ))
 register(OpEntry(
     "ConvTranspose", channels=_conv_transpose_rule, macs=_conv_transpose_macs,
     mixing=Mixing(_conv_transpose_matrix, conv_transpose_unfold, _spatial_columns, _conv_transpose_write),
-    torch={1: _conv_transpose},
+    torch={1: _conv_transpose}, layer=TorchLayer(("weight", "bias")),  # its [in, out, ...] weight: not sliced yet
 ))

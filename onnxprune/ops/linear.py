@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.ir.graph import const_shape, const_value, static_shape
-from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, product, register, set_bias
+from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, TorchLayer, product, register, set_bias
 from onnxprune.ops.roles import Blocked, Channelwise, Consumer, Port, Producer, Role, SliceSite, Span, rank_of
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
@@ -167,8 +167,8 @@ def _einsum(node: OpNode, x: Inputs) -> Tensor:
 
 
 register(OpEntry("Gemm", channels=_gemm_rule, macs=_dot_macs, mixing=Mixing(_gemm_matrix, _rows, _rows, _gemm_write),
-                 torch={1: _gemm}))
+                 torch={1: _gemm}, layer=TorchLayer(("weight", "bias"), (torch.nn.Linear,))))
 register(OpEntry("MatMul", channels=_matmul_rule, macs=_dot_macs,
                  mixing=Mixing(_matmul_matrix, _rows, _rows, _matmul_write, bias_input=None, axis=_last_axis),
-                 torch={1: _matmul}))
+                 torch={1: _matmul}, layer=TorchLayer(("weight",), (torch.nn.Linear,))))
 register(OpEntry("Einsum", torch={1: _einsum}))

@@ -7,7 +7,7 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.ops.registry import OpEntry, register
+from onnxprune.ops.registry import OpEntry, TorchLayer, register
 from onnxprune.ir.graph import static_shape
 from onnxprune.ops.roles import Blocked, Channelwise, Port, ResizeSite, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, axis_of, given
@@ -114,7 +114,10 @@ def _lrn(node: OpNode, x: Inputs) -> Tensor:
 register(OpEntry(
     "BatchNormalization", channels=_norm, torch={1: _batch_norm}, static_inputs=frozenset({3, 4}),
     check=lambda n, p: "training_mode=1 (export the model in eval mode)" if n.get("training_mode", 0) else None,
+    layer=TorchLayer(("weight", "bias", "running_mean", "running_var"),
+                     (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d, torch.nn.BatchNorm3d)),
 ))
 register(OpEntry("InstanceNormalization", channels=_norm, torch={1: _instance_norm}))
-register(OpEntry("LayerNormalization", channels=_layer_norm_rule, resize=_pad_layer_norm, torch={1: _layer_norm}))
+register(OpEntry("LayerNormalization", channels=_layer_norm_rule, resize=_pad_layer_norm, torch={1: _layer_norm},
+                 layer=TorchLayer(("weight", "bias"), (torch.nn.LayerNorm,))))
 register(OpEntry("LRN", torch={1: _lrn}))

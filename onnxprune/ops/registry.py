@@ -73,6 +73,16 @@ class Mixing:
 
 
 @dataclass(frozen=True)
+class TorchLayer:
+    """The torch layer a node of an op is exported from (what ``onnxprune.torch.apply_manifest`` slices): the
+    parameter each float input after the data input holds, in order, and the module classes holding them (none: the
+    layer cannot be sliced from the manifest)."""
+
+    slots: tuple[str, ...]
+    modules: tuple[type, ...] = ()
+
+
+@dataclass(frozen=True)
 class OpEntry:
     """What the tool knows of one op type; a missing field means it knows nothing of that aspect.
 
@@ -82,7 +92,7 @@ class OpEntry:
     it adds go into ``graph``).
     ``torch``: torch kernels keyed by the opset each starts at (ONNX's since_version); none: the torch
     evaluator refuses the op. ``static_inputs``: input slots never trained (shapes, scales, statistics).
-    ``check(node, proto)``: why a node cannot be evaluated, or None.
+    ``check(node, proto)``: why a node cannot be evaluated, or None. ``layer``: the torch layer it is exported from.
     """
 
     op_type: str
@@ -93,6 +103,7 @@ class OpEntry:
     torch: Mapping[int, OpFn] | None = None
     static_inputs: frozenset[int] = field(default_factory=frozenset)
     check: Callable[[OpNode, onnx.NodeProto], str | None] | None = None
+    layer: TorchLayer | None = None
 
     def kernel(self, opset: int) -> OpFn | None:
         """The torch kernel for a model of ``opset``: the one starting at the largest version <= opset."""

@@ -1,4 +1,5 @@
-"""The kept-channel manifest (``ir.kept.manifest``) on disk, and applied to a user's own ``torch.nn.Module``.
+"""The kept-channel manifest: built from the original and the pruned model (``manifest``), on disk, and applied to a
+user's own ``torch.nn.Module``.
 
 ``apply_manifest`` slices the layers a TorchScript export of the module names (Conv1d/2d/3d with groups, Linear,
 BatchNorm, LayerNorm, PReLU; an attention's projections by whole heads, its head count with them) and loads the
@@ -14,24 +15,157 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import onnx
 import torch
 from torch import nn
 
 from onnxprune.errors import OnnxPruneError
 from onnxprune.fileio import atomic_write
+from onnxprune.ir.kept import read_kept
+from onnxprune.ops.registry import lookup
 from onnxprune.torch.engine import device_of
 
 Step = Callable[[], None]
-LAYERS: dict[str, tuple[type[nn.Module], ...]] = {
-    "Conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d), "Gemm": (nn.Linear,), "MatMul": (nn.Linear,),
-    "BatchNormalization": (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d), "LayerNormalization": (nn.LayerNorm,),
-    "PRelu": (nn.PReLU,),
-}
 NORMS = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 HEAD_COUNTS = ("num_heads", "num_attention_heads", "n_heads", "heads")  # what attention modules count heads by
 HEAD_WIDTHS = ("all_head_size", "inner_dim")  # and what some keep the heads' total width in
 PIECE_WIDTHS = ("c",)  # what a block that cuts a tensor in equal pieces keeps a piece's width in (Ultralytics' C2f)
 QKV = ".q", ".k", ".v"  # the nodes the load splits a fused projection into (``normal.split_qkv``), in torch's order
+
+
+def module_path(node: str) -> str | None:
+    """The torch module a TorchScript export's node name stands for (``/features/features.3/conv/conv.0/conv.0.0/Conv``
+    → ``features.3.conv.0.0``: each scope is its module's attribute, prefixed by its container's scope), None where
+    the name holds no scope (another exporter's naming)."""
+    scopes = node.split("/")[1:-1]
+    if not node.startswith("/") or not scopes:
+        return None
+    parts, previous = [], ""
+    for scope in scopes:
+        parts.append(scope[len(previous) + 1:] if previous and scope.startswith(previous + ".") else scope)
+        previous = scope
+    return ".".join(parts)
+
+
+def parameter_modules(model: onnx.ModelProto) -> dict[str, str]:
+    """Per node whose weight is an initializer named as torch names a parameter (``features.0.0.weight``, what the
+    dynamo exporter writes, whose node names hold no scope), the module that name is of (``features.0.0``)."""
+    inits = {t.name for t in model.graph.initializer}
+    return {n.name: n.input[1].removesuffix(".weight") for n in model.graph.node
+            if len(n.input) > 1 and n.input[1] in inits and n.input[1].endswith(".weight")}
+
+
+def _transposed(op: str, attrs: dict[str, int], slot: str) -> bool:
+    """Whether torch's module holds the initializer of ``slot`` transposed: a MatMul's [in, out] matrix, and a Gemm's
+    without transB, are Linear's [out, in] weight."""
+    return slot == "weight" and (op == "MatMul" or (op == "Gemm" and not attrs.get("transB", 0)))
+
+
+def _weights(model: onnx.ModelProto) -> dict[str, dict]:
+    """Per node whose op names its torch layer's parameters (``OpEntry.layer``), its float weights by slot as torch lays them out (``_transposed``); a MatMul's
+    ``bias`` is the sum of the constant vectors the Adds right after it, of its module (``module_path``), add
+    (torch.onnx writes a Linear on a 3-D input as MatMul then Add, and a refit adds its own), which torch's Linear
+    holds in its bias; ``heads``, where a constant Reshape splits the output into heads (``[..., heads, head_dim]``),
+    their count and width."""
+    inits = {t.name: t for t in model.graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            readers.setdefault(name, []).append(n)
+    out = {}
+    for node in model.graph.node:
+        entry = lookup(node.op_type)
+        slots = entry.layer.slots if entry is not None and entry.layer is not None else ()
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute if a.type == a.INT}
+        arrays = {slot: onnx.numpy_helper.to_array(inits[name]) for slot, name in zip(slots, node.input[1:])
+                  if name in inits}
+        if not arrays:
+            continue
+        arrays = {slot: a.T if _transposed(node.op_type, attrs, slot) else a for slot, a in arrays.items()}
+        tensor = node.output[0]
+        while node.op_type == "MatMul" and len(readers.get(tensor, [])) == 1 and readers[tensor][0].op_type == "Add":
+            add = readers[tensor][0]
+            other = next((inits[i] for i in add.input if i != tensor and i in inits), None)
+            if other is None or list(other.dims) != [arrays["weight"].shape[0]] or \
+                    module_path(add.name) != module_path(node.name):
+                break
+            arrays["bias"] = arrays.get("bias", 0) + onnx.numpy_helper.to_array(other)
+            tensor = add.output[0]
+        projects = node.op_type in ("MatMul", "Gemm") and "weight" in arrays  # a Linear, which may feed heads
+        out[node.name] = {"arrays": arrays, "group": attrs.get("group", 1),
+                          "heads": _split(readers, inits, tensor, len(arrays["weight"])) if projects else None}
+    return out
+
+
+def _split(readers: dict[str, list[onnx.NodeProto]], inits: dict[str, onnx.TensorProto], tensor: str,
+           width: int) -> tuple[int, int] | None:
+    """(heads, head width) where a Reshape of constant target ``[..., heads or -1, head width]`` reads ``tensor`` of
+    ``width`` channels, else None."""
+    targets = [onnx.numpy_helper.to_array(inits[r.input[1]]) for r in readers.get(tensor, [])
+               if r.op_type == "Reshape" and len(r.input) > 1 and r.input[1] in inits]
+    return next(((width // int(t[-1]), int(t[-1])) for t in targets if t.ndim == 1 and len(t) >= 4 and t[-1] > 0
+                 and width % t[-1] == 0 and t[-2] in (-1, width // t[-1])), None)
+
+
+def _heads(split: tuple[int, int], width: int) -> list[int] | None:
+    """An attention projection's head count in the original (``width`` channels in heads as wide as now) and now
+    (``split``: ``_split``'s); None where their count did not change."""
+    if width % split[1] or width // split[1] == split[0]:
+        return None
+    return [width // split[1], split[0]]
+
+
+def _pieces(model: onnx.ModelProto) -> dict[str, list[int]]:
+    """Per Split node whose piece sizes are constant (its ``split`` input, from an initializer or a Constant node,
+    or attribute), those sizes."""
+    values = {t.name: t for t in model.graph.initializer}
+    values.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+                   if a.name == "value"})
+    out = {}
+    for node in model.graph.node:
+        if node.op_type != "Split":
+            continue
+        if len(node.input) > 1 and node.input[1] in values:
+            out[node.name] = [int(v) for v in onnx.numpy_helper.to_array(values[node.input[1]]).reshape(-1)]
+        for a in node.attribute:
+            if a.name == "split":
+                out[node.name] = [int(v) for v in a.ints]
+    return out
+
+
+def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
+    """Per node of ``pruned`` whose weights differ from ``original``'s (narrowed or refit): its name, op type, the
+    torch module path a TorchScript export gives it (``module_path``; else the one its weight's name gives,
+    ``parameter_modules``), the original channels its output and its input
+    hold (``read_kept``; None where all), its ``group`` count, and its float weights as torch lays them out
+    (``OpEntry.layer``, ``_weights``), with their shapes in ``original``, whether a BatchNormalization node reads its
+    output (else an exporter may have folded the module's norm into these weights), and the head counts before and
+    after of an attention projection (else None). A Split whose pieces changed is listed with its ``pieces`` before
+    and after (a module that cuts a tensor in pieces must cut it as the pruned model does)."""
+    kept = read_kept(pruned)
+    named = parameter_modules(original)
+    normed = {i for n in pruned.graph.node if n.op_type == "BatchNormalization" for i in n.input[:1]}
+    old, new = _weights(original), _weights(pruned)
+    entries = []
+    for node in pruned.graph.node:
+        if node.name not in new or node.name not in old:
+            continue
+        arrays, before = new[node.name]["arrays"], old[node.name]["arrays"]
+        if all(slot in before and np.array_equal(a, before[slot]) for slot, a in arrays.items()):
+            continue
+        channels = {side: kept[tensor][1].tolist() if tensor in kept else None
+                    for side, tensor in (("out_channels", node.output[0]), ("in_channels", node.input[0]))}
+        entries.append({"node": node.name, "op": node.op_type, "module": module_path(node.name) or named.get(node.name),
+                        **channels,
+                        "groups": new[node.name]["group"], "norm_in_graph": node.output[0] in normed,
+                        "heads": new[node.name]["heads"] and _heads(new[node.name]["heads"], len(before["weight"])),
+                        "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},
+                        "weights": arrays})
+    before, after = _pieces(original), _pieces(pruned)
+    entries += [{"node": name, "op": "Split", "module": module_path(name), "out_channels": None, "in_channels": None,
+                 "pieces": [before[name], pieces], "weights": {}}
+                for name, pieces in after.items() if name in before and before[name] != pieces]
+    return entries
 
 
 def save_manifest(entries: list[dict], path: str | Path) -> Path:
@@ -82,8 +216,8 @@ def _layer(module: nn.Module, entry: dict) -> nn.Module:
     except AttributeError as exc:
         raise OnnxPruneError(f"layer {path!r} (node {node!r}) is not in the module: the manifest is of another "
                              "model, or the layer was renamed") from exc
-    kinds = LAYERS.get(entry["op"])
-    if kinds is None or not isinstance(layer, kinds):
+    op = lookup(entry["op"])
+    if op is None or op.layer is None or not isinstance(layer, op.layer.modules):
         raise OnnxPruneError(f"layer {path!r} is a {type(layer).__name__}, where the manifest prunes a "
                              f"{entry['op']} node {node!r}")
     shape, held = entry["original_shapes"].get("weight"), getattr(layer, "weight", None)

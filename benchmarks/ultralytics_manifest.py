@@ -104,7 +104,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/ultralytics_manifest"))
     parser.add_argument("--ratio", type=float, default=0.7, help="MACs kept")
     parser.add_argument("--keep-c2f", action="store_true",
-                        help="export the C2fs as they are (apply_manifest refuses where their halves were pruned apart)")
+                        help="export the C2fs as they are (apply_manifest refuses halves pruned apart)")
     parser.add_argument("--uniform", action="store_true", help="the same ratio for every group (Uniform allocation)")
     a = parser.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -124,9 +124,10 @@ def main() -> None:
     original = copy.deepcopy(model)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = exported(yolo, Path(tmp))
+        preprocess = onnxprune.preprocess_for(str(onnx_path), input_shape=[SHAPE], mean=(0, 0, 0), std=(1, 1, 1))
         result = onnxprune.compress(str(onnx_path), str(a.data), subset="64:128", budget=Ratio(a.ratio),
-                                    **({"allocate": Uniform()} if a.uniform else {}), input_shape=[SHAPE], preprocess=onnxprune.preprocess_for(
-                                        str(onnx_path), input_shape=[SHAPE], mean=(0, 0, 0), std=(1, 1, 1)))
+                                    input_shape=[SHAPE], preprocess=preprocess,
+                                    **({"allocate": Uniform()} if a.uniform else {}))
         pruned_path = a.out / "yolov8n_pruned.onnx"
         result.save(pruned_path)
         entries = result.manifest()

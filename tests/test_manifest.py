@@ -246,3 +246,27 @@ def test_a_gemm_whose_matrix_is_computed_lists_its_changed_bias_alone() -> None:
     [entry] = manifest(model([0.0, 0.0]), model([1.0, 2.0]))
     assert entry["module"] == "fc" and entry["heads"] is None and list(entry["weights"]) == ["bias"]
     assert entry["weights"]["bias"].tolist() == [1.0, 2.0] and entry["original_shapes"] == {"bias": [2]}
+
+
+def test_a_split_of_equal_pieces_without_sizes_pruned_apart_is_refused() -> None:
+    """A Split that names no sizes (``chunk`` in a dynamo or opset-18 export: equal pieces) and whose pruned copy
+    cuts pieces 3 and 4: listed, and refused by the block."""
+    h = onnx.helper
+
+    def model(sizes: list[int] | None) -> onnx.ModelProto:
+        inputs = ["x"] if sizes is None else ["x", "sizes"]
+        split = h.make_node("Split", inputs, ["a", "b"], name="/blk/Split", axis=1, num_outputs=2)
+        inits = [] if sizes is None else [h.make_tensor("sizes", onnx.TensorProto.INT64, [2], sizes)]
+        graph = h.make_graph([split], "g", [h.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 8])],
+                             [h.make_tensor_value_info(o, onnx.TensorProto.FLOAT, None) for o in "ab"], inits)
+        return h.make_model(graph, opset_imports=[h.make_opsetid("", 18)])
+
+    from onnxprune.torch.manifest import manifest
+
+    [entry] = manifest(model(None), model([3, 4]))
+    assert entry["op"] == "Split" and entry["module"] == "blk" and entry["pieces"] == [None, [3, 4]]
+    block = torch.nn.Module()
+    block.blk = torch.nn.Module()
+    with pytest.raises(OnnxPruneError, match=r"layer 'blk' cuts a tensor in equal pieces, the pruned model in pieces "
+                                             r"of \[3, 4\]"):
+        apply_manifest(block, [entry])

@@ -137,7 +137,8 @@ STATS_COPIES = 6
 merge, the group OMP's centred and regularised copies, and its basis (at most as large)."""
 
 
-def consumer_bytes(group: Group, nodes: dict[str, gs.Node], macs: dict[str, int]) -> tuple[int, tuple[int, str, int]]:
+def consumer_bytes(group: Group, nodes: dict[str, gs.Node],
+                   macs: dict[str, int]) -> tuple[int, tuple[int, str, int]]:
     """From shapes only, what ``group``'s consumers hold: the largest one sample's unfolded input (its MACs over its
     output channels) and output take, float32; and what choosing the group's channels holds for their statistics
     (float64, ``STATS_COPIES`` of each consumer's D×D and D×O sums, D its columns: input channels × kernel taps), with

@@ -62,11 +62,11 @@ def _transposed(op: str, attrs: dict[str, int], slot: str) -> bool:
 
 
 def _weights(model: onnx.ModelProto) -> dict[str, dict]:
-    """Per node whose op names its torch layer's parameters (``OpEntry.layer``), its float weights by slot as torch lays them out (``_transposed``); a MatMul's
-    ``bias`` is the sum of the constant vectors the Adds right after it, of its module (``module_path``), add
-    (torch.onnx writes a Linear on a 3-D input as MatMul then Add, and a refit adds its own), which torch's Linear
-    holds in its bias; ``heads``, where a constant Reshape splits the output into heads (``[..., heads, head_dim]``),
-    their count and width."""
+    """Per node whose op names its torch layer's parameters (``OpEntry.layer``), its float weights by slot as torch
+    lays them out (``_transposed``); a MatMul's ``bias`` is the sum of the constant vectors the Adds right after it,
+    of its module (``module_path``), add (torch.onnx writes a Linear on a 3-D input as MatMul then Add, and a refit
+    adds its own), which torch's Linear holds in its bias; ``heads``, where a constant Reshape splits the output into
+    heads (``[..., heads, head_dim]``), their count and width."""
     inits = {t.name: t for t in model.graph.initializer}
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in model.graph.node:
@@ -115,9 +115,9 @@ def _heads(split: tuple[int, int], width: int) -> list[int] | None:
     return [width // split[1], split[0]]
 
 
-def _pieces(model: onnx.ModelProto) -> dict[str, list[int]]:
-    """Per Split node whose piece sizes are constant (its ``split`` input, from an initializer or a Constant node,
-    or attribute), those sizes."""
+def _pieces(model: onnx.ModelProto) -> dict[str, list[int] | None]:
+    """Per Split node, its piece sizes where they are constant (its ``split`` input, from an initializer or a Constant
+    node, or attribute); None where it cuts equal pieces (``num_outputs``, or no sizes)."""
     values = {t.name: t for t in model.graph.initializer}
     values.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
                    if a.name == "value"})
@@ -125,6 +125,7 @@ def _pieces(model: onnx.ModelProto) -> dict[str, list[int]]:
     for node in model.graph.node:
         if node.op_type != "Split":
             continue
+        out[node.name] = None
         if len(node.input) > 1 and node.input[1] in values:
             out[node.name] = [int(v) for v in onnx.numpy_helper.to_array(values[node.input[1]]).reshape(-1)]
         for a in node.attribute:
@@ -164,7 +165,7 @@ def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
     before, after = _pieces(original), _pieces(pruned)
     entries += [{"node": name, "op": "Split", "module": module_path(name), "out_channels": None, "in_channels": None,
                  "pieces": [before[name], pieces], "weights": {}}
-                for name, pieces in after.items() if name in before and before[name] != pieces]
+                for name, pieces in after.items() if name in before and pieces is not None and before[name] != pieces]
     return entries
 
 
@@ -344,12 +345,13 @@ def _split_widths(module: nn.Module, entries: list[dict]) -> list[Step]:
         if e["op"] != "Split":
             continue
         (before, after), where = e["pieces"], e["module"] or e["node"]
-        if len(set(before)) > 1 or len(set(after)) > 1:
+        if before is not None and len(set(before)) > 1 or len(set(after)) > 1:
             raise OnnxPruneError(
-                f"layer {where!r} cuts a tensor in pieces of {before} channels, the pruned model in {after}: the module "
+                f"layer {where!r} cuts a tensor in {'equal pieces' if before is None else f'pieces of {before} channels'}"
+                f", the pruned model in pieces of {after}: the module "
                 "cannot follow (its code cuts the pieces); export the block with one convolution per piece (as "
                 "Torch-Pruning's C2f_v2 does for Ultralytics' C2f) and prune that export")
         block = module.get_submodule(e["module"]) if e["module"] else None
         steps += [lambda b=block, a=a, v=after[0]: setattr(b, a, v) for a in PIECE_WIDTHS
-                  if block is not None and getattr(block, a, None) == before[0]]
+                  if block is not None and before is not None and getattr(block, a, None) == before[0]]
     return steps

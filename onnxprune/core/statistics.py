@@ -71,12 +71,12 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         folds = tuple(ConsumerStats(*current.weight.shape[::-1]) for _ in range(2))
         x_p, x_o = prefix[use.tensor], reference[use.tensor]
         same = x_p is x_o and node_p.op == node_o.op and node_p.attrs == node_o.attrs  # the probes': unfold once
-        sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
-                                chunk_bytes)
         rank = ranks.get(use.tensor, x_p.ndim)
         folded = x_p.shape[1] if x_p.ndim == rank + 1 else 1  # rows a sample folded into the batch (cut_graph)
         length = folded * consumers.positions(node_p, x_p.shape[1:] if folded > 1 else x_p.shape)
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
+        sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
+                                chunk_bytes)
         if weights is not None and len(weights) != len(x_p):
             raise ValueError(f"{len(weights)} weight maps for {len(x_p)} samples: name the samples (collect's samples)")
         grid = None if weights is None else grid_of(length, weights.shape[1:])
@@ -84,10 +84,8 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         for s in (s for start in range(0, len(x_p), bs) for s in range(start, min(start + bs, len(x_p)), sub)):
             e = min(s + sub, s // bs * bs + bs)  # a sub-chunk stays within its fold's chunk
             first = -s * length % stride
-            chunk_p = _float(in_graph_layout(x_p[s:e], rank))
-            chunk_o = chunk_p if same else _float(in_graph_layout(x_o[s:e], rank))
-            x = consumers.unfold_every(node_p, chunk_p, stride, first)
-            x_t = x if same else consumers.unfold_every(node_o, chunk_o, stride, first)
+            x = consumers.unfold_every(node_p, _float(in_graph_layout(x_p[s:e], rank)), stride, first)
+            x_t = x if same else consumers.unfold_every(node_o, _float(in_graph_layout(x_o[s:e], rank)), stride, first)
             t = torch.matmul(w_o, x_t, out=targets.take((x.shape[0], len(w_o), x.shape[2])))
             t += b_o[:, None]
             if view.rest.size:

@@ -162,10 +162,10 @@ def manifest(original: onnx.ModelProto, pruned: onnx.ModelProto) -> list[dict]:
                         "heads": new[node.name]["heads"] and _heads(new[node.name]["heads"], len(before["weight"])),
                         "original_shapes": {s: list(before[s].shape) if s in before else None for s in arrays},
                         "weights": arrays})
-    before, after = _pieces(original), _pieces(pruned)
+    cut_before, cut_after = _pieces(original), _pieces(pruned)
     entries += [{"node": name, "op": "Split", "module": module_path(name), "out_channels": None, "in_channels": None,
-                 "pieces": [before[name], pieces], "weights": {}}
-                for name, pieces in after.items() if name in before and pieces is not None and before[name] != pieces]
+                 "pieces": [cut_before[name], pieces], "weights": {}} for name, pieces in cut_after.items()
+                if name in cut_before and pieces is not None and cut_before[name] != pieces]
     return entries
 
 

@@ -270,3 +270,15 @@ def test_a_split_of_equal_pieces_without_sizes_pruned_apart_is_refused() -> None
     with pytest.raises(OnnxPruneError, match=r"layer 'blk' cuts a tensor in equal pieces, the pruned model in pieces "
                                              r"of \[3, 4\]"):
         apply_manifest(block, [entry])
+
+
+def test_a_split_of_a_block_the_module_lacks_is_refused_by_name(tmp_path: Path) -> None:
+    """A Split whose pieces stay equal, of a block the module no longer has (renamed): an OnnxPruneError naming the
+    block, not torch's AttributeError."""
+    module = Detector()
+    result, _ = _pruned(module, tmp_path)
+    entries = result.manifest()
+    halved = next(e for e in entries if e["op"] == "Split" and len(set(e["pieces"][1])) == 1)
+    renamed = [{**halved, "module": "gone." + halved["module"]}]
+    with pytest.raises(OnnxPruneError, match=rf"layer 'gone\.{halved['module']}' \(node .*\) is not in the module"):
+        apply_manifest(module, renamed)

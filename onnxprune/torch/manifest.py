@@ -212,11 +212,7 @@ def _layer(module: nn.Module, entry: dict) -> nn.Module:
     if path is None:
         raise OnnxPruneError(f"node {node!r} names no torch module (its exporter wrote no scopes): apply_manifest "
                              "reads the names of torch.onnx's TorchScript export")
-    try:
-        layer = module.get_submodule(path)
-    except AttributeError as exc:
-        raise OnnxPruneError(f"layer {path!r} (node {node!r}) is not in the module: the manifest is of another "
-                             "model, or the layer was renamed") from exc
+    layer = _submodule(module, path, node)
     op = lookup(entry["op"])
     if op is None or op.layer is None or not isinstance(layer, op.layer.modules):
         raise OnnxPruneError(f"layer {path!r} is a {type(layer).__name__}, where the manifest prunes a "
@@ -227,6 +223,15 @@ def _layer(module: nn.Module, entry: dict) -> nn.Module:
         raise OnnxPruneError(f"layer {path!r}: its weight is {None if held is None else list(held.shape)}, the "
                              f"model the manifest was made from had {shape}: other widths")
     return layer
+
+
+def _submodule(module: nn.Module, path: str, node: str) -> nn.Module:
+    """``module``'s submodule ``path`` (where the manifest's ``node`` came from), or an OnnxPruneError naming both."""
+    try:
+        return module.get_submodule(path)
+    except AttributeError as exc:
+        raise OnnxPruneError(f"layer {path!r} (node {node!r}) is not in the module: the manifest is of another "
+                             "model, or the layer was renamed") from exc
 
 
 def _step(module: nn.Module, entry: dict) -> Step:
@@ -351,7 +356,7 @@ def _split_widths(module: nn.Module, entries: list[dict]) -> list[Step]:
                 f", the pruned model in pieces of {after}: the module "
                 "cannot follow (its code cuts the pieces); export the block with one convolution per piece (as "
                 "Torch-Pruning's C2f_v2 does for Ultralytics' C2f) and prune that export")
-        block = module.get_submodule(e["module"]) if e["module"] else None
+        block = _submodule(module, e["module"], e["node"]) if e["module"] else None
         steps += [lambda b=block, a=a, v=after[0]: setattr(b, a, v) for a in PIECE_WIDTHS
                   if block is not None and before is not None and getattr(block, a, None) == before[0]]
     return steps

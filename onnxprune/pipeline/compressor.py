@@ -150,6 +150,13 @@ class Compressor:
         return collect(self.graph, self.original, group, prefix, reference, self.options.batch_size, self.kept_rows,
                        uses, self.stats_bytes, weights)
 
+    def statistics(self, group: Group, uses: list[ConsumerUse] | None = None) -> list[ConsumerData]:
+        """``collect`` on both networks' tensors as they stand (the consumers' inputs computed ahead where the
+        cache does not hold them yet)."""
+        need = {use.tensor for use in (group.consumers if uses is None else uses)}
+        return self.collect(group, self.cache.peek(self.graph, self.values_p, need),
+                            self.cache.peek(self.original, self.values_o, need), uses)
+
     def note(self, group: Group, info: dict) -> None:
         """What the selector did on ``group``, for its layer report."""
         self.notes[group.name] = info
@@ -183,9 +190,7 @@ class Compressor:
         self.cache.advance(self.original, self.values_o, cut)
         if width == group.channels:
             return None
-        need = {c.tensor for c in group.consumers}
-        data = self.collect(group, self.cache.peek(self.graph, self.values_p, need),
-                            self.cache.peek(self.original, self.values_o, need))
+        data = self.statistics(group)
         if width == 0:
             return self.remove(group, data, t0)
         keep, fold, rel = self.select.select(self, group, data, width)
@@ -234,9 +239,7 @@ class Compressor:
             self.pending.remove(p)
             self.cache.advance(self.graph, self.values_p, p.position)
             self.cache.advance(self.original, self.values_o, p.position)
-            need = {p.use.tensor}
-            fresh = self.collect(p.group, self.cache.peek(self.graph, self.values_p, need),
-                                 self.cache.peek(self.original, self.values_o, need), [p.use])
+            fresh = self.statistics(p.group, [p.use])
             self.graph, ridges, err = reconstruct.refit(self.graph, p.group, fresh, np.arange(p.layer.kept),
                                                         [d.current.weight for d in fresh])
             p.tally[0] += err
@@ -275,9 +278,7 @@ class Compressor:
         stale = [d for d in data if self.live.position[d.use.node] > gate]
         if not stale:
             return None
-        need = {d.use.tensor for d in stale}
-        fresh = self.collect(group, self.cache.peek(self.graph, self.values_p, need),
-                             self.cache.peek(self.original, self.values_o, need), [d.use for d in stale])
+        fresh = self.statistics(group, [d.use for d in stale])
         self.graph, ridges, err = reconstruct.refit(self.graph, group, fresh, np.arange(len(keep)),
                                                     [d.current.weight[:, expand(keep, d.current.k)] for d in stale])
         rest = [d for d in data if d not in stale]

@@ -38,6 +38,7 @@ VARIANTS: dict[str, list[str]] = {
     "whole network": ["--distill-segments", "0"],
     "colour + both mixes": ["--colour", "0.4", "--mix", "both"],
     "whole share 0.25": ["--whole-share", "0.25"],
+    "average 0.99": ["--average", "0.99"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

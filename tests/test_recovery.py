@@ -252,7 +252,8 @@ def test_bad_inputs(tiny, zoo, student) -> None:
     for bad, words in (({"distill_views": 0}, "distill_views 0 must be at least 1"),
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
                        ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
-                       ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)")):
+                       ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)"),
+                       ({"average": 1.0}, r"average 1.0 must be in \[0, 1\)")):
         with pytest.raises(ValueError, match=words):  # when the options are built, before any work
             RecoverOptions(**FAST, **bad)
 
@@ -510,6 +511,30 @@ def test_the_loop_goes_on_from_the_winning_trial_whose_weights_are_no_checkpoint
     assert seen[0] == seen[5] == 4.0 and abs(seen[10] - 3.5) < 0.1  # trials from the start, the loop from the winner
     assert result.best_step == 0 and float(w.detach()[0]) == 4.0 and result.held_after == 0.25
     assert not result.stopped
+
+
+@pytest.mark.parametrize("average", [0.0, 0.8])
+def test_the_loop_keeps_the_moving_average_of_its_weights_where_asked(average: float) -> None:
+    """With ``average`` the held-out loss is measured on, and the loop keeps, the exponential moving average of the
+    weights its steps left (each step's weight 1 - average), replayed here from the steps; without, the last step's."""
+    import onnxprune.recovery.train as train
+
+    w = torch.nn.Parameter(torch.tensor([4.0]))
+    after, measured = [], []
+
+    def held() -> float:
+        measured.append(float(w.detach()[0]))
+        return -abs(measured[-1] - 4.0)  # the further from the start, the better: the end is kept
+
+    result = train.train_loop([w], lambda gen: (w**2).sum(), held, steps=10, lr=0.1, pull=0.0, seed=0, evals=1,
+                              on_step=lambda k, value, best: after.append(float(w.detach()[0])), average=average)
+    mean = 4.0
+    for x in after:
+        mean = average * mean + (1 - average) * x
+    want = after[-1] if average == 0 else mean
+    assert result.best_step == 10 and len(after) == 10
+    assert measured[-1] == pytest.approx(want) and float(w.detach()[0]) == pytest.approx(want)
+    assert (want > after[-1] + 0.1) == (average > 0)  # the average lags behind the steps
 
 
 @pytest.mark.parametrize("seconds", [None, 20.0])

@@ -16,15 +16,15 @@ from onnxprune.cli.app import app, check_outputs, fail, save, torch_threads, wri
 from onnxprune.errors import OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write
 from onnxprune.flags.declared import (
-    ALLOCATION, METHOD, RECONSTRUCT, RECOVER, AllocationOpt, BenchOpt, BestEffortOpt, BlockWindowOpt, CalibOpt,
-    ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt, DistillLrOpt,
-    DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt, GlobalBudgetOpt,
-    HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt, LatencyThreadsOpt,
-    LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt,
-    RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt,
-    ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StepsOpt, SubsetOpt,
-    TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt,
-    WholeShareOpt, images,
+    ALLOCATION, METHOD, RECONSTRUCT, RECOVER, AllocationOpt, AverageOpt, BenchOpt, BestEffortOpt, BlockWindowOpt,
+    CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt,
+    DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
+    GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
+    LatencyThreadsOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
+    ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt,
+    ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StepsOpt, SubsetOpt, TargetFlopsOpt,
+    TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt, WholeShareOpt,
+    images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -244,6 +244,7 @@ def recover_cmd(
     mix: MixOpt = RECOVER.mix.value,
     colour: ColourOpt = RECOVER.colour,
     whole_share: WholeShareOpt = RECOVER.whole_share,
+    average: AverageOpt = RECOVER.average,
     holdout: HoldoutOpt = RECOVER.holdout,
     held_subset: HeldSubsetOpt = None,
     train: TrainOpt = RECOVER.train.value,

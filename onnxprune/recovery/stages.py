@@ -163,7 +163,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
     lr = DISTILL_LRS if options.distill_lr is None else options.distill_lr
     loop = {"steps": options.distill_steps, "lr": lr, "pull": options.pull, "seed": options.seed,
-            "on_step": step}
+            "on_step": step, "average": options.average}
     if first is not None:
         start = segments[first].start
         net = TorchGraph(model, outputs=outputs, inputs_at=start)

@@ -182,11 +182,15 @@ def train_loop(
     patience: int = PATIENCE,
     on_step: Callable[[int, float, float], None] | None = None,
     seconds: float | None = None,
+    average: float = 0.0,
 ) -> FitResult:
     """Adam with cosine decay on ``params`` minimising ``batch_loss(generator)``; the held-out loss
     ``held()`` is measured ``evals`` times and the best weights (the starting ones included) are
     left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start).
     ``on_step(step, train_loss, best_held)`` reports progress.
+
+    ``average`` > 0: the held-out measures and the weights kept are those of an exponential moving average of the
+    trained weights (each step's weight ``1 - average``), not the last step's.
 
     With ``seconds``, the loop runs for that long instead of ``steps`` steps: the cosine and the checkpoints
     follow the share of the time spent (a held-out measure's time counted), the last one at the end.
@@ -219,6 +223,7 @@ def train_loop(
     # the winning trial's held-out loss is the least of several on the same samples, biased low: its weights are a
     # start, not a checkpoint (kept, they lost a point of top-1 on MobileNetV2's test photos)
     _load(params, kept)
+    mean = [p.detach().clone() for p in params] if average > 0 else None
     opt = torch.optim.Adam(params, lr=lr)
     sched = None if seconds is not None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     checkpoints = {int(round(steps * (k + 1) / evals)) for k in range(evals)}
@@ -232,6 +237,10 @@ def train_loop(
         value = _adam_step(opt, batch_loss(gen), params, start, pull)
         if sched is not None:
             sched.step()
+        if mean is not None:
+            with torch.no_grad():
+                for m, p in zip(mean, params):
+                    m.lerp_(p, 1.0 - average)
         if seconds is None:
             check, last = step in checkpoints, step >= steps
         else:
@@ -240,10 +249,10 @@ def train_loop(
             check = last or share >= (done_evals + 1) / evals
         if check:
             done_evals += 1
-            current = held()
+            current = held() if mean is None else _held_at(params, mean, held)
             if current < best:
                 best, result.best_step = current, step
-                best_state = [p.detach().clone() for p in params]
+                best_state = [p.detach().clone() for p in (params if mean is None else mean)]
             result.stopped = not last and result.best_step == 0 and done_evals >= patience
         if on_step is not None:
             on_step(step, value.item(), best)
@@ -253,6 +262,16 @@ def train_loop(
     _load(params, best_state)
     result.held_after = best
     return result
+
+
+def _held_at(params: list[torch.nn.Parameter], weights: list[torch.Tensor], held: Callable[[], float]) -> float:
+    """``held()`` with ``weights`` in ``params``, which then hold their own values again."""
+    own = [p.detach().clone() for p in params]
+    _load(params, weights)
+    try:
+        return held()
+    finally:
+        _load(params, own)
 
 
 def _draw(idx: np.ndarray, batch_size: int, gen: torch.Generator) -> np.ndarray:

@@ -39,6 +39,8 @@ VARIANTS: dict[str, list[str]] = {
     "colour + both mixes": ["--colour", "0.4", "--mix", "both"],
     "whole share 0.25": ["--whole-share", "0.25"],
     "average 0.99": ["--average", "0.99"],
+    "temperature 4": ["--temperature", "4"],
+    "features 4": ["--distill-features", "4"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

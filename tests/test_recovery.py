@@ -118,6 +118,17 @@ def test_distill_trains_the_head_on_cached_views_or_the_whole_model(tiny, studen
     assert report.writeback_error <= 1e-5
 
 
+@pytest.mark.parametrize("segments", [1, 0])
+def test_a_softened_distillation_still_chooses_its_checkpoints_on_the_plain_kl(tiny, student, segments: int) -> None:
+    """With a temperature the distillation trains on ``softened_kl`` (other weights than at T = 1), while its
+    held-out measures, which choose the checkpoint, stay the plain KL a user's agreement follows."""
+    fast = {**FAST, "method": "distill", "distill_segments": segments}
+    plain, softened = (recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, temperature=t))[1].distill
+                       for t in (1.0, 2.0))
+    assert softened.held_before == pytest.approx(plain.held_before, rel=1e-9)
+    assert softened.held_after < softened.held_before and softened.held_after != plain.held_after
+
+
 @pytest.mark.parametrize("seconds, samples", [(None, 4 * 40), (1e-9, 16), (1e9, 4 * 40)])
 def test_the_head_caches_as_many_views_as_its_time_allows(tiny, student, seconds: float | None, samples: int) -> None:
     """Without a time, every view asked for; where the next view would end past the time, no more, and the first
@@ -253,7 +264,8 @@ def test_bad_inputs(tiny, zoo, student) -> None:
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
                        ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
                        ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)"),
-                       ({"average": 1.0}, r"average 1.0 must be in \[0, 1\)")):
+                       ({"average": 1.0}, r"average 1.0 must be in \[0, 1\)"),
+                       ({"temperature": 0.0}, "temperature 0.0 must be positive")):
         with pytest.raises(ValueError, match=words):  # when the options are built, before any work
             RecoverOptions(**FAST, **bad)
 
@@ -313,6 +325,35 @@ def test_kl_reads_a_softmax_output_as_probabilities() -> None:
     assert float(kl_loss([torch.softmax(y, 1)], [torch.softmax(t, 1)])) == pytest.approx(on_logits, rel=1e-6)
     metric, value, _ = discrepancy([torch.softmax(y, 1).numpy()], [torch.softmax(t, 1).numpy()])
     assert metric == "kl" and value == pytest.approx(on_logits, rel=1e-6)
+
+
+def test_the_softened_kl_is_the_kl_of_the_rows_divided_by_the_temperature_times_its_square() -> None:
+    """T²·KL(softmax(t/T) || softmax(y/T)), of logits or of probabilities alike; far above the logits' spread it is
+    half the variance of their difference over the classes (logit matching), so the classes the teacher gives no
+    mass still pull; T = 1 is ``kl_loss`` itself."""
+    import torch
+
+    from onnxprune.recovery.train import kl_loss, softened_kl
+
+    rng = np.random.default_rng(1)
+    t, y = (torch.from_numpy(3 * rng.standard_normal((16, 10))) for _ in range(2))
+    assert softened_kl(1.0) is kl_loss
+    want = 16 * float(kl_loss([y / 4], [t / 4]))
+    assert float(softened_kl(4.0)([y], [t])) == pytest.approx(want, rel=1e-6)
+    assert float(softened_kl(4.0)([torch.softmax(y, 1)], [torch.softmax(t, 1)])) == pytest.approx(want, rel=1e-6)
+    d = t - y
+    half_variance = float(((d - d.mean(1, keepdim=True)) ** 2).mean(1).mean()) / 2
+    assert float(softened_kl(1e3)([y], [t])) == pytest.approx(half_variance, rel=1e-2)
+    assert abs(float(kl_loss([y], [t])) - half_variance) > 0.1 * half_variance
+
+
+def test_a_temperature_is_refused_for_a_model_that_is_not_a_classifier(tmp_path) -> None:
+    """Softening probabilities means nothing to a detector's boxes: refused by name before any training, not
+    ignored."""
+    teacher, student, calib = _dim_yolo(tmp_path)
+    with pytest.raises(OptionError, match="temperature 2.0 softens a classifier's probabilities"):
+        recover(student, teacher, calib, RecoverOptions(method="block", steps=1, batch_size=16, provider="cpu",
+                                                        temperature=2.0))
 
 
 def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:

@@ -23,8 +23,8 @@ from onnxprune.flags.declared import (
     LatencyThreadsOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, PullOpt, QuietOpt, RandomSeedOpt,
     ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt,
     ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StepsOpt, SubsetOpt, TargetFlopsOpt,
-    TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TrainBatchOpt, TrainOpt, WholeShareOpt,
-    images,
+    TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TemperatureOpt, TrainBatchOpt, TrainOpt,
+    WholeShareOpt, images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -244,6 +244,7 @@ def recover_cmd(
     mix: MixOpt = RECOVER.mix.value,
     colour: ColourOpt = RECOVER.colour,
     whole_share: WholeShareOpt = RECOVER.whole_share,
+    temperature: TemperatureOpt = RECOVER.temperature,
     average: AverageOpt = RECOVER.average,
     holdout: HoldoutOpt = RECOVER.holdout,
     held_subset: HeldSubsetOpt = None,

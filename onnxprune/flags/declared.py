@@ -238,6 +238,9 @@ ColourOpt = Annotated[float, typer.Option(
     help="Distill stage: random contrast, saturation and brightness factors in [1 - C, 1 + C] (0 = none).")]
 WholeShareOpt = Annotated[float, typer.Option(
     help="Distill stage, whole model: its share of --time, after the block stage's.")]
+TemperatureOpt = Annotated[float, typer.Option(
+    help="Distill stage, a classifier: soften the teacher's and the student's probabilities by T in the KL "
+         "(1 = as they are); checkpoints are still chosen on the plain KL.")]
 AverageOpt = Annotated[float, typer.Option(
     help="Distill stage: keep a moving average of the trained weights, each step weighing 1 - A (0 = the last "
          "step's weights); checkpoints are chosen on the average.")]

@@ -87,6 +87,7 @@ class RecoverOptions:
     mix: Mix | str = Mix.MIXUP  # mixing of the distillation images (after random resized crop and flip)
     colour: float = 0.0  # strength of the distillation images' random brightness, contrast and saturation changes
     whole_share: float = WHOLE_SHARE  # of the time, what a distillation of the whole model gets after the blocks
+    temperature: float = 1.0  # distillation of a classifier: the KL's softening (``train.softened_kl``)
     average: float = 0.0  # distillation: the weights kept are a moving average of its steps', each step weighing
     # 1 - average (0: the last step's; ``train.train_loop``)
     layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
@@ -130,6 +131,8 @@ class RecoverOptions:
         if not 0 < self.whole_share < 1:
             raise OptionError(f"whole_share {self.whole_share} must be a share of the time in (0, 1)",
                               option="whole_share")
+        if not self.temperature > 0:
+            raise OptionError(f"temperature {self.temperature} must be positive", option="temperature")
         if not 0 <= self.average < 1:
             raise OptionError(f"average {self.average} must be in [0, 1): each step weighs 1 - average in the mean",
                               option="average")

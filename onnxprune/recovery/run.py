@@ -11,7 +11,7 @@ import onnx_graphsurgeon as gs
 import torch
 
 from onnxprune.calib.sources import CalibrationSet
-from onnxprune.errors import OnnxPruneError
+from onnxprune.errors import OnnxPruneError, OptionError
 from onnxprune.ir.graph import export_model, with_metadata
 from onnxprune.ir.load import import_graph
 from onnxprune.ir.batch import free_batch, restore_batch
@@ -101,7 +101,12 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     teacher_held, teacher_verdict = outputs_of(teacher, held_idx, t_graph), outputs_of(teacher, verdict_idx, t_graph)
     per_sample = max(time.perf_counter() - t0, 1e-9) / (len(held_idx) + len(verdict_idx))
     task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
-    part, choice = distill_part(options, task is None and teacher_held[0].ndim == 2, per_sample)
+    classifier = task is None and teacher_held[0].ndim == 2
+    if options.temperature != 1 and not classifier:
+        raise OptionError(f"temperature {options.temperature} softens a classifier's probabilities, and the model's "
+                          f"first output {outputs[0]!r} is not a classifier's (N, classes): leave it at 1",
+                          option="temperature")
+    part, choice = distill_part(options, classifier, per_sample)
     options = replace(options, distill_segments=part)
     given = len(train_idx)
     plan, skip, blocks = block_plan(segments, options) if options.method.block else ([], None, [])

@@ -19,7 +19,7 @@ from onnxprune.recovery.options import (
 from onnxprune.recovery.report import DistillReport, RecoverReport, SegmentReport
 from onnxprune.recovery.samples import discrepancy
 from onnxprune.recovery.segments import Segment, head_start, windows
-from onnxprune.recovery.train import distill, evaluate_net, fit
+from onnxprune.recovery.train import distill, evaluate_net, fit, kl_loss, softened_kl
 from onnxprune.ir.cuts import run_segment
 from onnxprune.ir.store import Array, Store
 from onnxprune.torch.engine import TorchGraph, write_back
@@ -151,6 +151,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
     changed = {name for seg in segments for name in seg.changed}
     augment, transform = _augmenter(model, options)
     loss = objective(teacher_held, task)
+    trained = softened_kl(options.temperature) if loss is kl_loss else loss
     outputs = [o.name for o in model.graph.output]
 
     def step(k: int, value: float, best: float) -> None:
@@ -174,8 +175,8 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
                                                                n, None))
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
-        result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=loss,
-                     seconds=clock.loop(), **loop)
+        result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=trained,
+                     held_by=loss, seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_part, options.batch_size)
         samples = n_views
     else:
@@ -193,7 +194,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
         result = distill(net, t_net, params, xs, train_idx, held, batch_size=options.batch_size,
                          augment=transform or (lambda xs, gen: xs),
-                         loss=with_features(loss, len(outputs), options.distill_features), seconds=clock.loop(),
+                         loss=with_features(trained, len(outputs), options.distill_features), seconds=clock.loop(),
                          **loop)
         held_out = evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs))
         samples = result.steps * options.batch_size

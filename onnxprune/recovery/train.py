@@ -103,6 +103,20 @@ def kl_loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
     return (lt.exp() * (lt - ly)).sum(1).mean()
 
 
+def softened_kl(temperature: float) -> Loss:
+    """``kl_loss`` of the rows softened by ``temperature`` (their log-probabilities divided by it before a softmax),
+    times its square, which keeps the gradients' scale (Hinton et al. 2015); 1: ``kl_loss`` itself."""
+    if temperature == 1:
+        return kl_loss
+
+    def loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
+        lt = torch.log_softmax(log_probs(ts[0]) / temperature, 1)
+        ly = torch.log_softmax(log_probs(ys[0]) / temperature, 1)
+        return temperature**2 * (lt.exp() * (lt - ly)).sum(1).mean()
+
+    return loss
+
+
 def log_probs(x: torch.Tensor) -> torch.Tensor:
     """Row-wise log-probabilities: of the rows themselves when they are probabilities already (non-negative,
     summing to 1: a model that ends in Softmax), else their log-softmax (logits); ``tasks.log_probs`` on tensors."""
@@ -288,10 +302,11 @@ def fit(
     *,
     batch_size: int,
     loss: Loss = relative_mse,
+    held_by: Loss | None = None,
     **loop,
 ) -> FitResult:
-    """``train_loop`` on cached tensors: ``net(xs) ≈ ts`` on ``train_idx``, checkpoints chosen on
-    ``held_idx``."""
+    """``train_loop`` on cached tensors: ``net(xs) ≈ ts`` on ``train_idx`` by ``loss``, checkpoints chosen on
+    ``held_idx`` by ``held_by`` (None: ``loss``)."""
 
     device = device_of(net)
 
@@ -299,7 +314,8 @@ def fit(
         pick = _draw(train_idx, batch_size, gen)
         return loss(list(net(*_feed(xs, pick, device))), _feed(ts, pick, device))
 
-    return train_loop(params, batch_loss, lambda: held_loss(net, xs, ts, held_idx, batch_size, loss), **loop)
+    return train_loop(params, batch_loss, lambda: held_loss(net, xs, ts, held_idx, batch_size, held_by or loss),
+                      **loop)
 
 
 def distill(

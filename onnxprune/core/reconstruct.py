@@ -12,7 +12,7 @@ from onnxprune.core.context import ConsumerData
 from onnxprune.imitation.refit import expand_channels as expand
 from onnxprune.imitation.refit import quadratic_loss_full, refit_cv
 from onnxprune.ir.graph import const_value
-from onnxprune.ops.registry import set_bias
+from onnxprune.ops.registry import bias_of, set_bias
 from onnxprune.passes import refit_consumer, scale_columns
 from onnxprune.ir.store import Array
 
@@ -89,5 +89,4 @@ def shift_gates(graph: gs.Graph, shifts: dict[str, GateShift]) -> None:
     for name, (shift, rows) in shifts.items():
         gate = nodes[name]
         weight = np.asarray(gate.inputs[1].values)
-        bias = const_value(gate.inputs[2]) if len(gate.inputs) > 2 else np.zeros(weight.shape[0], weight.dtype)
-        set_bias(gate, (bias.astype(np.float64) + shift[rows]).astype(weight.dtype))
+        set_bias(gate, (bias_of(gate, weight.shape[0]) + shift[rows]).astype(weight.dtype))

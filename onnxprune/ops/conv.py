@@ -10,9 +10,9 @@ import onnx_graphsurgeon as gs
 import torch
 import torch.nn.functional as F
 
-from onnxprune.ir.graph import const_shape, const_value, static_shape
+from onnxprune.ir.graph import const_shape, static_shape
 from onnxprune.errors import UnsupportedOpError
-from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, TorchLayer, product, register, set_bias, thin
+from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, TorchLayer, bias_of, product, register, set_bias, thin
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Regroup, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 
@@ -195,15 +195,13 @@ def _spatial_columns(node: gs.Node, y: torch.Tensor) -> torch.Tensor:
 
 
 def _conv_matrix(node: gs.Node, w: np.ndarray) -> Linear:
-    bias = const_value(node.inputs[2]) if len(node.inputs) > 2 else np.zeros(w.shape[0])
-    return Linear(w.reshape(w.shape[0], -1), bias.astype(np.float64), int(np.prod(w.shape[2:])))
+    return Linear(w.reshape(w.shape[0], -1), bias_of(node, w.shape[0]), int(np.prod(w.shape[2:])))
 
 
 def _conv_transpose_matrix(node: gs.Node, w: np.ndarray) -> Linear:
     """(C, O, kh, kw) -> the equivalent Conv's flipped (O, C, kh, kw)."""
-    bias = const_value(node.inputs[2]) if len(node.inputs) > 2 else np.zeros(w.shape[1])
     conv = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
-    return Linear(conv.reshape(conv.shape[0], -1), bias.astype(np.float64), int(np.prod(w.shape[2:])))
+    return Linear(conv.reshape(conv.shape[0], -1), bias_of(node, w.shape[1]), int(np.prod(w.shape[2:])))
 
 
 def _conv_write(graph: gs.Graph, node: gs.Node, w: np.ndarray, b: np.ndarray) -> None:

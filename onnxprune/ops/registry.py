@@ -11,6 +11,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from onnxprune.errors import ShapeError
+from onnxprune.ir.graph import const_value
 
 if TYPE_CHECKING:
     import onnx
@@ -29,6 +30,11 @@ class Linear:
     weight: np.ndarray
     bias: np.ndarray
     k: int
+
+
+def bias_of(node: gs.Node, n: int) -> np.ndarray:
+    """The bias input (slot 2) of a Conv, ConvTranspose or Gemm in float64: ``n`` zeros where it has none."""
+    return const_value(node.inputs[2]).astype(np.float64) if len(node.inputs) > 2 else np.zeros(n)
 
 
 def set_bias(node: gs.Node, b: np.ndarray) -> None:

@@ -38,6 +38,7 @@ VARIANTS: dict[str, list[str]] = {
     "whole network": ["--distill-segments", "0"],
     "colour + both mixes": ["--colour", "0.4", "--mix", "both"],
     "whole share 0.25": ["--whole-share", "0.25"],
+    "whole share 0.75": ["--whole-share", "0.75"],
     "average 0.99": ["--average", "0.99"],
     "temperature 4": ["--temperature", "4"],
     "features 4": ["--distill-features", "4"],

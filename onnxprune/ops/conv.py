@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from onnxprune.ir.graph import const_shape, static_shape
 from onnxprune.errors import UnsupportedOpError
-from onnxprune.ops.registry import Linear, Mixing, OpEntry, Shape, TorchLayer, bias_of, product, register, set_bias, thin
+from onnxprune.ops.registry import (
+    Linear, Mixing, OpEntry, Shape, TorchLayer, bias_of, product, register, set_bias, thin,
+)
 from onnxprune.ops.roles import AttrSite, Blocked, Channelwise, Consumer, Port, Producer, Regroup, Role, SliceSite, Span
 from onnxprune.ops.kernel import Inputs, OpNode, Tensor, given
 

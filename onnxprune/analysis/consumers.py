@@ -8,20 +8,21 @@ the op's own weight layout.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.ir.graph import const_value
+from onnxprune.ir.graph import const_value, static_shape
 from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.errors import UnsupportedOpError
 from onnxprune.ops.linear import bias_add
 from onnxprune.ops.registry import Linear, Mixing, lookup, thin
 
 __all__ = ["Cleared", "ColumnView", "Linear", "bias_add", "cleared", "columns", "group_view", "matrix", "parameters",
-           "positions", "thin", "unfold", "unfold_every", "write"]
+           "positions", "samples_per_chunk", "thin", "unfold", "unfold_every", "write"]
 
 
 def _mixing(node: gs.Node) -> Mixing:
@@ -57,6 +58,16 @@ def unfold_every(node: gs.Node, x: torch.Tensor, stride: int, first: int) -> tor
     if stride == 1 or every is None:
         return thin(unfold(node, x), stride, first)
     return every(node, x, stride, first)
+
+
+def samples_per_chunk(node: gs.Node, channels: int, columns: int, most: int, limit: int) -> int:
+    """How many samples of ``node``'s unfolding fit in ``limit`` bytes of float32, ``columns`` values per position of
+    its output (``channels`` per position): at most ``most``, at least 1 (``most`` where its shape is not known)."""
+    shape = static_shape(node.outputs[0])
+    if not shape or any(not isinstance(d, int) for d in shape[1:]):
+        return most
+    positions = max(1, math.prod(shape[1:]) // max(channels, 1))
+    return max(1, min(most, limit // (4 * positions * columns)))
 
 
 def columns(node: gs.Node, y: torch.Tensor) -> torch.Tensor:

@@ -21,7 +21,6 @@ from onnxprune.analysis.groups import ConsumerUse, Group
 from onnxprune.core.context import ConsumerData, Context, Progress
 from onnxprune.imitation.local import greedy_local
 from onnxprune.imitation.gram import ConsumerStats, Scratch, neuron_gram
-from onnxprune.ir.graph import static_shape
 from onnxprune.ops.registry import lookup
 
 CURVE_GRAM_MACS = 10**10
@@ -75,8 +74,8 @@ def collect(graph: gs.Graph, original: gs.Graph, group: Group, prefix: dict[str,
         folded = x_p.shape[1] if x_p.ndim == rank + 1 else 1  # rows a sample folded into the batch (cut_graph)
         length = folded * consumers.positions(node_p, x_p.shape[1:] if folded > 1 else x_p.shape)
         stride = _stride(current.weight.shape[1], length * len(x_p), STATS_GRAM_MACS)
-        sub = samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o), bs,
-                                chunk_bytes)
+        sub = consumers.samples_per_chunk(node_o, channels, full_p.weight.shape[1] + full_o.weight.shape[1] + len(w_o),
+                                          bs, chunk_bytes)
         if weights is not None and len(weights) != len(x_p):
             raise ValueError(f"{len(weights)} weight maps for {len(x_p)} samples: name the samples (collect's samples)")
         grid = None if weights is None else grid_of(length, weights.shape[1:])
@@ -157,7 +156,8 @@ def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progres
             x = ahead[use.tensor]
             length = consumers.positions(node, x.shape)
             stride = _stride(lin.weight.shape[1], length * len(x), CURVE_GRAM_MACS)
-            sub = samples_per_chunk(node, *consumers.matrix(node).weight.shape, ctx.options.batch_size, ctx.stats_bytes)
+            sub = consumers.samples_per_chunk(node, *consumers.matrix(node).weight.shape, ctx.options.batch_size,
+                                              ctx.stats_bytes)
             for s in range(0, len(x), sub):
                 cols = view.take(consumers.unfold_every(node, torch.from_numpy(x[s : s + sub]), stride,
                                                         -s * length % stride))
@@ -165,16 +165,6 @@ def error_curves(ctx: Context, order: list[tuple[int, Group]], on_layer: Progres
             pairs.append((stats, lin.weight, lin.k))
         curves[group.id] = local_curve(pairs, group.channels)
     return curves
-
-
-def samples_per_chunk(node: gs.Node, channels: int, columns: int, most: int, limit: int) -> int:
-    """How many samples of ``node``'s unfolding fit in ``limit`` bytes of float32, ``columns`` values per position of
-    its output (``channels`` per position): at most ``most``, at least 1 (``most`` where its shape is not known)."""
-    shape = static_shape(node.outputs[0])
-    if not shape or any(not isinstance(d, int) for d in shape[1:]):
-        return most
-    positions = max(1, math.prod(shape[1:]) // max(channels, 1))
-    return max(1, min(most, limit // (4 * positions * columns)))
 
 
 def _residual_partner(node: gs.Node) -> str | None:

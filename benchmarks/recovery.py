@@ -42,6 +42,7 @@ VARIANTS: dict[str, list[str]] = {
     "average 0.99": ["--average", "0.99"],
     "temperature 4": ["--temperature", "4"],
     "features 4": ["--distill-features", "4"],
+    "pool 2": ["--pool", "2"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

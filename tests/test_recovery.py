@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import onnx
 import pytest
@@ -14,13 +16,19 @@ import onnxprune.recovery
 from onnxprune.errors import CalibrationError, ModelError, OnnxPruneError, OptionError
 from onnxprune.recovery import METHODS, RecoverOptions, discrepancy, halves, recover, split
 from onnxprune.recovery.segments import Segment, find_segments, head_start, windows
-from onnxprune.recovery.options import DISTILL_LRS, HEAD_SEGMENTS
+from onnxprune.recovery.options import DISTILL_LRS, HEAD_SEGMENTS, STAGE_OPTIONS
 from onnxprune.recovery.samples import within
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Epsilon, Local, NoRefit, Ratio, Uniform, options_from
 from tests.onnx_builders import export_torch, run
 
 FAST = {"steps": 100, "distill_steps": 100, "distill_lr": 1e-2, "batch_size": 16, "provider": "cpu"}
+
+
+def fast_for(method: str) -> dict:
+    """``FAST`` for ``method``, without the options of the stage it does not run (refused there)."""
+    left_out = {"block": STAGE_OPTIONS["distill"], "distill": STAGE_OPTIONS["block"]}.get(method, ())
+    return {**{k: v for k, v in FAST.items() if k not in left_out}, "method": method}
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def test_segments_chain_from_input_to_output(tiny, student) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_recovery_lowers_held_out_loss_and_writes_back_exactly(tiny, student, method: str) -> None:
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method=method))
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for(method)))
     assert report.improved and report.after < (0.9 if "block" in method else 1.0) * report.before
     assert all(s.held_after <= s.held_before for s in report.segments)
     assert bool(report.segments) == ("block" in method)
@@ -79,7 +87,7 @@ def _kl(teacher: np.ndarray, student: np.ndarray) -> float:
 def test_written_model_is_judged_in_onnxruntime_on_unpicked_samples(tiny, student) -> None:
     """The report's verdict is the written model's KL to the teacher in onnxruntime, on held-out samples
     that picked no checkpoint."""
-    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block"))
+    model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for("block")))
     pick, verdict = halves(split(len(tiny.x), 0.2)[1])
     assert (report.samples_held, report.samples_verdict) == (len(pick) + len(verdict), len(verdict))
     assert not set(pick) & set(verdict) and len(verdict) >= 2
@@ -94,14 +102,14 @@ def test_a_broken_write_back_is_refused(tiny, student, monkeypatch: pytest.Monke
     """Weights that do not reach the written model: recover raises, naming the error and the tolerance."""
     monkeypatch.setattr(onnxprune.recovery.stages, "write_back", lambda model, net: model)
     with pytest.raises(OnnxPruneError, match=r"differs from the trained weights by \S+ .* tolerance 1e-04"):
-        recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block"))
+        recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for("block")))
 
 
 @pytest.mark.parametrize("segments", [1, 0])
 def test_distill_trains_the_head_on_cached_views_or_the_whole_model(tiny, student, segments: int) -> None:
     """distill_segments=k trains the last k segments on distill_views cached views of every training
     sample; 0 trains every weight on batches augmented on the fly."""
-    options = RecoverOptions(**FAST, method="distill", distill_segments=segments, distill_views=3)
+    options = RecoverOptions(**fast_for("distill"), distill_segments=segments, distill_views=3)
     model, report = recover(student, tiny.model, _calib(tiny), options)
     last = find_segments(import_graph(student), import_graph(tiny.model))[-1]
     d = report.distill
@@ -122,7 +130,7 @@ def test_distill_trains_the_head_on_cached_views_or_the_whole_model(tiny, studen
 def test_a_softened_distillation_still_chooses_its_checkpoints_on_the_plain_kl(tiny, student, segments: int) -> None:
     """With a temperature the distillation trains on ``softened_kl`` (other weights than at T = 1), while its
     held-out measures, which choose the checkpoint, stay the plain KL a user's agreement follows."""
-    fast = {**FAST, "method": "distill", "distill_segments": segments}
+    fast = {**fast_for("distill"), "distill_segments": segments}
     plain, softened = (recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, temperature=t))[1].distill
                        for t in (1.0, 2.0))
     assert softened.held_before == pytest.approx(plain.held_before, rel=1e-9)
@@ -165,7 +173,7 @@ def test_the_report_says_how_sure_the_verdict_is(tiny, student, capsys) -> None:
 
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**{**FAST, "lr": 0.0, "distill_lr": 0.0}))
     assert not report.improved and report.confidence == 0.0
-    options = RecoverOptions(**FAST, method="distill", distill_segments=0)
+    options = RecoverOptions(**fast_for("distill"), distill_segments=0)
     model, report = recover(student, tiny.model, _calib(tiny), options)
     assert report.improved and model is not student and 0.5 < report.confidence < 1.0
     print_recovery(report)
@@ -178,7 +186,7 @@ def test_held_out_samples_given_apart(tiny, student) -> None:
     name = tiny.model.graph.input[0].name
     calib = ArraySet({name: tiny.x}, np.arange(48), {name: np.dtype(np.float32)})
     held = ArraySet({name: tiny.x}, np.arange(48, 64), {name: np.dtype(np.float32)})
-    options = RecoverOptions(**{**FAST, "method": "block", "steps": 20})
+    options = RecoverOptions(**{**fast_for("block"), "steps": 20})
     _, report = recover(student, tiny.model, calib, options, held=held)
     assert (report.samples_train, report.samples_held, report.held_unseen) == (48, 16, True)
     wrong = ArraySet({"other": tiny.x}, np.arange(4), {"other": np.dtype(np.float32)})
@@ -259,7 +267,7 @@ def test_bad_inputs(tiny, zoo, student) -> None:
     with pytest.raises(CalibrationError, match="empty"):
         recover(student, tiny.model, _calib(tiny, 0), RecoverOptions(**FAST))
     with pytest.raises(ValueError, match="method"):
-        recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="finetune"))
+        recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for("finetune")))
     for bad, words in (({"distill_views": 0}, "distill_views 0 must be at least 1"),
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
                        ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
@@ -347,13 +355,66 @@ def test_the_softened_kl_is_the_kl_of_the_rows_divided_by_the_temperature_times_
     assert abs(float(kl_loss([y], [t])) - half_variance) > 0.1 * half_variance
 
 
-def test_a_temperature_is_refused_for_a_model_that_is_not_a_classifier(tmp_path) -> None:
-    """Softening probabilities means nothing to a detector's boxes: refused by name before any training, not
-    ignored."""
+@pytest.mark.parametrize("option, message", [({"temperature": 2.0}, "temperature 2.0 softens a classifier's"),
+                                             ({"pool": 2}, "pool 2 chooses a classifier's inputs")])
+def test_a_classifiers_option_is_refused_for_a_model_that_is_not_a_classifier(tmp_path, option, message) -> None:
+    """Softening probabilities, or choosing inputs by their KL, means nothing to a detector's boxes: refused by name
+    before any training, not ignored."""
     teacher, student, calib = _dim_yolo(tmp_path)
-    with pytest.raises(OptionError, match="temperature 2.0 softens a classifier's probabilities"):
-        recover(student, teacher, calib, RecoverOptions(method="block", steps=1, batch_size=16, provider="cpu",
-                                                        temperature=2.0))
+    with pytest.raises(OptionError, match=message):
+        recover(student, teacher, calib, RecoverOptions(steps=1, distill_steps=1, batch_size=16, provider="cpu",
+                                                        **option))
+
+
+@pytest.mark.parametrize("method, option", [("block", {"temperature": 2.0}), ("block", {"mix": "cutmix"}),
+                                            ("block", {"pool": 2}), ("distill", {"block_window": 2}),
+                                            ("distill", {"steps": 5})])
+def test_a_flag_of_the_stage_a_method_leaves_out_is_refused_by_name(method, option) -> None:
+    """``--temperature`` with ``--method block`` would change nothing: refused, naming the option, not ignored; the
+    same options at their defaults pass."""
+    name = next(iter(option))
+    with pytest.raises(OptionError, match=f"{name} set, and method '{method}' runs no ") as caught:
+        RecoverOptions(method=method, **option)
+    assert caught.value.option == name
+    default = next(f.default for f in dataclasses.fields(RecoverOptions) if f.name == name)
+    assert RecoverOptions(method=method, **{name: default}).method == method
+
+
+def test_the_hardest_rows_are_those_with_the_largest_kl() -> None:
+    """``hardest`` ranks the rows by KL(t || y): rows where the student already agrees are left out."""
+    import torch
+
+    from onnxprune.recovery.train import hardest, row_kl
+
+    rng = np.random.default_rng(2)
+    t = torch.from_numpy(rng.standard_normal((8, 5)))
+    y = t.clone()
+    y[[1, 4, 6]] += torch.from_numpy(np.array([[3.0, 0, 0, 0, 0], [0, 0, 1.0, 0, 0], [0, 0, 0, 0, 2.0]]))
+    kl = row_kl(y, t)
+    assert list(hardest(y, t, 2)) == sorted([1, 4, 6], key=lambda i: -float(kl[i]))[:2]
+    assert len(hardest(y, t, 20)) == 8
+
+
+@pytest.mark.parametrize("segments", [0, 1])
+def test_a_pooled_distillation_trains_on_the_inputs_the_student_gets_most_wrong(tiny, student, segments,
+                                                                               monkeypatch) -> None:
+    """With ``pool`` 3 each batch is drawn three times as large and cut to the batch size by ``hardest`` (on the
+    head's cached views and on the whole model's augmented batches alike); its KL on what it trains on is at
+    least that of an unchosen batch."""
+    from onnxprune.recovery import train
+
+    chosen = []
+    real = train.hardest
+
+    def spy(ys, ts, keep):
+        chosen.append((len(ys), keep))
+        return real(ys, ts, keep)
+
+    monkeypatch.setattr(train, "hardest", spy)
+    fast = {**fast_for("distill"), "distill_segments": segments, "distill_steps": 5}
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, pool=3))
+    assert chosen and all(keep == 16 and n == 48 for n, keep in chosen)
+    assert report.options["pool"] == 3
 
 
 def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:
@@ -401,7 +462,7 @@ def test_the_block_stage_trains_a_window_of_segments_together(tiny, student) -> 
     last segment's end, and the model still improves and is written back exactly."""
     changed = [s.end for s in find_segments(import_graph(student), import_graph(tiny.model)) if s.trainable]
     assert len(changed) == 3
-    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**FAST, method="block", block_window=2))
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for("block"), block_window=2))
     assert [s.end for s in report.segments] == [changed[1], changed[2]]
     assert report.improved and report.writeback_error <= 1e-5
     with pytest.raises(OptionError, match="block_window 0 must be at least 1"):
@@ -797,7 +858,7 @@ def test_whole_model_distillation_matches_the_block_outputs(tiny, student) -> No
     weights = lambda m: {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer}  # noqa: E731
     runs = {}
     for features in (0.0, 1.0):
-        options = RecoverOptions(**FAST, method="distill", distill_segments=0, distill_features=features)
+        options = RecoverOptions(**fast_for("distill"), distill_segments=0, distill_features=features)
         model, report = recover(student, tiny.model, _calib(tiny), options)
         assert report.improved and report.writeback_error <= 1e-5 and report.metric == "kl"
         runs[features] = weights(model)
@@ -922,7 +983,7 @@ def test_a_weight_two_windows_share_is_trained_apart_and_written_back_exactly() 
     x = np.random.default_rng(0).standard_normal((48, 3, 8, 8)).astype(np.float32)
     data = ArraySet({"x": x}, np.arange(48), {"x": np.dtype(np.float32)})
     # a head of five segments reaches back past s3 and not past s1 (it raised "the written model differs" before)
-    model, report = recover(student, teacher, data, RecoverOptions(**FAST, method="distill", distill_segments=5))
+    model, report = recover(student, teacher, data, RecoverOptions(**fast_for("distill"), distill_segments=5))
     assert report.writeback_error < 1e-5 and report.improved
     names = {t.name for t in model.graph.initializer}
     assert {"scale.s1", "scale.s3"} <= names and "scale" not in names

@@ -241,6 +241,9 @@ WholeShareOpt = Annotated[float, typer.Option(
 TemperatureOpt = Annotated[float, typer.Option(
     help="Distill stage, a classifier: soften the teacher's and the student's probabilities by T in the KL "
          "(1 = as they are); checkpoints are still chosen on the plain KL.")]
+PoolOpt = Annotated[int, typer.Option(
+    help="Distill stage, a classifier: draw N times the batch's inputs and train on those the student disagrees "
+         "with most (their KL from the teacher; 1 = every input drawn).")]
 AverageOpt = Annotated[float, typer.Option(
     help="Distill stage: keep a moving average of the trained weights, each step weighing 1 - A (0 = the last "
          "step's weights); checkpoints are chosen on the average.")]

@@ -134,7 +134,7 @@ def recover_job(values: Values) -> RecoverJob:
                              distill_segments=v["distill_segments"], distill_views=v["distill_views"],
                              distill_features=v["distill_features"], mix=v["mix"],
                              colour=v["colour"], whole_share=v["whole_share"],
-                             temperature=v["temperature"], average=v["average"],
+                             temperature=v["temperature"], pool=v["pool"], average=v["average"],
                              layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 
 import torch
@@ -51,6 +51,9 @@ class Method(StrEnum):
 
 
 METHODS = tuple(m.value for m in Method)
+STAGE_OPTIONS = {"block": ("steps", "lr", "block_window"),  # what only one stage reads (``RecoverOptions``)
+                 "distill": ("distill_steps", "distill_lr", "distill_segments", "distill_views", "distill_features",
+                             "mix", "colour", "whole_share", "temperature", "average", "pool")}
 Progress = Callable[[str, int, int, float | None], None]
 Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
 
@@ -88,6 +91,8 @@ class RecoverOptions:
     colour: float = 0.0  # strength of the distillation images' random brightness, contrast and saturation changes
     whole_share: float = WHOLE_SHARE  # of the time, what a distillation of the whole model gets after the blocks
     temperature: float = 1.0  # distillation of a classifier: the KL's softening (``train.softened_kl``)
+    pool: int = 1  # distillation of a classifier: candidates drawn per batch image, the batch keeps the ``batch_size``
+    # the student disagrees with most (``train.hardest``)
     average: float = 0.0  # distillation: the weights kept are a moving average of its steps', each step weighing
     # 1 - average (0: the last step's; ``train.train_loop``)
     layout: Layout | str = Layout.NCHW  # of an image input, for the augmentation
@@ -112,14 +117,22 @@ class RecoverOptions:
         for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
             check_choice(name, getattr(self, name), tuple(k.value for k in kind))
             setattr(self, name, kind(getattr(self, name)))
+        filled = {"steps": STEPS, "distill_steps": DISTILL_STEPS}  # below, where None: not set (``replace`` again)
+        for stage, names in STAGE_OPTIONS.items():
+            unused = [f.name for f in fields(self)
+                      if f.name in names and getattr(self, f.name) not in (f.default, filled.get(f.name))]
+            if unused and not getattr(self.method, stage):
+                raise OptionError(f"{', '.join(unused)} set, and method {self.method.value!r} runs no {stage} stage: "
+                                  f"leave {'them' if len(unused) > 1 else 'it'} out, or choose method "
+                                  f"{Method.BLOCK_DISTILL.value!r}", option=unused[0])
         if self.time is None and self.steps is None and self.distill_steps is None:
             self.time = DEFAULT_TIME
-        self.steps = STEPS if self.steps is None else self.steps
-        self.distill_steps = DISTILL_STEPS if self.distill_steps is None else self.distill_steps
+        self.steps = filled["steps"] if self.steps is None else self.steps
+        self.distill_steps = filled["distill_steps"] if self.distill_steps is None else self.distill_steps
         if self.time is not None and not self.time > 0:
             raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
         for name, least in (("steps", 1), ("block_window", 1), ("distill_steps", 1), ("distill_views", 1),
-                            ("distill_segments", 0)):
+                            ("distill_segments", 0), ("pool", 1)):
             if getattr(self, name) is not None and getattr(self, name) < least:
                 raise OptionError(f"{name} {getattr(self, name)} must be at least {least}", option=name)
         if self.distill_lr is not None and not self.distill_lr >= 0:

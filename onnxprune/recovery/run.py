@@ -102,12 +102,14 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     per_sample = max(time.perf_counter() - t0, 1e-9) / (len(held_idx) + len(verdict_idx))
     task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
     classifier = task is None and teacher_held[0].ndim == 2
-    if options.temperature != 1 and not classifier:
-        raise OptionError(f"temperature {options.temperature} softens a classifier's probabilities, and the model's "
-                          f"first output {outputs[0]!r} is not a classifier's (N, classes): leave it at 1",
-                          option="temperature")
+    for name, what in (("temperature", "softens a classifier's probabilities"),
+                       ("pool", "chooses a classifier's inputs by the KL of its probabilities")):
+        if getattr(options, name) != 1 and not classifier:
+            raise OptionError(f"{name} {getattr(options, name)} {what}, and the model's first output {outputs[0]!r} "
+                              f"is not a classifier's (N, classes): leave it at 1", option=name)
     part, choice = distill_part(options, classifier, per_sample)
-    options = replace(options, distill_segments=part)
+    if options.method.distill:
+        options = replace(options, distill_segments=part)
     given = len(train_idx)
     plan, skip, blocks = block_plan(segments, options) if options.method.block else ([], None, [])
     if clock.seconds is not None and blocks:  # the block stage's passes over every sample, sized to the budget

@@ -176,7 +176,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
         params = trainable(net.to(options.torch_device()))
         held_part = np.arange(n_views, len(xs[0]))
         result = fit(net, params, xs, ts, np.arange(n_views), held_part, batch_size=options.batch_size, loss=trained,
-                     held_by=loss, seconds=clock.loop(), **loop)
+                     held_by=loss, pool=options.pool, seconds=clock.loop(), **loop)
         held_out = evaluate_net(net, xs, held_part, options.batch_size)
         samples = n_views
     else:
@@ -192,7 +192,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
             return discrepancy(evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs)), teacher_held,
                                task)[1]
 
-        result = distill(net, t_net, params, xs, train_idx, held, batch_size=options.batch_size,
+        result = distill(net, t_net, params, xs, train_idx, held, batch_size=options.batch_size, pool=options.pool,
                          augment=transform or (lambda xs, gen: xs),
                          loss=with_features(trained, len(outputs), options.distill_features), seconds=clock.loop(),
                          **loop)

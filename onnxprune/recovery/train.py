@@ -90,17 +90,26 @@ def _loss_sums(loss: Loss, ys: list[torch.Tensor], ts: list[torch.Tensor]) -> li
     """What ``held_loss`` adds up per batch: the summed KL of the rows, or per output its squared error, the
     targets' sum over samples and their squared sum."""
     if loss is kl_loss:
-        lt, ly = log_probs(ts[0]), log_probs(ys[0])
-        return [(lt.exp() * (lt - ly)).sum()]
+        return [row_kl(ys[0], ts[0]).sum()]
     if loss is not relative_mse:
         raise ValueError("held_loss accumulates kl_loss or relative_mse")
     return [v for y, t in zip(ys, ts) for v in (((y - t) ** 2).sum(), t.sum(0), (t**2).sum())]
 
 
+def row_kl(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """KL(t || y) of each row, the rows as probabilities (``log_probs``)."""
+    lt, ly = log_probs(t), log_probs(y)
+    return (lt.exp() * (lt - ly)).sum(1)
+
+
 def kl_loss(ys: list[torch.Tensor], ts: list[torch.Tensor]) -> torch.Tensor:
-    """Mean KL(t || y) of the first outputs' rows as probabilities (``log_probs``)."""
-    lt, ly = log_probs(ts[0]), log_probs(ys[0])
-    return (lt.exp() * (lt - ly)).sum(1).mean()
+    """Mean KL(t || y) of the first outputs' rows (``row_kl``)."""
+    return row_kl(ys[0], ts[0]).mean()
+
+
+def hardest(ys: torch.Tensor, ts: torch.Tensor, keep: int) -> torch.Tensor:
+    """The indices of the ``keep`` rows where ``ys`` disagrees most with ``ts`` (``row_kl``), the largest first."""
+    return torch.topk(row_kl(ys, ts), min(keep, len(ys))).indices
 
 
 def softened_kl(temperature: float) -> Loss:
@@ -301,15 +310,21 @@ def fit(
     batch_size: int,
     loss: Loss = relative_mse,
     held_by: Loss | None = None,
+    pool: int = 1,
     **loop,
 ) -> FitResult:
     """``train_loop`` on cached tensors: ``net(xs) ≈ ts`` on ``train_idx`` by ``loss``, checkpoints chosen on
-    ``held_idx`` by ``held_by`` (None: ``loss``)."""
+    ``held_idx`` by ``held_by`` (None: ``loss``). ``pool`` > 1 (a classifier's first output): each batch is the
+    ``batch_size`` of ``pool`` times as many samples drawn where the net disagrees most with ``ts`` (``hardest``)."""
 
     device = device_of(net)
 
     def batch_loss(gen: torch.Generator) -> torch.Tensor:
-        pick = _draw(train_idx, batch_size, gen)
+        pick = _draw(train_idx, batch_size * pool, gen)
+        if pool > 1:
+            with torch.no_grad():
+                ys, t = net(*_feed(xs, pick, device))[0], _feed(ts[:1], pick, device)[0]
+                pick = pick[hardest(ys, t, batch_size).cpu().numpy()]
         return loss(list(net(*_feed(xs, pick, device))), _feed(ts, pick, device))
 
     return train_loop(params, batch_loss, lambda: held_loss(net, xs, ts, held_idx, batch_size, held_by or loss),
@@ -327,17 +342,23 @@ def distill(
     batch_size: int,
     augment: Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]],
     loss: Loss,
+    pool: int = 1,
     **loop,
 ) -> FitResult:
     """``train_loop`` matching the teacher's outputs on augmented batches of ``xs[train_idx]``: the
-    teacher runs on the same augmented inputs as the student, so nothing is cached."""
+    teacher runs on the same augmented inputs as the student, so nothing is cached. ``pool`` > 1 (a classifier's
+    first output): ``pool`` times as many inputs are augmented and the batch keeps the ``batch_size`` of them where
+    the student disagrees most with the teacher (``hardest``; both run on all of them without gradients)."""
 
     device = device_of(student)
 
     def batch_loss(gen: torch.Generator) -> torch.Tensor:
-        inputs = augment(_feed(xs, _draw(train_idx, batch_size, gen), device), gen)
+        inputs = augment(_feed(xs, _draw(train_idx, batch_size * pool, gen), device), gen)
         with torch.no_grad():
             ts = list(teacher(*inputs))
+            if pool > 1:
+                keep = hardest(student(*inputs)[0], ts[0], batch_size)
+                inputs, ts = [x[keep] for x in inputs], [t[keep] for t in ts]
         return loss(list(student(*inputs)), ts)
 
     return train_loop(params, batch_loss, held, **loop)

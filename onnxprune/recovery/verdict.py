@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from onnxprune.recovery.objective import DetectLoss
-from onnxprune.recovery.train import log_probs
+from onnxprune.recovery.train import row_kl
 from onnxprune.tasks import Detect
 from onnxprune.tasks.boxes import APAccumulator
 
@@ -47,8 +47,7 @@ def scores(metric: str, outputs: list[np.ndarray], teacher: list[np.ndarray], ta
                          for i in range(n)])
         return lambda pick: float(loss.combine([torch.tensor(s) for s in sums[pick].sum(0)]))
     if metric == "kl":
-        lt, ly = log_probs(ts[0]), log_probs(ys[0])
-        kl = (lt.exp() * (lt - ly)).sum(1).numpy()
+        kl = row_kl(ys[0], ts[0]).numpy()
         return lambda pick: float(kl[pick].mean())
     # relative squared error: each output's per-sample error over its energy on all the samples
     err = sum(((y - t) ** 2).flatten(1).sum(1).numpy() / max(float(((t - t.mean(0)) ** 2).sum()), 1e-12) * n

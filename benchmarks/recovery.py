@@ -43,6 +43,7 @@ VARIANTS: dict[str, list[str]] = {
     "temperature 4": ["--temperature", "4"],
     "features 4": ["--distill-features", "4"],
     "pool 2": ["--pool", "2"],
+    "mosaic 0.5": ["--mosaic", "0.5"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

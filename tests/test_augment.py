@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxprune.recovery.augment import augment_images, jitter_colour, mix, resized_crop_flip
+from onnxprune.recovery.augment import augment_images, jitter_colour, mix, mosaic, resized_crop_flip
 
 
 def _x(n: int = 6) -> torch.Tensor:
@@ -126,6 +126,9 @@ def test_nhwc_matches_nchw() -> None:
     a = augment_images(x, torch.Generator().manual_seed(0), "mixup")
     b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc")
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
+    a = augment_images(x, torch.Generator().manual_seed(0), "mixup", tiles=0.5)
+    b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc", tiles=0.5)
+    assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
 
 
 def test_colour_jitter_is_an_affine_change_within_its_strength() -> None:
@@ -154,3 +157,24 @@ def test_both_draws_mixup_or_cutmix_per_batch() -> None:
         torch.testing.assert_close(got, mix(x, g, kind))
         kinds.add(kind)
     assert kinds == {"mixup", "cutmix"}
+
+
+@pytest.mark.parametrize("h, w", [(20, 24), (21, 25)])
+def test_a_mosaic_tiles_four_images_of_the_batch_at_half_size(h: int, w: int) -> None:
+    """With share 1 every image becomes four quadrants, the top-left its own colour, each one constant colour of the
+    batch (an odd side repeats its last row or column); share 0 returns the batch; a share in between tiles some."""
+    x = _colours(6)[:, :, :1, :1].expand(6, 3, h, w).clone()
+    colours = x[:, :, 0, 0].numpy()
+    y = mosaic(x, torch.Generator().manual_seed(0), 1.0).numpy()
+    for i in range(6):
+        quadrants = [y[i, :, :h // 2, :w // 2], y[i, :, :h // 2, w // 2:], y[i, :, h // 2:, :w // 2],
+                     y[i, :, h // 2:, w // 2:]]
+        for k, q in enumerate(quadrants):
+            flat = q.reshape(3, -1)
+            assert np.allclose(flat, flat[:, :1], atol=1e-9), (i, k)
+            assert np.isclose(colours, flat[:, 0], atol=1e-9).all(1).sum() == 1
+        assert np.allclose(quadrants[0].reshape(3, -1)[:, 0], colours[i], atol=1e-9)
+    assert mosaic(x, torch.Generator().manual_seed(0), 0.0) is x
+    some = mosaic(x, torch.Generator().manual_seed(3), 0.5)
+    tiled = [not torch.equal(some[i], x[i]) for i in range(6)]
+    assert any(tiled) and not all(tiled)

@@ -20,11 +20,11 @@ from onnxprune.flags.declared import (
     CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt,
     DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
     GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
-    LatencyThreadsOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, PoolOpt, PullOpt, QuietOpt, RandomSeedOpt,
-    ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt, RemoveBlocksOpt, ReportOpt,
-    ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt, StepsOpt, SubsetOpt, TargetFlopsOpt,
-    TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt, TemperatureOpt, TrainBatchOpt, TrainOpt,
-    WholeShareOpt, images,
+    LatencyThreadsOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, MosaicOpt, PoolOpt, PullOpt, QuietOpt,
+    RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt,
+    RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt,
+    StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt,
+    TemperatureOpt, TrainBatchOpt, TrainOpt, WholeShareOpt, images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -243,6 +243,7 @@ def recover_cmd(
     distill_features: DistillFeaturesOpt = RECOVER.distill_features,
     mix: MixOpt = RECOVER.mix.value,
     colour: ColourOpt = RECOVER.colour,
+    mosaic: MosaicOpt = RECOVER.mosaic,
     whole_share: WholeShareOpt = RECOVER.whole_share,
     temperature: TemperatureOpt = RECOVER.temperature,
     pool: PoolOpt = RECOVER.pool,

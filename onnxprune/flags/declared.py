@@ -236,6 +236,8 @@ MixOpt = Annotated[str, typer.Option(
          "crop, flip and --colour.")]
 ColourOpt = Annotated[float, typer.Option(
     help="Distill stage: random contrast, saturation and brightness factors in [1 - C, 1 + C] (0 = none).")]
+MosaicOpt = Annotated[float, typer.Option(
+    help="Distill stage: the share of images made a 2x2 mosaic of four at half size (0 = none).")]
 WholeShareOpt = Annotated[float, typer.Option(
     help="Distill stage, whole model: its share of --time, after the block stage's.")]
 TemperatureOpt = Annotated[float, typer.Option(

@@ -1,8 +1,9 @@
 """Consistent augmentation for distillation: the teacher and the student see the same new image.
 
 Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), optionally a
-random change of brightness, contrast and saturation, then mixup or cutmix mixes each image with another of the
-batch. They create inputs that neither the
+random change of brightness, contrast and saturation and, for a share of the images, a mosaic of four of the batch's
+at half their size (the objects smaller than any crop shows them), then mixup or cutmix mixes each image with another
+of the batch. They create inputs that neither the
 pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few
 hundred images from overfitting them ("function matching", Beyer et al. 2022).
 """
@@ -61,6 +62,20 @@ def jitter_colour(x: torch.Tensor, gen: torch.Generator, strength: float) -> tor
     return x + (factor() - 1) * x.std(dim=(1, 2, 3), keepdim=True)  # brightness, in units of the image's spread
 
 
+def mosaic(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
+    """Each NCHW image, with probability ``share``, replaced by a 2x2 mosaic of itself and three random images of the
+    batch, each at half its height and width (area-averaged)."""
+    if share <= 0:
+        return x
+    n, _, h, w = x.shape
+    small = F.interpolate(x, size=(h // 2, w // 2), mode="area")
+    others = [small[torch.randint(n, (n,), generator=gen).to(x.device)] for _ in range(3)]
+    tiles = torch.cat([torch.cat([small, others[0]], dim=3), torch.cat([others[1], others[2]], dim=3)], dim=2)
+    tiles = F.pad(tiles, (0, w - tiles.shape[3], 0, h - tiles.shape[2]), mode="replicate")  # odd sizes
+    chosen = (torch.rand(n, generator=gen) < share).to(x.device)
+    return torch.where(chosen[:, None, None, None], tiles, x)
+
+
 def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
     """Mixup (a convex blend) or cutmix (a pasted box) of each image with a random other one of the
     batch, with a mixing weight drawn uniformly (Beta(1, 1)); 'both' draws one of them for the batch; 'none'
@@ -85,9 +100,10 @@ def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
 
 
 def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw",
-                   colour: float = 0.0) -> torch.Tensor:
-    """Crop, flip, change the colours (``jitter_colour``) of and mix a batch of images in ``layout`` ('nchw' or
-    'nhwc')."""
+                   colour: float = 0.0, tiles: float = 0.0) -> torch.Tensor:
+    """Crop, flip, change the colours (``jitter_colour``) of, tile a share ``tiles`` of (``mosaic``) and mix a batch of
+    images in ``layout`` ('nchw' or 'nhwc')."""
     if layout == "nhwc":
-        return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour).permute(0, 2, 3, 1).contiguous()
-    return mix(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, kind)
+        return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour,
+                              tiles=tiles).permute(0, 2, 3, 1).contiguous()
+    return mix(mosaic(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, tiles), gen, kind)

@@ -126,8 +126,8 @@ def test_nhwc_matches_nchw() -> None:
     a = augment_images(x, torch.Generator().manual_seed(0), "mixup")
     b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc")
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
-    a = augment_images(x, torch.Generator().manual_seed(0), "mixup", tiles=0.5)
-    b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc", tiles=0.5)
+    a = augment_images(x, torch.Generator().manual_seed(0), "mixup", mosaics=0.5)
+    b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc", mosaics=0.5)
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
 
 

@@ -100,10 +100,10 @@ def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
 
 
 def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw",
-                   colour: float = 0.0, tiles: float = 0.0) -> torch.Tensor:
-    """Crop, flip, change the colours (``jitter_colour``) of, tile a share ``tiles`` of (``mosaic``) and mix a batch of
-    images in ``layout`` ('nchw' or 'nhwc')."""
+                   colour: float = 0.0, mosaics: float = 0.0) -> torch.Tensor:
+    """Crop, flip, change the colours (``jitter_colour``) of, make a share ``mosaics`` of them mosaics (``mosaic``) and
+    mix a batch of images in ``layout`` ('nchw' or 'nhwc')."""
     if layout == "nhwc":
         return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour,
-                              tiles=tiles).permute(0, 2, 3, 1).contiguous()
-    return mix(mosaic(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, tiles), gen, kind)
+                              mosaics=mosaics).permute(0, 2, 3, 1).contiguous()
+    return mix(mosaic(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, mosaics), gen, kind)

@@ -135,8 +135,8 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
     if not image:
         return "none (the model does not take one batch of images)", None
     colour = f"colour ±{options.colour:.0%}, " if options.colour else ""
-    tiles = f"{options.mosaic:.0%} mosaics, " if options.mosaic else ""
-    what = f"random resized crop, flip, {colour}{tiles}{options.mix} ({options.layout})"
+    mosaics = f"{options.mosaic:.0%} mosaics, " if options.mosaic else ""
+    what = f"random resized crop, flip, {colour}{mosaics}{options.mix} ({options.layout})"
     return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, options.colour,
                                                  options.mosaic)]
 

@@ -399,8 +399,8 @@ def test_the_hardest_rows_are_those_with_the_largest_kl() -> None:
 def test_a_pooled_distillation_trains_on_the_inputs_the_student_gets_most_wrong(tiny, student, segments,
                                                                                monkeypatch) -> None:
     """With ``pool`` 3 each batch is drawn three times as large and cut to the batch size by ``hardest`` (on the
-    head's cached views and on the whole model's augmented batches alike); its KL on what it trains on is at
-    least that of an unchosen batch."""
+    head's cached views and on the whole model's augmented batches alike); which rows ``hardest`` keeps is its own
+    test's."""
     from onnxprune.recovery import train
 
     chosen = []

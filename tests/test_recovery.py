@@ -368,10 +368,11 @@ def test_a_classifiers_option_is_refused_for_a_model_that_is_not_a_classifier(tm
 
 @pytest.mark.parametrize("method, option", [("block", {"temperature": 2.0}), ("block", {"mix": "cutmix"}),
                                             ("block", {"pool": 2}), ("distill", {"block_window": 2}),
-                                            ("distill", {"steps": 5})])
+                                            ("distill", {"steps": 5}), ("distill", {"steps": 200}),
+                                            ("block", {"distill_steps": 600})])
 def test_a_flag_of_the_stage_a_method_leaves_out_is_refused_by_name(method, option) -> None:
-    """``--temperature`` with ``--method block`` would change nothing: refused, naming the option, not ignored; the
-    same options at their defaults pass."""
+    """``--temperature`` with ``--method block`` would change nothing: refused, naming the option, not ignored (a
+    step count equal to the one a run bounded by steps uses included); the same options at their defaults pass."""
     name = next(iter(option))
     with pytest.raises(OptionError, match=f"{name} set, and method '{method}' runs no ") as caught:
         RecoverOptions(method=method, **option)
@@ -828,9 +829,10 @@ def test_time_bounds_by_default_and_given_steps_bound_instead() -> None:
     from onnxprune.recovery.options import DEFAULT_TIME, DISTILL_STEPS, STEPS
 
     plain = RecoverOptions()
-    assert (plain.time, plain.steps, plain.distill_steps) == (DEFAULT_TIME, STEPS, DISTILL_STEPS)
-    assert (RecoverOptions(steps=5).time, RecoverOptions(steps=5).distill_steps) == (None, DISTILL_STEPS)
-    assert (RecoverOptions(distill_steps=7).time, RecoverOptions(distill_steps=7).steps) == (None, STEPS)
+    assert (plain.time, plain.step_counts()) == (DEFAULT_TIME, (STEPS, DISTILL_STEPS))
+    assert (RecoverOptions(steps=5).time, RecoverOptions(steps=5).step_counts()) == (None, (5, DISTILL_STEPS))
+    assert (RecoverOptions(distill_steps=7).time, RecoverOptions(distill_steps=7).step_counts()) == (None, (STEPS, 7))
+    assert dataclasses.replace(RecoverOptions(steps=5), distill_segments=0).step_counts() == (5, DISTILL_STEPS)
     assert RecoverOptions(time=60.0, steps=5).time == 60.0
     with pytest.raises(OptionError, match="distill_features -1"):
         RecoverOptions(distill_features=-1)

@@ -118,18 +118,14 @@ class RecoverOptions:
         for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
             check_choice(name, getattr(self, name), tuple(k.value for k in kind))
             setattr(self, name, kind(getattr(self, name)))
-        filled = {"steps": STEPS, "distill_steps": DISTILL_STEPS}  # below, where None: not set (``replace`` again)
         for stage, names in STAGE_OPTIONS.items():
-            unused = [f.name for f in fields(self)
-                      if f.name in names and getattr(self, f.name) not in (f.default, filled.get(f.name))]
+            unused = [f.name for f in fields(self) if f.name in names and getattr(self, f.name) != f.default]
             if unused and not getattr(self.method, stage):
                 raise OptionError(f"{', '.join(unused)} set, and method {self.method.value!r} runs no {stage} stage: "
                                   f"leave {'them' if len(unused) > 1 else 'it'} out, or choose method "
                                   f"{Method.BLOCK_DISTILL.value!r}", option=unused[0])
         if self.time is None and self.steps is None and self.distill_steps is None:
             self.time = DEFAULT_TIME
-        self.steps = filled["steps"] if self.steps is None else self.steps
-        self.distill_steps = filled["distill_steps"] if self.distill_steps is None else self.distill_steps
         if self.time is not None and not self.time > 0:
             raise OptionError(f"time {self.time} must be a positive number of seconds", option="time")
         for name, least in (("steps", 1), ("block_window", 1), ("distill_steps", 1), ("distill_views", 1),
@@ -156,6 +152,12 @@ class RecoverOptions:
             raise OptionError(f"distill_features {self.distill_features} must be a non-negative weight",
                               option="distill_features")
         check_memory(self.memory)
+
+    def step_counts(self) -> tuple[int, int]:
+        """The block stage's Adam steps per loop and the distillation's, where steps bound the run (``STEPS`` and
+        ``DISTILL_STEPS`` for the one not given)."""
+        return (STEPS if self.steps is None else self.steps,
+                DISTILL_STEPS if self.distill_steps is None else self.distill_steps)
 
     def store(self) -> Store:
         """Where the run's cached tensors live (``ir.store``)."""

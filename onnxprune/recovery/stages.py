@@ -62,9 +62,9 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
 
             def step(k: int, loss: float, held: float, label: str = label, seconds: float | None = seconds) -> None:
                 if on_progress is not None:
-                    on_progress(label + clock.label(), k, options.steps if seconds is None else k, held)
+                    on_progress(label + clock.label(), k, options.step_counts()[0] if seconds is None else k, held)
 
-            result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.steps, lr=options.lr,
+            result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.step_counts()[0], lr=options.lr,
                          batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step,
                          seconds=seconds)
             done += 1
@@ -158,14 +158,14 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
-            on_progress("distill" + clock.label(), k, options.distill_steps if clock.seconds is None else k, best)
+            on_progress("distill" + clock.label(), k, options.step_counts()[1] if clock.seconds is None else k, best)
 
     def trainable(net: TorchGraph) -> list[torch.nn.Parameter]:
         return [p for name, p in net.named_initializers()
                 if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
 
     lr = DISTILL_LRS if options.distill_lr is None else options.distill_lr
-    loop = {"steps": options.distill_steps, "lr": lr, "pull": options.pull, "seed": options.seed,
+    loop = {"steps": options.step_counts()[1], "lr": lr, "pull": options.pull, "seed": options.seed,
             "on_step": step, "average": options.average}
     if first is not None:
         start = segments[first].start

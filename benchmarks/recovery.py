@@ -44,6 +44,7 @@ VARIANTS: dict[str, list[str]] = {
     "features 4": ["--distill-features", "4"],
     "pool 2": ["--pool", "2"],
     "mosaic 0.5": ["--mosaic", "0.5"],
+    "tensor adam": ["--optimizer", "tensor-adam"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],
     "lr 3e-3": ["--lr", "3e-3"],

@@ -989,3 +989,25 @@ def test_a_weight_two_windows_share_is_trained_apart_and_written_back_exactly() 
     assert report.writeback_error < 1e-5 and report.improved
     names = {t.name for t in model.graph.initializer}
     assert {"scale.s1", "scale.s3"} <= names and "scale" not in names
+
+
+def test_tensor_adam_moves_a_weight_with_a_small_gradient_little() -> None:
+    """Adam moves every weight by about its learning rate, whatever its gradient's size; ``TensorAdam`` scales a
+    tensor's steps by one second moment, so a weight whose gradient is a thousandth of its neighbours' moves a
+    thousandth as far, and a tensor's steps stay free of its gradient's overall scale."""
+    from onnxprune.recovery.train import TensorAdam
+
+    def moved(make, scale: float) -> torch.Tensor:
+        w = torch.nn.Parameter(torch.zeros(4))
+        opt = make([w], lr=0.1)
+        for _ in range(5):
+            opt.zero_grad()
+            (w * torch.tensor([1.0, 1.0, 1.0, 1e-3]) * scale).sum().backward()
+            opt.step()
+        return w.detach().abs()
+
+    adam, tensor = moved(torch.optim.Adam, 1.0), moved(TensorAdam, 1.0)
+    assert torch.allclose(adam, torch.full((4,), 0.5), rtol=1e-3)
+    assert torch.allclose(tensor[3] / tensor[0], torch.tensor(1e-3), rtol=1e-3)
+    assert 0.4 < float(tensor[0]) < 0.8
+    assert torch.allclose(moved(TensorAdam, 1e-4), tensor, rtol=1e-3)

@@ -261,6 +261,9 @@ TrainOpt = Annotated[str, typer.Option(
     help="What to train in a changed segment: 'segment' (every weight in it) or 'changed' (only the "
          "weights pruning changed).")]
 PullOpt = Annotated[float, typer.Option(help="Weight decay towards the starting weights (relative).")]
+OptimizerOpt = Annotated[str, typer.Option(
+    help="Both stages' update rule: 'adam', or 'tensor-adam' (Adam with one second moment a tensor: a weight whose "
+         "gradient is small moves little).")]
 TrainBatchOpt = Annotated[int, typer.Option(help="Training batch size.")]
 TeacherProviderOpt = Annotated[str, typer.Option(help="Execution provider for the teacher: auto, cpu, cuda.")]
 DrawSeedOpt = Annotated[int, typer.Option(help="Seed of the mini-batch draws.")]

@@ -137,6 +137,7 @@ def recover_job(values: Values) -> RecoverJob:
                              temperature=v["temperature"], pool=v["pool"], average=v["average"],
                              layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],
+                             optimizer=v["optimizer"],
                              seed=v["seed"], provider=v["provider"], time=parse_duration(v["time"]), **_store(v))
     data, held = calibration(v, teacher, prep, v["held_subset"])
     return RecoverJob(student, teacher, data, held, options)

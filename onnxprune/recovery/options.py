@@ -12,6 +12,7 @@ import torch
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.progress import clock_text
 from onnxprune.recovery.augment import Mix
+from onnxprune.recovery.train import Optimizer
 from onnxprune.ir.store import Store, check_memory, default_budget
 
 
@@ -74,8 +75,9 @@ class RecoverOptions:
     budget bounds the run (``time``, by default ``DEFAULT_TIME``), or step counts do where ``steps`` or
     ``distill_steps`` is given without ``time``.
 
-    ``method``, ``train``, ``mix`` and ``layout`` are enums (``Method``, ``Train``, ``Mix``, ``Layout``) or their
-    values ('block+distill', 'segment', 'mixup', 'nchw', ...); they are stored as the enums."""
+    ``method``, ``train``, ``mix``, ``layout`` and ``optimizer`` are enums (``Method``, ``Train``, ``Mix``,
+    ``Layout``, ``Optimizer``) or their values ('block+distill', 'segment', 'mixup', 'nchw', 'adam', ...); they are
+    stored as the enums."""
 
     method: Method | str = Method.BLOCK_DISTILL
     steps: int | None = None  # Adam steps per trainable segment (block stage; None: STEPS when steps bound the run)
@@ -101,6 +103,7 @@ class RecoverOptions:
     holdout: float = 0.2  # fraction of the calibration samples kept aside to choose checkpoints
     train: Train | str = Train.SEGMENT  # every float weight (of a changed segment), or only the changed ones
     pull: float = 0.0  # decay towards the starting weights
+    optimizer: Optimizer | str = Optimizer.ADAM  # both stages' update rule (``train.TensorAdam``: one scale a tensor)
     seed: int = 0
     provider: str = "auto"  # onnxruntime provider computing the teacher's tensors
     device: str = "auto"  # torch device of the training: 'auto' = CUDA when torch sees one, else CPU
@@ -115,7 +118,8 @@ class RecoverOptions:
                             "cpu" if self.device == "auto" else self.device)
 
     def __post_init__(self) -> None:
-        for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout)):
+        for name, kind in (("method", Method), ("train", Train), ("mix", Mix), ("layout", Layout),
+                           ("optimizer", Optimizer)):
             check_choice(name, getattr(self, name), tuple(k.value for k in kind))
             setattr(self, name, kind(getattr(self, name)))
         for stage, names in STAGE_OPTIONS.items():

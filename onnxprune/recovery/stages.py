@@ -66,7 +66,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
 
             result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.step_counts()[0], lr=options.lr,
                          batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step,
-                         seconds=seconds)
+                         seconds=seconds, optimizer=options.optimizer)
             done += 1
             report.segments.append(SegmentReport(seg.end, sum(p.numel() for p in params), result.held_before,
                                                  result.held_after, result.best_step, time.perf_counter() - t0,
@@ -166,7 +166,7 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
 
     lr = DISTILL_LRS if options.distill_lr is None else options.distill_lr
     loop = {"steps": options.step_counts()[1], "lr": lr, "pull": options.pull, "seed": options.seed,
-            "on_step": step, "average": options.average}
+            "on_step": step, "average": options.average, "optimizer": options.optimizer}
     if first is not None:
         start = segments[first].start
         net = TorchGraph(model, outputs=outputs, inputs_at=start)

@@ -6,6 +6,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 import numpy as np
 import torch
@@ -21,6 +22,49 @@ TRIALS_FLOOR = 10.0  # (below it the trials cost nothing a user waits for, whate
 PATIENCE = 3  # held-out measures of a loop (of its ``evals``): where none of the first ones beats the start, the loop
 # ends there and its time goes to the loops after it (MobileNetV2 170M's last block and its distillation kept their
 # start after 280 of 855 seconds)
+
+
+class Optimizer(StrEnum):
+    """The update rule of recovery's training loops."""
+
+    ADAM = "adam"
+    TENSOR_ADAM = "tensor-adam"  # ``TensorAdam``
+
+
+OPTIMIZERS = tuple(o.value for o in Optimizer)
+
+
+class TensorAdam(torch.optim.Optimizer):
+    """Adam whose second moment is one number per tensor, the mean of its squared gradient (NovoGrad's normalisation,
+    Ginsburg et al. 2019): a tensor's steps are as free of its gradient's scale as Adam's, but inside a tensor a weight
+    whose gradient is small moves little, where Adam moves every weight by about the learning rate however little
+    the training samples exercise it."""
+
+    def __init__(self, params, lr: float = 1e-3, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
+
+    @torch.no_grad()
+    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch's signature
+        for group in self.param_groups:
+            b1, b2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"], state["m"], state["v"] = 0, torch.zeros_like(p), p.new_zeros(())
+                state["step"] += 1
+                state["m"].lerp_(p.grad, 1 - b1)
+                state["v"].lerp_(p.grad.pow(2).mean(), 1 - b2)
+                m_hat = state["m"] / (1 - b1 ** state["step"])
+                v_hat = state["v"] / (1 - b2 ** state["step"])
+                p.add_(m_hat / (v_hat.sqrt() + group["eps"]), alpha=-group["lr"])
+        return None
+
+
+def optimizer_for(kind: Optimizer | str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The ``kind`` of update rule on ``params`` at ``lr``."""
+    return TensorAdam(params, lr=lr) if Optimizer(kind) is Optimizer.TENSOR_ADAM else torch.optim.Adam(params, lr=lr)
 
 
 @dataclass
@@ -133,7 +177,7 @@ def log_probs(x: torch.Tensor) -> torch.Tensor:
     return torch.log(x.clamp_min(1e-12)) if probabilities else torch.log_softmax(x, 1)
 
 
-def _adam_step(opt: torch.optim.Adam, value: torch.Tensor, params: list[torch.nn.Parameter],
+def _adam_step(opt: torch.optim.Optimizer, value: torch.Tensor, params: list[torch.nn.Parameter],
                start: list[torch.Tensor], pull: float) -> torch.Tensor:
     """One step of ``opt`` on ``value`` plus pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the ``start``); the loss."""
     if pull > 0:
@@ -162,11 +206,12 @@ def choose_lr(
     seconds: float | None,
     pull: float,
     seed: int,
+    optimizer: Optimizer | str = Optimizer.ADAM,
     on_step: Callable[[int, float], None] | None = None,
 ) -> tuple[list[tuple[float, float]], float, list[torch.Tensor]]:
     """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
-    rate for ``steps`` Adam steps (for ``seconds`` where given), then measured by ``held()``; ``start`` is loaded back
-    after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
+    rate for ``steps`` steps of ``optimizer`` (for ``seconds`` where given), then measured by ``held()``; ``start`` is
+    loaded back after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
     left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
     took ``TRIALS_OVERRUN`` times theirs and more than ``TRIALS_FLOOR``, the rates after them are not tried."""
     trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
@@ -175,7 +220,7 @@ def choose_lr(
         spent = time.monotonic() - first
         if seconds is not None and k and spent > max(TRIALS_OVERRUN * seconds * k, TRIALS_FLOOR):
             break
-        gen, opt = torch.Generator().manual_seed(seed), torch.optim.Adam(params, lr=lr)
+        gen, opt = torch.Generator().manual_seed(seed), optimizer_for(optimizer, params, lr)
         begin, step = time.monotonic(), 0
         while step < steps if seconds is None else step == 0 or time.monotonic() - begin < seconds:
             step += 1
@@ -204,9 +249,10 @@ def train_loop(
     on_step: Callable[[int, float, float], None] | None = None,
     seconds: float | None = None,
     average: float = 0.0,
+    optimizer: Optimizer | str = Optimizer.ADAM,
 ) -> FitResult:
-    """Adam with cosine decay on ``params`` minimising ``batch_loss(generator)``; the held-out loss
-    ``held()`` is measured ``evals`` times and the best weights (the starting ones included) are
+    """``optimizer`` (Adam or ``TensorAdam``) with cosine decay on ``params`` minimising ``batch_loss(generator)``;
+    the held-out loss ``held()`` is measured ``evals`` times and the best weights (the starting ones included) are
     left in ``params``. ``pull`` adds pull·Σ||θ - θ₀||²/||θ₀||² (decay towards the start).
     ``on_step(step, train_loss, best_held)`` reports progress.
 
@@ -231,6 +277,7 @@ def train_loop(
     if not isinstance(lr, (int, float)):
         trials, lr, kept = choose_lr(params, batch_loss, held, lr, start, steps=max(1, round(steps * LR_TRIAL)),
                                      seconds=None if seconds is None else seconds * LR_TRIAL, pull=pull, seed=seed,
+                                     optimizer=optimizer,
                                      on_step=None if on_step is None else lambda k, value: on_step(k, value, best))
         if seconds is not None:
             seconds = max(1.0, seconds - (time.monotonic() - begin))
@@ -245,7 +292,7 @@ def train_loop(
     # start, not a checkpoint (kept, they lost a point of top-1 on MobileNetV2's test photos)
     _load(params, kept)
     mean = [p.detach().clone() for p in params] if average > 0 else None
-    opt = torch.optim.Adam(params, lr=lr)
+    opt = optimizer_for(optimizer, params, lr)
     sched = None if seconds is not None else torch.optim.lr_scheduler.CosineAnnealingLR(opt, max(steps, 1))
     checkpoints = {int(round(steps * (k + 1) / evals)) for k in range(evals)}
     done_evals, step = 0, 0

@@ -1011,3 +1011,23 @@ def test_tensor_adam_moves_a_weight_with_a_small_gradient_little() -> None:
     assert torch.allclose(tensor[3] / tensor[0], torch.tensor(1e-3), rtol=1e-3)
     assert 0.4 < float(tensor[0]) < 0.8
     assert torch.allclose(moved(TensorAdam, 1e-4), tensor, rtol=1e-3)
+
+
+def test_both_stages_train_with_the_optimizer_asked(tiny, student, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``optimizer='tensor-adam'`` reaches every loop of the block stage and of the whole model's distillation (its
+    learning-rate trials included), and the run still gains."""
+    from onnxprune.recovery import train
+
+    made = []
+
+    def recording(kind, params, lr):
+        made.append((train.Optimizer(kind), len(params)))
+        return original(kind, params, lr)
+
+    original = train.optimizer_for
+    monkeypatch.setattr(train, "optimizer_for", recording)
+    options = RecoverOptions(**{**FAST, "distill_lr": None}, distill_segments=0, optimizer="tensor-adam")
+    _, report = recover(student, tiny.model, _calib(tiny), options)
+    assert report.segments and report.distill.whole_model and report.distill.lr_trials
+    assert len(made) >= len(report.segments) + len(report.distill.lr_trials)
+    assert {kind for kind, _ in made} == {train.Optimizer.TENSOR_ADAM} and report.improved

@@ -42,6 +42,42 @@ def test_recovery_quick(tmp_path: Path) -> None:
 
 
 @needs_real_model
+def test_recovery_blend_quick(tmp_path: Path) -> None:
+    """The share 0 is the pruned model and 1 the recovered one: scored on the same test photos as their own runs."""
+    subprocess.run([sys.executable, "benchmarks/recovery_blend.py", "--quick", "--data", str(DATA), "--out",
+                    str(tmp_path)], cwd=ROOT, check=True, capture_output=True)
+    result = json.loads((tmp_path / "blend.json").read_text())
+    assert [r["alpha"] for r in result["rows"]] == [0.0, 1.0]
+    assert all(r["test"]["images"] == 10 and r["held"]["images"] == 8 for r in result["rows"])
+    assert "| 0 |" in (tmp_path / "blend.md").read_text()
+
+
+def test_a_blend_moves_each_weight_its_share_of_the_way() -> None:
+    """recovery_blend.blended: start + share·(trained - start) on every float initializer the start has in the same
+    shape; any other is the trained model's."""
+    import numpy as np
+    import onnx
+    from onnx import helper, numpy_helper
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from recovery_blend import blended
+
+    def model(w: list[float], extra: list[float]) -> onnx.ModelProto:
+        inits = [numpy_helper.from_array(np.array(w, np.float32), "w"),
+                 numpy_helper.from_array(np.array(extra, np.float32), "b")]
+        node = helper.make_node("Add", ["w", "b"], ["y"]) if len(w) == len(extra) else helper.make_node(
+            "Identity", ["w"], ["y"])
+        out = helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)
+        return helper.make_model(helper.make_graph([node], "g", [], [out], inits))
+
+    start, trained = model([0.0, 2.0], [1.0]), model([4.0, 6.0], [5.0, 5.0])
+    weights = {t.name: numpy_helper.to_array(t) for t in blended(start, trained, 0.25).graph.initializer}
+    assert weights["w"].tolist() == [1.0, 3.0] and weights["b"].tolist() == [5.0, 5.0]
+    assert [numpy_helper.to_array(t).tolist() for t in blended(start, trained, 1.0).graph.initializer] == [
+        [4.0, 6.0], [5.0, 5.0]]
+
+
+@needs_real_model
 def test_finetune_quick(tmp_path: Path) -> None:
     """finetune.py's loop: the pruned MobileNetV2 trained with labels through to_torch, written back by from_torch
     and judged by eval."""

@@ -8,7 +8,8 @@ saw. For reference, `compress` on all 400 photos (index % 5 != 0) without recove
 Writes `<out>/recovery.json` and `<out>/recovery.md` (`--name` changes the stem). `--fold 1` shifts every
 set by one fifth (train on index % 5 not in {1, 2}, hold out 2%5, test on 1%5). `--classes k` splits by class
 range instead (`common.recover_subsets`): test on the 125 photos of classes 250k to 250k+249, which no photo that
-trains shares, as a user's new photos do not. `recovery_pooled.py` pools several runs.
+trains shares, as a user's new photos do not. `--recover-every k` gives `recover` only the training photos whose index
+is a multiple of k (`compress` still calibrates on all of them): what fewer photos cost. `recovery_pooled.py` pools several runs.
 
     python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
@@ -85,6 +86,9 @@ def main() -> None:
                              "(the second fold of docs/results.md)")
     parser.add_argument("--classes", type=int, choices=range(4), default=None,
                         help="k: split by class range instead of --fold: test on photos 125k:125(k+1)")
+    parser.add_argument("--recover-every", type=int, default=1,
+                        help="k: recover on the training photos whose index is a multiple of k (compress on all of "
+                             "them): what fewer photos cost")
     parser.add_argument("--quick", action="store_true",
                         help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
@@ -112,13 +116,15 @@ def main() -> None:
         for variant in args.variants.split(","):
             recovered = args.out / "recovered.onnx"
             start = time.perf_counter()
+            photos = calib if args.recover_every == 1 else f"{calib}&0%{args.recover_every}"
             rep = recover(pruned, original, recovered, args.data,
-                          ["--subset", calib, "--held-subset", held, *VARIANTS[variant], *extra])
+                          ["--subset", photos, "--held-subset", held, *VARIANTS[variant], *extra])
             wall = time.perf_counter() - start
             stages = [{"stage": f"block → {s['end'][0]}", **{k: s[k] for k in STAGE_KEYS}} for s in rep["segments"]]
             if rep["distill"] is not None:
                 stages.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS}})
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
+                         "recover_samples": rep["samples_given"],
                          "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
                          "stages": stages, **evaluate(recovered, original, args.data, test)})
             recovered.unlink()

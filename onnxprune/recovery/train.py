@@ -31,9 +31,6 @@ class Optimizer(StrEnum):
     TENSOR_ADAM = "tensor-adam"  # ``TensorAdam``
 
 
-OPTIMIZERS = tuple(o.value for o in Optimizer)
-
-
 class TensorAdam(torch.optim.Optimizer):
     """Adam whose second moment is one number per tensor, the mean of its squared gradient (NovoGrad's normalisation,
     Ginsburg et al. 2019): a tensor's steps are as free of its gradient's scale as Adam's, but inside a tensor a weight
@@ -44,7 +41,7 @@ class TensorAdam(torch.optim.Optimizer):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
 
     @torch.no_grad()
-    def step(self, closure=None):  # noqa: ANN001, ANN201 - torch's signature
+    def step(self, closure: None = None) -> None:
         for group in self.param_groups:
             b1, b2 = group["betas"]
             for p in group["params"]:
@@ -59,7 +56,6 @@ class TensorAdam(torch.optim.Optimizer):
                 m_hat = state["m"] / (1 - b1 ** state["step"])
                 v_hat = state["v"] / (1 - b2 ** state["step"])
                 p.add_(m_hat / (v_hat.sqrt() + group["eps"]), alpha=-group["lr"])
-        return None
 
 
 def optimizer_for(kind: Optimizer | str, params: list[torch.nn.Parameter], lr: float) -> torch.optim.Optimizer:
@@ -211,8 +207,8 @@ def choose_lr(
 ) -> tuple[list[tuple[float, float]], float, list[torch.Tensor]]:
     """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
     rate for ``steps`` steps of ``optimizer`` (for ``seconds`` where given), then measured by ``held()``; ``start`` is
-    loaded back after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights its trial
-    left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
+    loaded back after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights
+    its trial left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
     took ``TRIALS_OVERRUN`` times theirs and more than ``TRIALS_FLOOR``, the rates after them are not tried."""
     trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
     first = time.monotonic()

@@ -38,6 +38,7 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
     distill = options.method.distill and round_ == 1
     whole = distill and head_start(segments, options.distill_segments, options.train == "changed") is None
     segments, _, train = block_plan(segments, options)
+    steps = options.step_counts()[0]
     stage = clock.loop(block_share(len(train), distill, options.whole_share if whole else None)) if train else None
     stage_end = None if stage is None else time.monotonic() + stage
     cur = dict(values)  # student tensors at the current anchor (all samples)
@@ -62,9 +63,9 @@ def block_stage(s_model: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segm
 
             def step(k: int, loss: float, held: float, label: str = label, seconds: float | None = seconds) -> None:
                 if on_progress is not None:
-                    on_progress(label + clock.label(), k, options.step_counts()[0] if seconds is None else k, held)
+                    on_progress(label + clock.label(), k, steps if seconds is None else k, held)
 
-            result = fit(net, params, xs, ts, train_idx, held_idx, steps=options.step_counts()[0], lr=options.lr,
+            result = fit(net, params, xs, ts, train_idx, held_idx, steps=steps, lr=options.lr,
                          batch_size=options.batch_size, pull=options.pull, seed=options.seed + done, on_step=step,
                          seconds=seconds, optimizer=options.optimizer)
             done += 1
@@ -155,17 +156,18 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
     loss = objective(teacher_held, task)
     trained = softened_kl(options.temperature) if loss is kl_loss else loss
     outputs = [o.name for o in model.graph.output]
+    steps = options.step_counts()[1]
 
     def step(k: int, value: float, best: float) -> None:
         if on_progress is not None:
-            on_progress("distill" + clock.label(), k, options.step_counts()[1] if clock.seconds is None else k, best)
+            on_progress("distill" + clock.label(), k, steps if clock.seconds is None else k, best)
 
     def trainable(net: TorchGraph) -> list[torch.nn.Parameter]:
         return [p for name, p in net.named_initializers()
                 if isinstance(p, torch.nn.Parameter) and (options.train == "segment" or name in changed)]
 
     lr = DISTILL_LRS if options.distill_lr is None else options.distill_lr
-    loop = {"steps": options.step_counts()[1], "lr": lr, "pull": options.pull, "seed": options.seed,
+    loop = {"steps": steps, "lr": lr, "pull": options.pull, "seed": options.seed,
             "on_step": step, "average": options.average, "optimizer": options.optimizer}
     if first is not None:
         start = segments[first].start

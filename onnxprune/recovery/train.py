@@ -208,8 +208,8 @@ def choose_lr(
     """Each of ``lrs`` trained from the ``start`` weights (the ``params``' values) on the same batches, at a constant
     rate for ``steps`` steps of ``optimizer`` (for ``seconds`` where given), then measured by ``held()``; ``start`` is
     loaded back after each. Returns (lr, held-out loss) per candidate, the winning (first lowest) rate and the weights
-    its trial left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials so far
-    took ``TRIALS_OVERRUN`` times theirs and more than ``TRIALS_FLOOR``, the rates after them are not tried."""
+    its trial left. ``on_step(step, train_loss)`` counts the steps of all trials. Under ``seconds``, where the trials
+    so far took ``TRIALS_OVERRUN`` times theirs and more than ``TRIALS_FLOOR``, the rates after them are not tried."""
     trials, done, best, chosen, kept = [], 0, math.inf, lrs[0], start
     first = time.monotonic()
     for k, lr in enumerate(lrs):

@@ -1,9 +1,11 @@
 """What the MobileNetV2 benchmark scripts share: the photos, the original model, and the `onnxprune` commands
 run in-process: their flags read by the CLI's own parser (``onnxprune.cli.flag_values``) and built into the API's
-objects by ``onnxprune.flags.jobs``, as the CLI builds them. No flag is declared here."""
+objects by ``onnxprune.flags.jobs``, as the CLI builds them. No `onnxprune` flag is declared here; ``split_flags``
+declares the scripts' own choice of split."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shlex
 import subprocess
@@ -44,6 +46,15 @@ def recover_subsets(fold: int, classes: int | None = None) -> tuple[str, str, st
         return RECOVER_TRAIN, RECOVER_HELD, RECOVER_TEST
     a, b = fold % 5, (fold + 1) % 5
     return f"!{a},{b}%5", f"{b}%5", f"{a}%5"
+
+
+def split_flags(parser: argparse.ArgumentParser) -> None:
+    """``--fold`` and ``--classes``: the split ``recover_subsets`` makes, as every recovery script chooses it."""
+    parser.add_argument("--fold", type=int, choices=range(5), default=0,
+                        help="shift every photo set by this many fifths (1: train on the photos with index %% 5 not in "
+                             "{1, 2}, hold out 2%%5, test on 1%%5; the second fold of docs/results.md)")
+    parser.add_argument("--classes", type=int, choices=range(4), default=None,
+                        help="k: split by class range instead of --fold: test on photos 125k:125(k+1)")
 
 
 def split_of(fold: int, classes: int | None) -> dict[str, int]:

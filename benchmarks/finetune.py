@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 import onnxprune
-from common import DEFAULT_DATA, split_of, compress, evaluate, original_model, recover_subsets
+from common import DEFAULT_DATA, split_flags, split_of, compress, evaluate, original_model, recover_subsets
 from onnxprune.calib.images import label_from_name, list_images, select
 from onnxprune.flags.parse import parse_duration
 from onnxprune.recovery.augment import resized_crop_flip
@@ -75,8 +75,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="labelled photos (NNN_*.jpg)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/finetune"))
     parser.add_argument("--targets", default="170M")
-    parser.add_argument("--fold", type=int, choices=range(5), default=0)
-    parser.add_argument("--classes", type=int, choices=range(4), default=None, help="a class-range split instead")
+    split_flags(parser)
     parser.add_argument("--time", default="15m", help="the fine-tune's wall time (as recover --time)")
     parser.add_argument("--lr", type=float, default=1e-4)
     parser.add_argument("--batch", type=int, default=32)

@@ -9,7 +9,8 @@ Writes `<out>/recovery.json` and `<out>/recovery.md` (`--name` changes the stem)
 set by one fifth (train on index % 5 not in {1, 2}, hold out 2%5, test on 1%5). `--classes k` splits by class
 range instead (`common.recover_subsets`): test on the 125 photos of classes 250k to 250k+249, which no photo that
 trains shares, as a user's new photos do not. `--recover-every k` gives `recover` only the training photos whose index
-is a multiple of k (`compress` still calibrates on all of them): what fewer photos cost. `recovery_pooled.py` pools several runs.
+is a multiple of k (`compress` still calibrates on all of them): what fewer photos cost. `recovery_pooled.py` pools
+several runs.
 
     python benchmarks/recovery.py --targets 245M,170M --variants "default,block only,distill only"
     python benchmarks/recovery.py --quick        # tiny configuration, used by the test suite
@@ -23,7 +24,9 @@ import sys
 import time
 from pathlib import Path
 
-from common import DEFAULT_DATA, split_of, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets
+from common import (
+    DEFAULT_DATA, split_flags, split_of, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets,
+)
 
 VARIANTS: dict[str, list[str]] = {
     "default": [],
@@ -81,11 +84,7 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--name", default="recovery", help="stem of the result files")
-    parser.add_argument("--fold", type=int, choices=range(5), default=0,
-                        help="1: train on the photos with index %% 5 not in {1, 2}, hold out 2%%5, test on 1%%5 "
-                             "(the second fold of docs/results.md)")
-    parser.add_argument("--classes", type=int, choices=range(4), default=None,
-                        help="k: split by class range instead of --fold: test on photos 125k:125(k+1)")
+    split_flags(parser)
     parser.add_argument("--recover-every", type=int, default=1,
                         help="k: recover on the training photos whose index is a multiple of k (compress on all of "
                              "them): what fewer photos cost")

@@ -20,7 +20,7 @@ from pathlib import Path
 import onnx
 from onnx import numpy_helper
 
-from common import DEFAULT_DATA, compress, evaluate, original_model, recover, recover_subsets, split_of
+from common import DEFAULT_DATA, compress, evaluate, original_model, recover, recover_subsets, split_flags, split_of
 
 
 def blended(start: onnx.ModelProto, trained: onnx.ModelProto, share: float) -> onnx.ModelProto:
@@ -51,8 +51,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="labelled photos (NNN_*.jpg)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recovery_classes"))
     parser.add_argument("--target", default="170M")
-    parser.add_argument("--fold", type=int, choices=range(5), default=0)
-    parser.add_argument("--classes", type=int, choices=range(4), default=None)
+    split_flags(parser)
     parser.add_argument("--alphas", default="0,0.25,0.5,0.75,1", help="comma-separated shares")
     parser.add_argument("--name", default="blend")
     parser.add_argument("--quick", action="store_true",

@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from common import DEFAULT_DATA, split_of, compress, evaluate, original_model, recover, recover_subsets
+from common import DEFAULT_DATA, split_flags, split_of, compress, evaluate, original_model, recover, recover_subsets
 
 
 def measure(data: Path, out: Path, targets: list[str], times: list[str], fold: int = 0,
@@ -110,10 +110,7 @@ def main() -> None:
     parser.add_argument("--targets", default="245M,170M")
     parser.add_argument("--times", default="5m,15m,30m", help="the recover --time of each point")
     parser.add_argument("--name", default="curve", help="stem of the result files")
-    parser.add_argument("--fold", type=int, default=0, choices=range(5),
-                        help="shift every photo set by this many fifths (1: the second fold of docs/results.md)")
-    parser.add_argument("--classes", type=int, default=None, choices=range(4),
-                        help="k: split by class range instead of --fold (recovery.py --classes)")
+    split_flags(parser)
     parser.add_argument("--detectors", default="", help="comma-separated detectors.json files to plot beside")
     parser.add_argument("--plot-only", nargs="*", type=Path, help="draw these result files (no measurement)")
     args = parser.parse_args()

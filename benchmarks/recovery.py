@@ -48,6 +48,7 @@ VARIANTS: dict[str, list[str]] = {
     "features 4": ["--distill-features", "4"],
     "pool 2": ["--pool", "2"],
     "mosaic 0.5": ["--mosaic", "0.5"],
+    "leaves 0.5": ["--leaves", "0.5"],
     "tensor adam": ["--optimizer", "tensor-adam"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],

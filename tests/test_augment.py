@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from onnxprune.recovery.augment import augment_images, jitter_colour, mix, mosaic, resized_crop_flip
+from onnxprune.recovery.augment import augment_images, dead_leaves, jitter_colour, mix, mosaic, resized_crop_flip
 
 
 def _x(n: int = 6) -> torch.Tensor:
@@ -126,8 +126,9 @@ def test_nhwc_matches_nchw() -> None:
     a = augment_images(x, torch.Generator().manual_seed(0), "mixup")
     b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc")
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
-    a = augment_images(x, torch.Generator().manual_seed(0), "mixup", mosaics=0.5)
-    b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc", mosaics=0.5)
+    a = augment_images(x, torch.Generator().manual_seed(0), "mixup", mosaics=0.5, leaves=0.5)
+    b = augment_images(x.permute(0, 2, 3, 1), torch.Generator().manual_seed(0), "mixup", "nhwc", mosaics=0.5,
+                       leaves=0.5)
     assert torch.allclose(a, b.permute(0, 3, 1, 2), atol=1e-6)
 
 
@@ -178,3 +179,25 @@ def test_a_mosaic_tiles_four_images_of_the_batch_at_half_size(h: int, w: int) ->
     some = mosaic(x, torch.Generator().manual_seed(3), 0.5)
     tiled = [not torch.equal(some[i], x[i]) for i in range(6)]
     assert any(tiled) and not all(tiled)
+
+
+def test_dead_leaves_paint_shapes_in_the_batch_colours() -> None:
+    """With share 1 every image becomes regions of the batch's own colours (blended only along the shapes' edges by
+    the resize), several of them, of sizes from a few pixels to most of the image; share 0 returns the batch; a share
+    in between replaces some images and leaves the others as they were."""
+    x = _colours(6)[:, :, :1, :1].expand(6, 3, 128, 128).clone()
+    colours = x[:, :, 0, 0]
+    y = dead_leaves(x, torch.Generator().manual_seed(0), 1.0)
+    assert y.shape == x.shape
+    pixels = y.permute(0, 2, 3, 1).reshape(-1, 1, 3)
+    exact = (pixels - colours[None]).abs().amax(2).min(1).values < 1e-6
+    assert exact.float().mean() > 0.6, exact.float().mean()
+    lo, hi = colours.min(0).values, colours.max(0).values
+    assert bool(((pixels[:, 0] >= lo - 1e-6) & (pixels[:, 0] <= hi + 1e-6)).all())  # blends of the batch's colours
+    for image, clean in zip(y, exact.reshape(6, -1)):
+        assert len(torch.unique(image.reshape(3, -1).T[clean], dim=0)) >= 3
+    assert not torch.equal(y, dead_leaves(x, torch.Generator().manual_seed(1), 1.0))
+    assert dead_leaves(x, torch.Generator().manual_seed(0), 0.0) is x
+    some = dead_leaves(x, torch.Generator().manual_seed(0), 0.5)
+    replaced = [not torch.equal(some[i], x[i]) for i in range(6)]
+    assert any(replaced) and not all(replaced)

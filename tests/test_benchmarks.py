@@ -52,6 +52,21 @@ def test_recovery_blend_quick(tmp_path: Path) -> None:
     assert "| 0 |" in (tmp_path / "blend.md").read_text()
 
 
+def test_every_recovery_variant_is_flags_recover_takes() -> None:
+    """recovery.py's VARIANTS parse as `onnxprune recover` flags, each changing the option it names from its default
+    (a misspelt or default-valued variant would cost a 19-minute run before anyone noticed)."""
+    from onnxprune.cli import flag_values
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from recovery import VARIANTS
+
+    base = ["s.onnx", "--teacher", "t.onnx", "-o", "r.onnx", "--calib", "photos"]
+    default = flag_values("recover", base)
+    for name, flags in VARIANTS.items():
+        given = flag_values("recover", [*base, *flags])
+        assert name == "default" or given != default, name
+
+
 def test_a_blend_moves_each_weight_its_share_of_the_way() -> None:
     """recovery_blend.blended: start + share·(trained - start) on every float initializer the start has in the same
     shape; any other is the trained model's."""

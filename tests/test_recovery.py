@@ -271,6 +271,7 @@ def test_bad_inputs(tiny, zoo, student) -> None:
     for bad, words in (({"distill_views": 0}, "distill_views 0 must be at least 1"),
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
                        ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
+                       ({"leaves": 1.5}, r"leaves 1.5 must be a share of the images in \[0, 1\]"),
                        ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)"),
                        ({"average": 1.0}, r"average 1.0 must be in \[0, 1\)"),
                        ({"temperature": 0.0}, "temperature 0.0 must be positive")):

@@ -20,11 +20,11 @@ from onnxprune.flags.declared import (
     CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt,
     DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
     GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
-    LatencyThreadsOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, MosaicOpt, OptimizerOpt, PoolOpt, PullOpt,
-    QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt, RecoverTimeOpt,
-    RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt, SpillDirOpt,
-    StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt, TeacherProviderOpt,
-    TemperatureOpt, TrainBatchOpt, TrainOpt, WholeShareOpt, images,
+    LatencyThreadsOpt, LeavesOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, MosaicOpt, OptimizerOpt, PoolOpt,
+    PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt,
+    RecoverTimeOpt, RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt,
+    SpillDirOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
+    TeacherProviderOpt, TemperatureOpt, TrainBatchOpt, TrainOpt, WholeShareOpt, images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
 from onnxprune.flags.deploy import Int8Opt, MaxLossOpt, RuntimeOpt
@@ -244,6 +244,7 @@ def recover_cmd(
     mix: MixOpt = RECOVER.mix.value,
     colour: ColourOpt = RECOVER.colour,
     mosaic: MosaicOpt = RECOVER.mosaic,
+    leaves: LeavesOpt = RECOVER.leaves,
     whole_share: WholeShareOpt = RECOVER.whole_share,
     temperature: TemperatureOpt = RECOVER.temperature,
     pool: PoolOpt = RECOVER.pool,

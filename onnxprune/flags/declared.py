@@ -238,6 +238,9 @@ ColourOpt = Annotated[float, typer.Option(
     help="Distill stage: random contrast, saturation and brightness factors in [1 - C, 1 + C] (0 = none).")]
 MosaicOpt = Annotated[float, typer.Option(
     help="Distill stage: the share of images made a 2x2 mosaic of four at half size (0 = none).")]
+LeavesOpt = Annotated[float, typer.Option(
+    help="Distill stage: the share of images replaced by dead-leaves images (discs and boxes in the photos' "
+         "colours; 0 = none).")]
 WholeShareOpt = Annotated[float, typer.Option(
     help="Distill stage, whole model: its share of --time, after the block stage's.")]
 TemperatureOpt = Annotated[float, typer.Option(

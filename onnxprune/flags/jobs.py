@@ -133,7 +133,7 @@ def recover_job(values: Values) -> RecoverJob:
                              distill_steps=v["distill_steps"], distill_lr=v["distill_lr"],
                              distill_segments=v["distill_segments"], distill_views=v["distill_views"],
                              distill_features=v["distill_features"], mix=v["mix"],
-                             colour=v["colour"], mosaic=v["mosaic"], whole_share=v["whole_share"],
+                             colour=v["colour"], mosaic=v["mosaic"], leaves=v["leaves"], whole_share=v["whole_share"],
                              temperature=v["temperature"], pool=v["pool"], average=v["average"],
                              layout=prep.layout,
                              batch_size=v["batch_size"], holdout=v["holdout"], train=v["train"], pull=v["pull"],

@@ -2,8 +2,8 @@
 
 Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), optionally a
 random change of brightness, contrast and saturation and, for a share of the images, a mosaic of four of the batch's
-at half their size (the objects smaller than any crop shows them), then mixup or cutmix mixes each image with another
-of the batch. They create inputs that neither the
+at half their size (the objects smaller than any crop shows them) or a dead-leaves image (shapes no photo holds, in
+the photos' colours), then mixup or cutmix mixes each image with another of the batch. They create inputs that neither the
 pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few
 hundred images from overfitting them ("function matching", Beyer et al. 2022).
 """
@@ -76,6 +76,47 @@ def mosaic(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
     return torch.where(chosen[:, None, None, None], tiles, x)
 
 
+LEAVES = 128  # shapes painted over one another in a dead-leaves image (with LEAF_RADII, about 87% of it covered)
+LEAF_RADII = (0.03, 0.5)  # of the image's side: a leaf's radius r has density ∝ r^-3 between them (scale-invariant)
+LEAF_SCALE = 2  # leaves are painted at 1/LEAF_SCALE of the image's size, then resized (a fourth of the time)
+
+
+def dead_leaves(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
+    """Each NCHW image, with probability ``share``, replaced by a dead-leaves image (Lee et al. 2001; Baradad et al.
+    2021 distil and pretrain on them): ``LEAVES`` discs and boxes (alternately) of scale-invariant sizes, each over the ones before,
+    on a background, each the colour of a random pixel of the batch (so it holds in any normalisation of the input)."""
+    n, c, h, w = x.shape
+    chosen = torch.rand(n, generator=gen) < share
+    m = int(chosen.sum())
+    if m == 0:
+        return x
+    pixels = x.detach().permute(0, 2, 3, 1).reshape(-1, c)
+
+    def colours() -> torch.Tensor:
+        return pixels[torch.randint(len(pixels), (m,), generator=gen).to(x.device)][:, :, None, None]
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.rand(*shape, generator=gen).to(x)
+
+    sh, sw = -(-h // LEAF_SCALE), -(-w // LEAF_SCALE)
+    ys, xs = torch.linspace(0, 1, sh).to(x)[:, None], torch.linspace(0, 1, sw).to(x)[None, :]
+    lo, hi = (r**-2 for r in LEAF_RADII)
+    out = colours().expand(m, c, sh, sw)
+    for k in range(LEAVES):
+        r = (lo - draw(m) * (lo - hi)) ** -0.5  # inverse of the radius's distribution function
+        cy, cx, aspect = draw(m), draw(m), 2 ** (draw(m) * 2 - 1)
+        r, cy, cx, aspect = (v[:, None, None] for v in (r, cy, cx, aspect))
+        if k % 2:
+            mask = ((ys - cy) ** 2 + (xs - cx) ** 2) < r**2
+        else:
+            mask = ((ys - cy).abs() < r * aspect) & ((xs - cx).abs() < r / aspect)
+        out = torch.where(mask[:, None], colours(), out)
+    out = F.interpolate(out, size=(h, w), mode="bilinear", align_corners=False)
+    x = x.clone()
+    x[chosen.to(x.device)] = out
+    return x
+
+
 def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
     """Mixup (a convex blend) or cutmix (a pasted box) of each image with a random other one of the
     batch, with a mixing weight drawn uniformly (Beta(1, 1)); 'both' draws one of them for the batch; 'none'
@@ -100,10 +141,12 @@ def mix(x: torch.Tensor, gen: torch.Generator, kind: str) -> torch.Tensor:
 
 
 def augment_images(x: torch.Tensor, gen: torch.Generator, kind: str, layout: str = "nchw",
-                   colour: float = 0.0, mosaics: float = 0.0) -> torch.Tensor:
-    """Crop, flip, change the colours (``jitter_colour``) of, make a share ``mosaics`` of them mosaics (``mosaic``) and
-    mix a batch of images in ``layout`` ('nchw' or 'nhwc')."""
+                   colour: float = 0.0, mosaics: float = 0.0, leaves: float = 0.0) -> torch.Tensor:
+    """Crop, flip, change the colours (``jitter_colour``) of, make a share ``mosaics`` of them mosaics (``mosaic``)
+    and a share ``leaves`` dead-leaves images (``dead_leaves``) and mix a batch of images in ``layout`` ('nchw' or
+    'nhwc')."""
     if layout == "nhwc":
-        return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour,
-                              mosaics=mosaics).permute(0, 2, 3, 1).contiguous()
-    return mix(mosaic(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, mosaics), gen, kind)
+        return augment_images(x.permute(0, 3, 1, 2), gen, kind, colour=colour, mosaics=mosaics,
+                              leaves=leaves).permute(0, 2, 3, 1).contiguous()
+    views = mosaic(jitter_colour(resized_crop_flip(x, gen), gen, colour), gen, mosaics)
+    return mix(dead_leaves(views, gen, leaves), gen, kind)

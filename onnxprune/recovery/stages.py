@@ -137,9 +137,10 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
         return "none (the model does not take one batch of images)", None
     colour = f"colour ±{options.colour:.0%}, " if options.colour else ""
     mosaics = f"{options.mosaic:.0%} mosaics, " if options.mosaic else ""
-    what = f"random resized crop, flip, {colour}{mosaics}{options.mix} ({options.layout})"
+    leaves = f"{options.leaves:.0%} dead leaves, " if options.leaves else ""
+    what = f"random resized crop, flip, {colour}{mosaics}{leaves}{options.mix} ({options.layout})"
     return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, options.colour,
-                                                 options.mosaic)]
+                                                 options.mosaic, options.leaves)]
 
 
 def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],

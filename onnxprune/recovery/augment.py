@@ -3,9 +3,9 @@
 Random resized crop and horizontal flip are one affine resampling per image (``grid_sample``), optionally a
 random change of brightness, contrast and saturation and, for a share of the images, a mosaic of four of the batch's
 at half their size (the objects smaller than any crop shows them) or a dead-leaves image (shapes no photo holds, in
-the photos' colours), then mixup or cutmix mixes each image with another of the batch. They create inputs that neither the
-pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few
-hundred images from overfitting them ("function matching", Beyer et al. 2022).
+the photos' colours), then mixup or cutmix mixes each image with another of the batch. They create inputs that neither
+the pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few hundred images from
+overfitting them ("function matching", Beyer et al. 2022).
 """
 
 from __future__ import annotations
@@ -76,15 +76,16 @@ def mosaic(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
     return torch.where(chosen[:, None, None, None], tiles, x)
 
 
-LEAVES = 128  # shapes painted over one another in a dead-leaves image (with LEAF_RADII, about 87% of it covered)
+LEAVES = 128  # shapes painted over one another in a dead-leaves image
 LEAF_RADII = (0.03, 0.5)  # of the image's side: a leaf's radius r has density ∝ r^-3 between them (scale-invariant)
-LEAF_SCALE = 2  # leaves are painted at 1/LEAF_SCALE of the image's size, then resized (a fourth of the time)
+LEAF_SCALE = 2  # leaves are painted at 1/LEAF_SCALE of the image's size (a fourth of the pixels), then resized
 
 
 def dead_leaves(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Tensor:
     """Each NCHW image, with probability ``share``, replaced by a dead-leaves image (Lee et al. 2001; Baradad et al.
-    2021 distil and pretrain on them): ``LEAVES`` discs and boxes (alternately) of scale-invariant sizes, each over the ones before,
-    on a background, each the colour of a random pixel of the batch (so it holds in any normalisation of the input)."""
+    2021 distil and pretrain on them): ``LEAVES`` discs and boxes (alternately) of scale-invariant sizes, each over the
+    ones before, on a background, each the colour of a random pixel of the batch (so it holds in any normalisation of
+    the input)."""
     n, c, h, w = x.shape
     chosen = torch.rand(n, generator=gen) < share
     m = int(chosen.sum())

@@ -197,7 +197,9 @@ def test_dead_leaves_paint_shapes_in_the_batch_colours() -> None:
     for image, clean in zip(y, exact.reshape(6, -1)):
         assert len(torch.unique(image.reshape(3, -1).T[clean], dim=0)) >= 3
     assert not torch.equal(y, dead_leaves(x, torch.Generator().manual_seed(1), 1.0))
-    assert dead_leaves(x, torch.Generator().manual_seed(0), 0.0) is x
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert dead_leaves(x, gen, 0.0) is x and torch.equal(gen.get_state(), state)  # no draw: the default's stream kept
     some = dead_leaves(x, torch.Generator().manual_seed(0), 0.5)
     replaced = [not torch.equal(some[i], x[i]) for i in range(6)]
     assert any(replaced) and not all(replaced)

@@ -86,6 +86,8 @@ def dead_leaves(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Te
     2021 distil and pretrain on them): ``LEAVES`` discs and boxes (alternately) of scale-invariant sizes, each over the
     ones before, on a background, each the colour of a random pixel of the batch (so it holds in any normalisation of
     the input)."""
+    if share <= 0:  # draws nothing: the other augmentations' random numbers stay as they were without it
+        return x
     n, c, h, w = x.shape
     chosen = torch.rand(n, generator=gen) < share
     m = int(chosen.sum())

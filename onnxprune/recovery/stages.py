@@ -139,8 +139,8 @@ def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Au
     mosaics = f"{options.mosaic:.0%} mosaics, " if options.mosaic else ""
     leaves = f"{options.leaves:.0%} dead leaves, " if options.leaves else ""
     what = f"random resized crop, flip, {colour}{mosaics}{leaves}{options.mix} ({options.layout})"
-    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, options.colour,
-                                                 options.mosaic, options.leaves)]
+    return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, colour=options.colour,
+                                                 mosaics=options.mosaic, leaves=options.leaves)]
 
 
 def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.Graph, segments: list[Segment],

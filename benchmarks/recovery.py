@@ -49,6 +49,7 @@ VARIANTS: dict[str, list[str]] = {
     "pool 2": ["--pool", "2"],
     "mosaic 0.5": ["--mosaic", "0.5"],
     "leaves 0.5": ["--leaves", "0.5"],
+    "steer 0.25": ["--steer", "0.25"],
     "tensor adam": ["--optimizer", "tensor-adam"],
     "changed weights only": ["--train", "changed"],
     "pull to start": ["--pull", "1.0"],

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from onnxprune.recovery.augment import augment_images, dead_leaves, jitter_colour, mix, mosaic, resized_crop_flip
+from onnxprune.recovery.augment import (
+    STEER_SIZE, STEER_STEPS, augment_images, dead_leaves, jitter_colour, mix, mosaic, resized_crop_flip, steer,
+)
 
 
 def _x(n: int = 6) -> torch.Tensor:
@@ -203,3 +205,30 @@ def test_dead_leaves_paint_shapes_in_the_batch_colours() -> None:
     some = dead_leaves(x, torch.Generator().manual_seed(0), 0.5)
     replaced = [not torch.equal(some[i], x[i]) for i in range(6)]
     assert any(replaced) and not all(replaced)
+
+
+def test_steering_raises_the_probability_of_a_drawn_class_by_small_steps() -> None:
+    """On a linear classifier each steered image moves, by at most ``STEER_STEPS`` steps of ``STEER_SIZE`` of its
+    spread a pixel, to where the class drawn for it is likelier than before (the draws replayed from the seed); an image
+    left out stays as it was; share 0 returns the batch and draws nothing."""
+    x = _x(8)
+    weights = torch.randn(3 * 20 * 24, 7, generator=torch.Generator().manual_seed(2)) / 20
+
+    def logits(v: torch.Tensor) -> torch.Tensor:
+        return v.flatten(1) @ weights
+
+    y = steer(x, logits, torch.Generator().manual_seed(0), 1.0)
+    replay = torch.Generator().manual_seed(0)
+    torch.rand(8, generator=replay)
+    target = torch.randint(7, (8, 1), generator=replay)
+    before, after = (torch.log_softmax(logits(v), 1).gather(1, target)[:, 0] for v in (x, y))
+    assert bool((after > before + 0.1).all()), (before, after)
+    moved = (y - x).abs().flatten(1)
+    bound = STEER_STEPS * STEER_SIZE * x.std(dim=(1, 2, 3))
+    assert bool((moved.amax(1) <= bound * (1 + 1e-5)).all()) and bool((moved.mean(1) > 0.5 * bound).all())
+    some = steer(x, logits, torch.Generator().manual_seed(0), 0.5)
+    changed = [not torch.equal(some[i], x[i]) for i in range(8)]
+    assert any(changed) and not all(changed)
+    gen = torch.Generator().manual_seed(0)
+    state = gen.get_state()
+    assert steer(x, logits, gen, 0.0) is x and torch.equal(gen.get_state(), state)

@@ -448,8 +448,8 @@ def test_flag_values_take_the_library_defaults() -> None:
     assert flag_values("bench", ["a.onnx"])["input_shape"] is None  # no --input-shape: None, as the CLI passes it
     r = flag_values("recover", ["s.onnx", "--teacher", "t.onnx", "-o", "r.onnx", "--calib", "photos"])
     fields = ("method", "lr", "block_window", "distill_lr", "distill_segments", "distill_views", "distill_features",
-              "mix", "colour", "mosaic", "leaves", "whole_share", "temperature", "pool", "average", "holdout", "train",
-              "pull", "optimizer", "batch_size", "seed", "provider")
+              "mix", "colour", "mosaic", "leaves", "steer", "whole_share", "temperature", "pool", "average", "holdout",
+              "train", "pull", "optimizer", "batch_size", "seed", "provider")
     assert {k: r[k] for k in fields} == {k: getattr(declared.RECOVER, k) for k in fields}
     assert (r["steps"], r["distill_steps"], r["time"]) == (None, None, None)  # RecoverOptions: the default time
     with pytest.raises(Exception, match="No such option: --no-such-flag"):

@@ -272,6 +272,7 @@ def test_bad_inputs(tiny, zoo, student) -> None:
                        ({"distill_segments": -1}, "distill_segments -1 must be at least 0"),
                        ({"colour": 1.0}, r"colour 1.0 must be in \[0, 1\)"),
                        ({"leaves": 1.5}, r"leaves 1.5 must be a share of the images in \[0, 1\]"),
+                       ({"steer": -0.1}, r"steer -0.1 must be a share of the images in \[0, 1\]"),
                        ({"whole_share": 0.0}, r"whole_share 0.0 must be a share of the time in \(0, 1\)"),
                        ({"average": 1.0}, r"average 1.0 must be in \[0, 1\)"),
                        ({"temperature": 0.0}, "temperature 0.0 must be positive")):
@@ -357,7 +358,8 @@ def test_the_softened_kl_is_the_kl_of_the_rows_divided_by_the_temperature_times_
 
 
 @pytest.mark.parametrize("option, message", [({"temperature": 2.0}, "temperature 2.0 softens a classifier's"),
-                                             ({"pool": 2}, "pool 2 chooses a classifier's inputs")])
+                                             ({"pool": 2}, "pool 2 chooses a classifier's inputs"),
+                                             ({"steer": 0.5}, "steer 0.5 moves a classifier's inputs")])
 def test_a_classifiers_option_is_refused_for_a_model_that_is_not_a_classifier(tmp_path, option, message) -> None:
     """Softening probabilities, or choosing inputs by their KL, means nothing to a detector's boxes: refused by name
     before any training, not ignored."""
@@ -417,6 +419,29 @@ def test_a_pooled_distillation_trains_on_the_inputs_the_student_gets_most_wrong(
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, pool=3))
     assert chosen and all(keep == 16 and n == 48 for n, keep in chosen)
     assert report.options["pool"] == 3
+
+
+def test_a_steered_distillation_moves_its_batches_on_the_teacher(tiny, student, monkeypatch) -> None:
+    """With ``steer`` the whole model's distillation hands every augmented batch, its share and the teacher's logits
+    to ``augment.steer`` (which moves them: its own test's) and trains on what it returns; the report says so. A head
+    distillation has no input to move: refused by name before any training."""
+    from onnxprune.recovery import stages
+
+    seen = []
+    real = stages.steer
+
+    def spy(x, logits, gen, share):
+        seen.append((tuple(x.shape), share, tuple(logits(x).shape)))
+        return real(x, logits, gen, share)
+
+    monkeypatch.setattr(stages, "steer", spy)
+    fast = {**fast_for("distill"), "distill_segments": 0, "distill_steps": 5}
+    _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, steer=0.5))
+    assert seen and all(shape == (16, 3, 32, 32) and share == 0.5 and out == (16, 10) for shape, share, out in seen)
+    assert "50% steered to random classes" in report.distill.augment
+    with pytest.raises(OptionError, match=r"steer 0.5 moves the one input of a whole-model distillation, and this run "
+                                          r"distils the last 2 segments \(as asked\)"):
+        recover(student, tiny.model, _calib(tiny), RecoverOptions(**{**fast, "distill_segments": 2}, steer=0.5))
 
 
 def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:

@@ -23,7 +23,7 @@ from onnxprune.flags.declared import (
     LatencyThreadsOpt, LeavesOpt, LimitOpt, LrOpt, ManifestOpt, MemoryOpt, MixOpt, MosaicOpt, OptimizerOpt, PoolOpt,
     PullOpt, QuietOpt, RandomSeedOpt, ReconstructOpt, RecoverHeldSubsetOpt, RecoverMethodOpt, RecoverStepsOpt,
     RecoverTimeOpt, RemoveBlocksOpt, ReportOpt, ResidualStreamsOpt, RoundToOpt, SaveCostTableOpt, SelectMethodOpt,
-    SpillDirOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
+    SpillDirOpt, SteerOpt, StepsOpt, SubsetOpt, TargetFlopsOpt, TargetLatencyOpt, TargetRatioOpt, TargetsOpt, TaskOpt,
     TeacherProviderOpt, TemperatureOpt, TrainBatchOpt, TrainOpt, WholeShareOpt, images,
 )
 from onnxprune.deploy.quantize import QuantizeOptions, int8_path
@@ -245,6 +245,7 @@ def recover_cmd(
     colour: ColourOpt = RECOVER.colour,
     mosaic: MosaicOpt = RECOVER.mosaic,
     leaves: LeavesOpt = RECOVER.leaves,
+    steer: SteerOpt = RECOVER.steer,
     whole_share: WholeShareOpt = RECOVER.whole_share,
     temperature: TemperatureOpt = RECOVER.temperature,
     pool: PoolOpt = RECOVER.pool,

@@ -5,12 +5,14 @@ random change of brightness, contrast and saturation and, for a share of the ima
 at half their size (the objects smaller than any crop shows them) or a dead-leaves image (shapes no photo holds, in
 the photos' colours), then mixup or cutmix mixes each image with another of the batch. They create inputs that neither
 the pruner nor the teacher's cached outputs have seen, which is what keeps distillation on a few hundred images from
-overfitting them ("function matching", Beyer et al. 2022).
+overfitting them ("function matching", Beyer et al. 2022). ``steer`` moves a share of them, by a few gradient steps on a
+classifier, towards random classes of its output.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from enum import StrEnum
 
 import torch
@@ -117,6 +119,40 @@ def dead_leaves(x: torch.Tensor, gen: torch.Generator, share: float) -> torch.Te
     out = F.interpolate(out, size=(h, w), mode="bilinear", align_corners=False)
     x = x.clone()
     x[chosen.to(x.device)] = out
+    return x
+
+
+STEER_STEPS = 2  # signed-gradient steps moving a steered image
+STEER_SIZE = 0.03  # each step, in units of the image's own standard deviation: two made the drawn class the original
+# MobileNetV2's top one on 28 of 32 dev photos, with a median probability of 0.78
+
+
+def steer(x: torch.Tensor, logits: Callable[[torch.Tensor], torch.Tensor], gen: torch.Generator,
+          share: float) -> torch.Tensor:
+    """Each image (any layout), with probability ``share``, moved ``STEER_STEPS`` signed-gradient steps up the
+    log-probability that ``logits`` (a classifier's, (N, classes)) gives a class drawn uniformly for it: inputs on
+    which the classifier puts its mass on classes no training image shows. Heo et al. (2019) distil on samples
+    pushed across the teacher's decision boundaries; Ilyas et al. (2019) train on images pushed towards a target class,
+    labelled as it, and generalise to clean ones."""
+    if share <= 0:  # draws nothing: the other augmentations' random numbers stay as they were without it
+        return x
+    chosen = (torch.rand(len(x), generator=gen) < share).to(x.device)
+    m = int(chosen.sum())
+    if m == 0:
+        return x
+    z = x[chosen].detach()
+    size = STEER_SIZE * z.std(dim=tuple(range(1, z.ndim)), keepdim=True)
+    target = None
+    with torch.enable_grad():
+        for _ in range(STEER_STEPS):
+            z.requires_grad_(True)
+            log_p = torch.log_softmax(logits(z), dim=1)
+            if target is None:
+                target = torch.randint(log_p.shape[1], (m, 1), generator=gen).to(x.device)
+            grad, = torch.autograd.grad(log_p.gather(1, target).sum(), z)
+            z = (z + size * grad.sign()).detach()
+    x = x.clone()
+    x[chosen] = z
     return x
 
 

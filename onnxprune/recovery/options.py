@@ -54,7 +54,8 @@ class Method(StrEnum):
 METHODS = tuple(m.value for m in Method)
 STAGE_OPTIONS = {"block": ("steps", "lr", "block_window"),  # what only one stage reads (``RecoverOptions``)
                  "distill": ("distill_steps", "distill_lr", "distill_segments", "distill_views", "distill_features",
-                             "mix", "colour", "mosaic", "leaves", "whole_share", "temperature", "average", "pool")}
+                             "mix", "colour", "mosaic", "leaves", "steer", "whole_share", "temperature", "average",
+                             "pool")}
 Progress = Callable[[str, int, int, float | None], None]
 Augment = Callable[[list[torch.Tensor], torch.Generator], list[torch.Tensor]]
 
@@ -93,6 +94,8 @@ class RecoverOptions:
     colour: float = 0.0  # strength of the distillation images' random brightness, contrast and saturation changes
     mosaic: float = 0.0  # share of the distillation images made 2x2 mosaics of four at half size (``augment.mosaic``)
     leaves: float = 0.0  # share of the distillation images replaced by dead-leaves images (``augment.dead_leaves``)
+    steer: float = 0.0  # whole-model distillation of a classifier: share of its images moved towards random classes of
+    # the teacher (``augment.steer``)
     whole_share: float = WHOLE_SHARE  # of the time, what a distillation of the whole model gets after the blocks
     temperature: float = 1.0  # distillation of a classifier: the KL's softening (``train.softened_kl``)
     pool: int = 1  # distillation of a classifier: candidates drawn per batch image, the batch keeps the ``batch_size``
@@ -143,10 +146,9 @@ class RecoverOptions:
         if not 0 <= self.colour < 1:
             raise OptionError(f"colour {self.colour} must be in [0, 1): factors are drawn in [1 - colour, 1 + colour]",
                               option="colour")
-        if not 0 <= self.mosaic <= 1:
-            raise OptionError(f"mosaic {self.mosaic} must be a share of the images in [0, 1]", option="mosaic")
-        if not 0 <= self.leaves <= 1:
-            raise OptionError(f"leaves {self.leaves} must be a share of the images in [0, 1]", option="leaves")
+        for name in ("mosaic", "leaves", "steer"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise OptionError(f"{name} {getattr(self, name)} must be a share of the images in [0, 1]", option=name)
         if not 0 < self.whole_share < 1:
             raise OptionError(f"whole_share {self.whole_share} must be a share of the time in (0, 1)",
                               option="whole_share")

@@ -103,11 +103,18 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
     task = detect_task(teacher_held, [v[:1] for v in values.values()])  # a detector trains and is judged as one
     classifier = task is None and teacher_held[0].ndim == 2
     for name, what in (("temperature", "softens a classifier's probabilities"),
-                       ("pool", "chooses a classifier's inputs by the KL of its probabilities")):
-        if getattr(options, name) != 1 and not classifier:
+                       ("pool", "chooses a classifier's inputs by the KL of its probabilities"),
+                       ("steer", "moves a classifier's inputs towards random classes")):
+        if getattr(options, name) != getattr(RecoverOptions, name) and not classifier:
             raise OptionError(f"{name} {getattr(options, name)} {what}, and the model's first output {outputs[0]!r} "
-                              f"is not a classifier's (N, classes): leave it at 1", option=name)
+                              f"is not a classifier's (N, classes): leave it at {getattr(RecoverOptions, name)}",
+                              option=name)
     part, choice = distill_part(options, classifier, per_sample)
+    if options.steer and (part != 0 or len(values) != 1):
+        why = (f"this run distils the last {part} segments ({choice})" if part != 0 else
+               f"the model takes {len(values)} inputs ({', '.join(values)})")
+        raise OptionError(f"steer {options.steer} moves the one input of a whole-model distillation, and {why}: leave "
+                          "it at 0" + (", or give --distill-segments 0" if part != 0 else ""), option="steer")
     if options.method.distill:
         options = replace(options, distill_segments=part)
     given = len(train_idx)

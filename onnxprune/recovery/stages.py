@@ -11,7 +11,7 @@ import onnx
 import onnx_graphsurgeon as gs
 import torch
 
-from onnxprune.recovery.augment import augment_images
+from onnxprune.recovery.augment import augment_images, steer
 from onnxprune.recovery.objective import objective, with_features
 from onnxprune.recovery.options import (
     DISTILL_LRS, ROUND_SHARE, VIEWS_SHARE, Augment, Clock, Progress, RecoverOptions,
@@ -127,18 +127,20 @@ def left_to_distill(segments: list[Segment], options: RecoverOptions) -> int | N
 
 
 def _augmenter(model: onnx.ModelProto, options: RecoverOptions) -> tuple[str, Augment | None]:
-    """Crop/flip/mix for a model with one 4-D float input, else None (and why)."""
+    """Crop/flip/mix for a model with one 4-D float input, else None (and why); the description names the share
+    ``distill_stage`` steers."""
     inits = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in inits]
     image = (len(inputs) == 1 and len(inputs[0].type.tensor_type.shape.dim) == 4
              and inputs[0].type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
                                                            onnx.TensorProto.DOUBLE))
+    steered = f", {options.steer:.0%} steered to random classes" if options.steer else ""
     if not image:
-        return "none (the model does not take one batch of images)", None
+        return f"none (the model does not take one batch of images){steered}", None
     colour = f"colour ±{options.colour:.0%}, " if options.colour else ""
     mosaics = f"{options.mosaic:.0%} mosaics, " if options.mosaic else ""
     leaves = f"{options.leaves:.0%} dead leaves, " if options.leaves else ""
-    what = f"random resized crop, flip, {colour}{mosaics}{leaves}{options.mix} ({options.layout})"
+    what = f"random resized crop, flip, {colour}{mosaics}{leaves}{options.mix}{steered} ({options.layout})"
     return what, lambda xs, gen: [augment_images(xs[0], gen, options.mix, options.layout, colour=options.colour,
                                                  mosaics=options.mosaic, leaves=options.leaves)]
 
@@ -197,8 +199,12 @@ def distill_stage(model: onnx.ModelProto, teacher: onnx.ModelProto, t_graph: gs.
             return discrepancy(evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs)), teacher_held,
                                task)[1]
 
+        def inputs(xs: list[torch.Tensor], gen: torch.Generator) -> list[torch.Tensor]:
+            xs = transform(xs, gen) if transform else xs
+            return [steer(xs[0], lambda x: t_net(x)[0], gen, options.steer)] if options.steer else xs
+
         result = distill(net, t_net, params, xs, train_idx, held, batch_size=options.batch_size, pool=options.pool,
-                         augment=transform or (lambda xs, gen: xs),
+                         augment=inputs,
                          loss=with_features(trained, len(outputs), options.distill_features), seconds=clock.loop(),
                          **loop)
         held_out = evaluate_net(net, xs, held_idx, options.batch_size, first=len(outputs))

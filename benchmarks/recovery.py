@@ -60,6 +60,7 @@ VARIANTS: dict[str, list[str]] = {
 
 
 STAGE_KEYS = ("parameters", "held_before", "held_after", "best_step", "seconds", "stopped")  # of each stage's report
+DISTILL_KEYS = ("samples", "lr", "lr_trials")  # and of the distillation's: how far it went, at what rate, chosen how
 
 
 def markdown(rows: list[dict], original: dict) -> str:
@@ -123,7 +124,7 @@ def main() -> None:
             wall = time.perf_counter() - start
             stages = [{"stage": f"block → {s['end'][0]}", **{k: s[k] for k in STAGE_KEYS}} for s in rep["segments"]]
             if rep["distill"] is not None:
-                stages.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS}})
+                stages.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS + DISTILL_KEYS}})
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "recover_samples": rep["samples_given"],
                          "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],

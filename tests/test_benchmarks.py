@@ -38,6 +38,9 @@ def test_recovery_quick(tmp_path: Path) -> None:
     assert [r["variant"] for r in result["rows"]] == ["none, pruned on all but the test photos", "none", "default"]
     assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
     assert result["rows"][2]["seconds"] > 0 and len(result["rows"][2]["held_kl"]) == 2
+    distill = result["rows"][2]["stages"][-1]  # the rate the trials chose among theirs, and how far it trained
+    assert distill["stage"] == "distill" and distill["lr"] in [lr for lr, _ in distill["lr_trials"]]
+    assert distill["samples"] >= 0
     assert "| 245M | default |" in (tmp_path / "recovery.md").read_text()
 
 

@@ -439,9 +439,24 @@ def test_a_steered_distillation_moves_its_batches_on_the_teacher(tiny, student, 
     _, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast, steer=0.5))
     assert seen and all(shape == (16, 3, 32, 32) and share == 0.5 and out == (16, 10) for shape, share, out in seen)
     assert "50% steered to random classes" in report.distill.augment
-    with pytest.raises(OptionError, match=r"steer 0.5 moves the one input of a whole-model distillation, and this run "
-                                          r"distils the last 2 segments \(as asked\)"):
+    with pytest.raises(OptionError, match=r"steer 0.5 moves the one float input of a whole-model distillation, and "
+                                          r"this run distils the last 2 segments \(as asked\)"):
         recover(student, tiny.model, _calib(tiny), RecoverOptions(**{**fast, "distill_segments": 2}, steer=0.5))
+
+
+def test_steering_needs_the_one_float_input_of_a_whole_model_distillation() -> None:
+    """Token ids, several inputs or a head's tensors give ``steer`` nothing to move: refused, saying which and the
+    way out; one float input of a whole-model distillation passes."""
+    from onnxprune.recovery.run import _steerable
+
+    x = np.zeros((2, 3), np.float32)
+    _steerable(0.5, 0, "the whole model", {"x": x})
+    for part, values, words in ((0, {"ids": x.astype(np.int64)}, "its input 'ids' holds int64: leave it at 0$"),
+                                (0, {"a": x, "b": x}, r"the model takes 2 inputs \(a, b\): leave it at 0$"),
+                                (1, {"x": x}, r"the last 1 segment \(as asked\): leave it at 0, or give "
+                                              "--distill-segments 0")):
+        with pytest.raises(OptionError, match=words):
+            _steerable(0.5, part, "as asked", values)
 
 
 def test_recovers_a_model_whose_matmul_head_the_refit_gave_a_bias() -> None:

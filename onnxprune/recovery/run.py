@@ -29,6 +29,7 @@ from onnxprune.recovery.stages import another_round, block_plan, block_stage, di
 from onnxprune.recovery.verdict import confidence, scores
 from onnxprune.torch.engine import writeback_error, writeback_tolerance
 from onnxprune.ir.cuts import run_segment
+from onnxprune.ir.store import Array
 
 def recover(
     student: onnx.ModelProto,
@@ -78,6 +79,18 @@ def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
                          "with a dynamic batch")
 
 
+def _steerable(share: float, part: int, choice: str, values: dict[str, Array]) -> None:
+    """An OptionError where ``steer`` has no float input of a whole-model distillation to move (``part``: the segments
+    the distillation trains, 0 = all; ``choice``: why)."""
+    (name, value), = list(values.items())[:1]
+    why = (f"this run distils the last {part} segment{'s' if part > 1 else ''} ({choice})" if part != 0 else
+           f"the model takes {len(values)} inputs ({', '.join(values)})" if len(values) != 1 else
+           f"its input {name!r} holds {value.dtype}" if value.dtype.kind != "f" else None)
+    if why is not None:
+        raise OptionError(f"steer {share} moves the one float input of a whole-model distillation, and {why}: leave it "
+                          "at 0" + (", or give --distill-segments 0" if part != 0 else ""), option="steer")
+
+
 def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,
              on_progress: Progress | None, held: CalibrationSet | None) -> tuple[onnx.ModelProto, RecoverReport]:
     """``recover`` with torch's random state seeded."""
@@ -110,11 +123,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                               f"is not a classifier's (N, classes): leave it at {getattr(RecoverOptions, name)}",
                               option=name)
     part, choice = distill_part(options, classifier, per_sample)
-    if options.steer and (part != 0 or len(values) != 1):
-        why = (f"this run distils the last {part} segments ({choice})" if part != 0 else
-               f"the model takes {len(values)} inputs ({', '.join(values)})")
-        raise OptionError(f"steer {options.steer} moves the one input of a whole-model distillation, and {why}: leave "
-                          "it at 0" + (", or give --distill-segments 0" if part != 0 else ""), option="steer")
+    if options.steer:
+        _steerable(options.steer, part, choice, values)
     if options.method.distill:
         options = replace(options, distill_segments=part)
     given = len(train_idx)

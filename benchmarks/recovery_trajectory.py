@@ -9,6 +9,7 @@ agreement and KL. The extra scoring (a pass of the test photos a measure) comes 
 ``<out>/<name>.json`` and ``.md``.
 
     python benchmarks/recovery_trajectory.py --target 170M --classes 3 --evals 15 --name trajectory_classes3_170M
+    python benchmarks/recovery_trajectory.py --classes 3 --recover-flags "--distill-lr 3e-5" --name trajectory_lr3e-5
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import time
 from pathlib import Path
 
@@ -61,6 +63,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recovery_classes"))
     parser.add_argument("--name", default="trajectory")
+    parser.add_argument("--recover-flags", default="", help="more `recover` flags, as one string")
     split_flags(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -99,15 +102,15 @@ def main() -> None:
 
     stages.distill, train._adam_step = spied, counted
     try:
-        rep = recover(pruned, original, args.out / "recovered.onnx", args.data, ["--subset", calib, "--held-subset",
-                                                                                 held])
+        rep = recover(pruned, original, args.out / "recovered.onnx", args.data,
+                      ["--subset", calib, "--held-subset", held, *shlex.split(args.recover_flags)])
     finally:
         stages.distill, train._adam_step = real_distill, real_step
     (args.out / "recovered.onnx").unlink()
     pruned.unlink()
     trials = len(rep["distill"]["lr_trials"])
     result = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
-              "evals": args.evals, "distill": {k: rep["distill"][k] for k in ("samples", "lr", "lr_trials",
+              "evals": args.evals, "recover_flags": args.recover_flags, "distill": {k: rep["distill"][k] for k in ("samples", "lr", "lr_trials",
                                                                               "best_step", "seconds")},
               "original_top1": scores(teacher_logits, teacher_logits, labels)["top1"], "records": records}
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))

@@ -33,10 +33,9 @@ from onnxprune.torch.engine import TorchGraph
 BATCH = 32
 
 
-def logits_of(net: TorchGraph, x: torch.Tensor) -> torch.Tensor:
-    """The first output of ``net`` on ``x``, in batches, without gradients."""
-    with torch.no_grad():
-        return torch.cat([net(x[i : i + BATCH])[0] for i in range(0, len(x), BATCH)])
+def logits_of(net: TorchGraph, x: np.ndarray) -> torch.Tensor:
+    """The first output of ``net`` on ``x`` (``train.evaluate_net``: in batches, without gradients)."""
+    return torch.from_numpy(train.evaluate_net(net, [x], np.arange(len(x)), BATCH, first=1)[0])
 
 
 def scores(y: torch.Tensor, t: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
@@ -72,7 +71,7 @@ def main() -> None:
     pruned = args.out / f"trajectory_{args.target}.onnx"
     compress(original, pruned, args.data, ["--subset", calib, "--target-flops", args.target])
     photos = select(list_images(args.data), test)
-    x = torch.from_numpy(np.stack([Preprocess()(p) for p in photos]))
+    x = np.stack([Preprocess()(p) for p in photos])
     labels = torch.tensor([label_from_name(p) for p in photos])
     teacher_logits = logits_of(TorchGraph(onnx.load(original)), x)
 
@@ -109,9 +108,9 @@ def main() -> None:
     (args.out / "recovered.onnx").unlink()
     pruned.unlink()
     trials = len(rep["distill"]["lr_trials"])
+    distill = {k: rep["distill"][k] for k in ("samples", "lr", "lr_trials", "best_step", "seconds")}
     result = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
-              "evals": args.evals, "recover_flags": args.recover_flags, "distill": {k: rep["distill"][k] for k in ("samples", "lr", "lr_trials",
-                                                                              "best_step", "seconds")},
+              "evals": args.evals, "recover_flags": args.recover_flags, "distill": distill,
               "original_top1": scores(teacher_logits, teacher_logits, labels)["top1"], "records": records}
     (args.out / f"{args.name}.json").write_text(json.dumps(result, indent=1))
     (args.out / f"{args.name}.md").write_text(markdown(records, trials))

@@ -82,13 +82,19 @@ def _batched(model: onnx.ModelProto, what: str) -> onnx.ModelProto | None:
 def _steerable(share: float, part: int, choice: str, values: dict[str, Array]) -> None:
     """An OptionError where ``steer`` has no float input of a whole-model distillation to move (``part``: the segments
     the distillation trains, 0 = all; ``choice``: why)."""
-    (name, value), = list(values.items())[:1]
-    why = (f"this run distils the last {part} segment{'s' if part > 1 else ''} ({choice})" if part != 0 else
-           f"the model takes {len(values)} inputs ({', '.join(values)})" if len(values) != 1 else
-           f"its input {name!r} holds {value.dtype}" if value.dtype.kind != "f" else None)
-    if why is not None:
-        raise OptionError(f"steer {share} moves the one float input of a whole-model distillation, and {why}: leave it "
-                          "at 0" + (", or give --distill-segments 0" if part != 0 else ""), option="steer")
+    way_out = "leave it at 0"
+    if part != 0:
+        why = f"this run distils the last {part} segment{'s' if part > 1 else ''} ({choice})"
+        way_out += ", or give --distill-segments 0"
+    elif len(values) != 1:
+        why = f"the model takes {len(values)} inputs ({', '.join(values)})"
+    else:
+        name, value = next(iter(values.items()))
+        if value.dtype.kind == "f":
+            return
+        why = f"its input {name!r} holds {value.dtype}"
+    raise OptionError(f"steer {share} moves the one float input of a whole-model distillation, and {why}: {way_out}",
+                      option="steer")
 
 
 def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: CalibrationSet, options: RecoverOptions,

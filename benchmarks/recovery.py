@@ -45,6 +45,7 @@ VARIANTS: dict[str, list[str]] = {
     "whole share 0.75": ["--whole-share", "0.75"],
     "average 0.99": ["--average", "0.99"],
     "temperature 4": ["--temperature", "4"],
+    "temperature 20": ["--temperature", "20"],
     "features 4": ["--distill-features", "4"],
     "pool 2": ["--pool", "2"],
     "mosaic 0.5": ["--mosaic", "0.5"],

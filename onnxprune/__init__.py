@@ -32,8 +32,8 @@ _HOMES = {
     "onnxprune.deploy.evaluation": ["EvalResult"],
     "onnxprune.recovery": ["Layout", "Method", "Mix", "RecoverOptions", "Train"],
     "onnxprune.strategies": ["L1", "MACs", "OMP", "Allocator", "Auto", "Budget", "Curve", "Epsilon", "Global", "Latency",
-                             "Local", "NoRefit", "Output", "Random", "Ratio", "Reconstruction", "Refit", "Scale",
-                             "Selector", "Shared", "Uniform"],
+                             "Local", "NoRefit", "Output", "Random", "Ratio", "Reconstruction", "Recoverable", "Refit",
+                             "Scale", "Selector", "Shared", "Uniform"],
     "onnxprune.sweep": ["SweepResult", "SweepRow", "sweep"],
     "onnxprune.torch": ["from_torch", "to_torch"],
 }

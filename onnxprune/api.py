@@ -197,7 +197,8 @@ def compress(
         select: how the channels are picked: ``OMP()``, ``Local()``, ``Global()``, ``Auto(budget=seconds)``, ``L1()`` or
             ``Random(seed)``.
         allocate: how the widths are allocated: ``Output()`` (judged on the network's output, the default),
-            ``Epsilon()`` (the paper's rule on per-layer losses), ``Uniform()`` or ``Curve()``.
+            ``Recoverable()`` (``Output()`` pruning the last third of the layers less, for a model ``recover`` will
+            train), ``Epsilon()`` (the paper's rule on per-layer losses), ``Uniform()`` or ``Curve()``.
         reconstruct: the consumers' new weights: ``Refit()`` (least squares), ``Scale()`` or ``NoRefit()``.
         preprocess: the image preprocessing of an image folder (default: ``preprocess_for(model)``, ImageNet's
             normalisation cropped to the input's H,W).

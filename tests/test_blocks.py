@@ -20,7 +20,7 @@ from onnxprune.pipeline import compress, schedule
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.ir.cuts import Liveness, run_segment
 from onnxprune.strategies.sensitivity import curve_of
-from onnxprune.strategies import Allocator, MACs, named, options_from
+from onnxprune.strategies import Allocator, MACs, Recoverable, named, options_from
 from tests.onnx_builders import run
 
 
@@ -131,8 +131,9 @@ def test_the_allocation_removes_a_block_when_that_degrades_the_output_least(tiny
     assert min(widths.values()) > 0 and analysis.macs.macs(widths) <= target
 
 
-def test_block_removal_goes_with_the_output_allocation_only() -> None:
+def test_block_removal_goes_with_the_output_allocations_only() -> None:
     assert named("omp", "output", "refit", remove_blocks=True)[1].remove_blocks
+    assert named("omp", "recover", "refit", remove_blocks=True)[1] == Recoverable(remove_blocks=True)
     with pytest.raises(OptionError, match="block removal is chosen by the output allocation, not by epsilon"):
         named("omp", "epsilon", "refit", remove_blocks=True)
 

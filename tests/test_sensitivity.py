@@ -15,9 +15,10 @@ from onnxprune.imitation.refit import refit_cv, refit_full
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.ir.cuts import cut_graph
 from onnxprune.strategies.objects import run_chunks
-from onnxprune.strategies.sensitivity import _probe, candidate_widths, curve_of, split
+from onnxprune.strategies.sensitivity import Sensitivity, _probe, candidate_widths, curve_of, split
 from onnxprune.tasks import raw_discrepancy
-from onnxprune.strategies import Output, Ratio, options_from
+from onnxprune.strategies import Output, Ratio, Recoverable, options_from
+from onnxprune.strategies import allocators
 from tests.onnx_builders import GraphBuilder, run
 
 
@@ -154,6 +155,38 @@ def test_output_allocation_meets_the_budget_and_records_its_probes(tiny) -> None
         assert row and all(0 < w < widths[name] and d >= 0 for w, d in row.items()), (name, row)
     (y,) = run(pruned, input=np.load(tiny.calib)[:4])
     assert np.isfinite(y).all()
+
+
+def test_the_recover_allocation_weighs_the_last_third_of_the_groups_and_narrows_them_less(monkeypatch) -> None:
+    # six groups of 16 channels, in order; the last two the cheapest to narrow as probed
+    probed = {i: np.linspace(1.0 if i < 4 else 0.5, 0.0, 17) for i in range(6)}
+    for c in probed.values():
+        c[0] = np.inf  # no group can go whole (as ``curve_of``'s)
+    monkeypatch.setattr(allocators, "output_curves", lambda *a, **k: ({i: c.copy() for i, c in probed.items()},
+                                                                       Sensitivity()))
+    order = [(0, Group(i, 16)) for i in range(6)]
+    curves, _ = Recoverable(late_share=1 / 3, late_weight=3.0).curves(None, order, None)
+    for i in range(6):
+        np.testing.assert_allclose(curves[i], probed[i] * (3.0 if i >= 4 else 1.0))
+
+    class Count:  # a cost of 1 per channel
+        total = 96.0
+
+        def __call__(self, widths: dict[int, int]) -> float:
+            return float(sum(widths.values()))
+
+        def show(self, value: float) -> str:
+            return f"{value:.0f}"
+
+    groups = [g for _, g in order]
+    plain = Output().widths(Count(), groups, probed, 60.0, 1, 1)
+    weighed = Recoverable().widths(Count(), groups, curves, 60.0, 1, 1)
+    assert sum(weighed.values()) <= 60 and sum(plain.values()) <= 60
+    assert plain[4] == plain[5] == 4  # the output allocation narrows them to its floor ...
+    assert weighed[4] == weighed[5] == 16  # ... weighed three times, they are the dearest and stay whole
+    assert sum(weighed[i] for i in range(4)) < sum(plain[i] for i in range(4))  # the first groups pay for it
+    with pytest.raises(OptionError, match="late_share"):
+        Recoverable(late_share=0.0)
 
 
 def test_a_graph_with_no_float_output_is_refused(tmp_path) -> None:

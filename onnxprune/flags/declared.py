@@ -110,7 +110,9 @@ AllocationOpt = Annotated[str, typer.Option(
          "others, fewer where probing would cost more than 4 forward passes of the calibration set; the "
          "budget goes where the output degrades least per MAC saved, each layer ≥ 25%), 'epsilon' (one "
          "threshold on every layer's relative imitation loss, the paper's rule, searched to meet the budget), "
-         "'uniform' keep ratio, or 'curve' (greedy on the local error curves, each layer ≥ 25%).")]
+         "'uniform' keep ratio, 'curve' (greedy on the local error curves, each layer ≥ 25%), or 'recover' (for a "
+         "model `recover` will train: 'output' with the last third of the layers' discrepancy weighing 3 times, so "
+         "the first layers are pruned more; recover mends their error on new photos, not the last ones').")]
 ImitationTargetOpt = Annotated[str, typer.Option(
     help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
          "error) or 'paper' (the layer's own output on the pruned prefix).")]

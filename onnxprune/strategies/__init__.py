@@ -13,7 +13,7 @@ the run only through ``onnxprune.core.context.Context``, which the loop implemen
 loop.
 """
 
-from onnxprune.strategies.allocators import Curve, Epsilon, Output, Shared, Uniform
+from onnxprune.strategies.allocators import Curve, Epsilon, Output, Recoverable, Shared, Uniform
 from onnxprune.strategies.auto import DEFAULT_GLOBAL_BUDGET, Auto, TimeBudget
 from onnxprune.strategies.base import Allocator, Budget, Reconstruction, Selector, Strategy
 from onnxprune.strategies.budgets import Latency, MACs, Ratio
@@ -29,5 +29,5 @@ __all__ = [
     "ALLOCATIONS", "ALLOCATORS", "DEFAULT_GLOBAL_BUDGET", "L1", "MACs", "METHODS", "OMP", "RECONSTRUCTIONS",
     "RECONSTRUCTORS", "SELECTORS", "STRATEGY_KINDS", "TARGETS", "Allocator", "Auto", "Budget", "CompressOptions",
     "Curve", "Epsilon", "Global", "GlobalSearch", "Latency", "Local", "NoRefit", "Output", "Random", "Ratio", "Shared",
-    "Reconstruction", "Refit", "Scale", "Selector", "Strategy", "TimeBudget", "Uniform", "named", "options_from",
+    "Reconstruction", "Recoverable", "Refit", "Scale", "Selector", "Strategy", "TimeBudget", "Uniform", "named", "options_from",
 ]

@@ -11,7 +11,7 @@ from typing import Any
 from onnxprune.errors import OptionError, check_choice
 from onnxprune.ir.ort import PROVIDER_CHAINS
 from onnxprune.ir.store import check_memory
-from onnxprune.strategies.allocators import Curve, Epsilon, Output, Uniform
+from onnxprune.strategies.allocators import Curve, Epsilon, Output, Recoverable, Uniform
 from onnxprune.strategies.auto import DEFAULT_GLOBAL_BUDGET, Auto
 from onnxprune.strategies.base import Allocator, Budget, Reconstruction, Selector, Strategy
 from onnxprune.strategies.budgets import Latency, MACs, Ratio
@@ -87,7 +87,8 @@ SELECTORS: dict[str, type[Selector]] = {"omp": OMP, "local": Local, "global": Gl
                                         "random": Random}
 
 
-ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve, "output": Output}
+ALLOCATORS: dict[str, type[Allocator]] = {"epsilon": Epsilon, "uniform": Uniform, "curve": Curve, "output": Output,
+                                          "recover": Recoverable}
 
 
 RECONSTRUCTORS: dict[str, type[Reconstruction]] = {"refit": Refit, "scale": Scale, "none": NoRefit}  # the API's words
@@ -101,8 +102,8 @@ CHOICES: dict[type[Strategy], tuple[type[Strategy], ...]] = {
 def named(method: str, allocation: str, reconstruct: str, target: str = "original", seed: int = 0,
           remove_blocks: bool = False, global_budget: float | None = None) -> tuple[Selector, Allocator, Reconstruction]:
     """The strategies named as on the command line: ``target`` goes to ``Local``, ``seed`` to ``Random``, ``Global``
-    and ``Auto``, ``global_budget`` to ``Auto``, ``remove_blocks`` to ``Output``; an unknown name is an OptionError
-    listing the valid ones."""
+    and ``Auto``, ``global_budget`` to ``Auto``, ``remove_blocks`` to ``Output`` (or ``Recoverable``); an unknown name
+    is an OptionError listing the valid ones."""
     check_choice("method", method, METHODS)
     check_choice("target", target, TARGETS)
     check_choice("allocation", allocation, ALLOCATIONS)
@@ -110,9 +111,9 @@ def named(method: str, allocation: str, reconstruct: str, target: str = "origina
         raise OptionError("--reconstruct full is now called 'refit', as the API's Refit(): use --reconstruct refit",
                           option="reconstruct")
     check_choice("reconstruct", reconstruct, RECONSTRUCTIONS)
-    if remove_blocks and ALLOCATORS[allocation] is not Output:
+    if remove_blocks and not issubclass(ALLOCATORS[allocation], Output):
         raise OptionError(f"block removal is chosen by the output allocation, not by {allocation}: use "
-                          "--allocation output with --remove-blocks", option="remove_blocks")
+                          "--allocation output or recover with --remove-blocks", option="remove_blocks")
     if global_budget is not None and SELECTORS[method] is not Auto:
         raise OptionError(f"the global budget is auto's, not {method}'s: use --method auto with --global-budget",
                           option="global_budget")
@@ -121,5 +122,5 @@ def named(method: str, allocation: str, reconstruct: str, target: str = "origina
         select = Auto(seed=seed, budget=DEFAULT_GLOBAL_BUDGET if global_budget is None else global_budget)
     else:
         select = kind(target) if kind is Local else kind(seed) if kind in (Random, Global) else kind()
-    allocate = Output(remove_blocks=True) if remove_blocks else ALLOCATORS[allocation]()
+    allocate = ALLOCATORS[allocation](remove_blocks=True) if remove_blocks else ALLOCATORS[allocation]()
     return select, allocate, RECONSTRUCTORS[reconstruct]()

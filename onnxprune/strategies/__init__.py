@@ -29,5 +29,6 @@ __all__ = [
     "ALLOCATIONS", "ALLOCATORS", "DEFAULT_GLOBAL_BUDGET", "L1", "MACs", "METHODS", "OMP", "RECONSTRUCTIONS",
     "RECONSTRUCTORS", "SELECTORS", "STRATEGY_KINDS", "TARGETS", "Allocator", "Auto", "Budget", "CompressOptions",
     "Curve", "Epsilon", "Global", "GlobalSearch", "Latency", "Local", "NoRefit", "Output", "Random", "Ratio", "Shared",
-    "Reconstruction", "Recoverable", "Refit", "Scale", "Selector", "Strategy", "TimeBudget", "Uniform", "named", "options_from",
+    "Reconstruction", "Recoverable", "Refit", "Scale", "Selector", "Strategy", "TimeBudget", "Uniform", "named",
+    "options_from",
 ]

@@ -93,7 +93,8 @@ class Recoverable(Output):
     (in the network's order) weighs ``late_weight`` times, so the greedy narrows them less and the first groups more.
     ``recover`` mends the first blocks' error on photos of classes it never saw as much as on its training photos,
     the last blocks' (a few positions a photo for most of the weights) on its training photos only; measured on
-    MobileNetV2 at 170M (the notebook's "An allocation for `recover`")."""
+    MobileNetV2 at 170M (``benchmarks/recovery_where.py``, ``recovery_allocation.py``; the notebook's "Where the
+    unseen classes' error sits, and an allocation for `recover`")."""
 
     late_share: float = 1 / 3
     late_weight: float = 3.0

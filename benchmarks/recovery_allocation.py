@@ -53,14 +53,15 @@ def main() -> None:
     result = api.compress(str(original), str(args.data), budget=MACs(parse_macs(args.target)), allocate=allocator,
                           subset=calib)
     result.save(pruned, refuse=[original])
-    widths = {layer["group"]: [layer["channels"], layer["kept"]] for layer in result.to_dict()["layers"]}
+    report = result.to_dict()
+    widths = {layer["group"]: [layer["channels"], layer["kept"]] for layer in report["layers"]}
     compressed = evaluate(pruned, original, args.data, test)
     rep = recover(pruned, original, recovered, args.data, ["--subset", calib, "--held-subset", held])
     after = evaluate(recovered, original, args.data, test) if rep["improved"] else compressed
     for path in () if args.keep else (pruned, recovered):
         path.unlink(missing_ok=True)
     out = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
-           "late_share": args.late_share, "late_weight": args.late_weight, "macs": result.to_dict()["macs_after"],
+           "late_share": args.late_share, "late_weight": args.late_weight, "macs": report["macs_after"],
            "widths": widths, "compress": compressed, "recover": after, "held_kl": [rep["before"], rep["after"]],
            "improved": rep["improved"], "recover_seconds": rep["seconds"]}
     (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))

@@ -24,7 +24,7 @@ import torch
 
 from common import DEFAULT_DATA, original_model, recover_subsets, split_flags, split_of
 from onnxprune.calib.images import Preprocess, list_images, select
-from onnxprune.recovery.train import row_kl
+from onnxprune.recovery.train import evaluate_net, relative_mse, row_kl
 from onnxprune.torch.engine import TorchGraph
 
 TENSORS = ",".join([f"/features/features.{k}/Add_output_0" for k in (3, 6, 9, 12, 13, 15, 16)]
@@ -33,15 +33,9 @@ BATCH = 32
 
 
 def outputs(model: onnx.ModelProto, x: np.ndarray, names: list[str]) -> list[torch.Tensor]:
-    """``model``'s tensors ``names`` on the photos ``x``, batch by batch, without gradients."""
+    """``model``'s tensors ``names`` on the photos ``x`` (``train.evaluate_net``: in batches, without gradients)."""
     net = TorchGraph(model, outputs=names)
-    with torch.no_grad():
-        parts = [net(torch.from_numpy(x[s : s + BATCH])) for s in range(0, len(x), BATCH)]
-    return [torch.cat([p[k] for p in parts]).double() for k in range(len(names))]
-
-
-def relative(y: torch.Tensor, t: torch.Tensor) -> float:
-    return float(((y - t) ** 2).sum() / ((t - t.mean(0)) ** 2).sum())
+    return [torch.from_numpy(y).double() for y in evaluate_net(net, [x], np.arange(len(x)), BATCH)]
 
 
 def main() -> None:
@@ -64,7 +58,7 @@ def main() -> None:
         for name, model in models.items():
             ys = outputs(model, x, names)
             rows.append({"model": name, "photos": which, "count": len(x),
-                         "relative": [relative(y, t) for y, t in zip(ys, reference)],
+                         "relative": [float(relative_mse([y], [t])) for y, t in zip(ys, reference)],
                          "kl": float(row_kl(ys[-1], reference[-1]).mean())})
     short = [n.split("/")[-2] if n.count("/") > 1 else n.rsplit("_output", 1)[0].strip("/") for n in names]
     lines = ["| model | photos | " + " | ".join(short) + " | KL |", "|---" * (len(names) + 3) + "|"]

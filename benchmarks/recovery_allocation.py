@@ -10,7 +10,8 @@ the greedy narrows them less and the others more to meet the same MACs.
 
 ``recovery.py``'s protocol (``--classes k`` or ``--fold k``): `compress` on the split's training photos (through
 the API, the allocator above), `recover` (defaults) on the same photos with the held-out ones choosing checkpoints,
-both scored on the split's test photos against the original. Writes ``<out>/<name>.json`` and ``.md``.
+both scored on the split's test photos against the original (``--variant``: `recover` with the flags of one of
+``recovery.py``'s variants instead). Writes ``<out>/<name>.json`` and ``.md``.
 
     python benchmarks/recovery_allocation.py --target 170M --classes 3 --late-weight 3 --name late3_classes3_170M
     python benchmarks/recovery_allocation.py --target 170M --fold 0 --late-weight 3 --name late3_fold0_170M
@@ -26,6 +27,7 @@ from common import DEFAULT_DATA, evaluate, original_model, recover, recover_subs
 from onnxprune import api
 from onnxprune.flags.parse import parse_macs
 from onnxprune.strategies import MACs, Recoverable
+from recovery import VARIANTS
 
 KEYS = ("top1", "agreement", "kl")
 
@@ -42,6 +44,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/recovery_classes"))
     parser.add_argument("--name", default="allocation")
+    parser.add_argument("--variant", default="default", choices=list(VARIANTS), help="`recover`'s flags")
     parser.add_argument("--keep", action="store_true", help="keep the pruned and recovered models (<name>_*.onnx)")
     split_flags(parser)
     args = parser.parse_args()
@@ -56,12 +59,12 @@ def main() -> None:
     report = result.to_dict()
     widths = {layer["group"]: [layer["channels"], layer["kept"]] for layer in report["layers"]}
     compressed = evaluate(pruned, original, args.data, test)
-    rep = recover(pruned, original, recovered, args.data, ["--subset", calib, "--held-subset", held])
+    rep = recover(pruned, original, recovered, args.data, ["--subset", calib, "--held-subset", held, *VARIANTS[args.variant]])
     after = evaluate(recovered, original, args.data, test) if rep["improved"] else compressed
     for path in () if args.keep else (pruned, recovered):
         path.unlink(missing_ok=True)
     out = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
-           "late_share": args.late_share, "late_weight": args.late_weight, "macs": report["macs_after"],
+           "late_share": args.late_share, "late_weight": args.late_weight, "variant": args.variant, "macs": report["macs_after"],
            "widths": widths, "compress": compressed, "recover": after, "held_kl": [rep["before"], rep["after"]],
            "improved": rep["improved"], "recover_seconds": rep["seconds"]}
     (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))

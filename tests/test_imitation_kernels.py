@@ -436,7 +436,7 @@ def test_symmetrize_in_blocks_equals_the_mean_with_the_transpose(d: int) -> None
 def test_held_out_losses_from_the_kernel_equal_fitting_and_scoring_each_ridge() -> None:
     rng = np.random.default_rng(11)
     x, t = rng.standard_normal((24, 60)), rng.standard_normal((24, 5))
-    fit, held = stats_of(x[:12], t[:12]), stats_of(x[12:], t[12:])
+    fit = stats_of(x[:12], t[:12])
     keep, prior = np.arange(3, 57), rng.standard_normal((5, 54))
     dual = refit._fitter(fit, keep, prior)
     assert isinstance(dual, refit._Dual) and dual.kernel_cheaper(12, len(refit.RIDGE_GRID))

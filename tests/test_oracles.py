@@ -27,7 +27,7 @@ from onnxprune.analysis import analyze
 from onnxprune.analysis.groups import Group
 from onnxprune.calib.sources import load_calibration
 from onnxprune.pipeline import compressor as pipeline
-from onnxprune.pipeline import CompressReport, compress
+from onnxprune.pipeline import compress
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.strategies import Ratio, options_from
 from tests.onnx_builders import TINY_INPUT, GraphBuilder, TinyMobileNet, export_torch, run

@@ -59,12 +59,14 @@ def main() -> None:
     report = result.to_dict()
     widths = {layer["group"]: [layer["channels"], layer["kept"]] for layer in report["layers"]}
     compressed = evaluate(pruned, original, args.data, test)
-    rep = recover(pruned, original, recovered, args.data, ["--subset", calib, "--held-subset", held, *VARIANTS[args.variant]])
+    rep = recover(pruned, original, recovered, args.data,
+                  ["--subset", calib, "--held-subset", held, *VARIANTS[args.variant]])
     after = evaluate(recovered, original, args.data, test) if rep["improved"] else compressed
     for path in () if args.keep else (pruned, recovered):
         path.unlink(missing_ok=True)
     out = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
-           "late_share": args.late_share, "late_weight": args.late_weight, "variant": args.variant, "macs": report["macs_after"],
+           "original": evaluate(original, original, args.data, test), "late_share": args.late_share,
+           "late_weight": args.late_weight, "variant": args.variant, "macs": report["macs_after"],
            "widths": widths, "compress": compressed, "recover": after, "held_kl": [rep["before"], rep["after"]],
            "improved": rep["improved"], "recover_seconds": rep["seconds"]}
     (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))

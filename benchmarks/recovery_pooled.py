@@ -4,7 +4,9 @@ A fold of 100 photos is ± 4.5 points; pooled over splits the test photos add up
 the standard error of a share over the photos, sqrt(p(1 - p) / n)). Index folds (``--fold``) and class-range splits
 (``--classes``) are pooled apart: their test photos differ in kind (near neighbours of the training photos, or
 classes no training photo shows), and a change must win on both. Each row's gain is over the ``none`` row (`compress`
-on the same training photos) of the same splits, in points of top-1 and agreement.
+on the same training photos) of the same splits, in points of top-1 and agreement. A ``recovery_allocation.py`` run
+gives two rows, its `compress` and its `recover` (with ``--late-weight 1``, `compress`'s default allocation, they are
+the ``none`` and ``whole network`` rows, the default since 12-05); the runs of one split and target are merged.
 
     python benchmarks/recovery_pooled.py benchmarks/results/recovery_classes/*.json \\
         --out benchmarks/results/recovery_classes/pooled.md
@@ -26,12 +28,42 @@ def protocol(run: dict) -> str:
     return "class ranges" if "classes" in run.get("split", {}) else "index folds"
 
 
+def as_rows(run: dict) -> dict:
+    """A ``recovery_allocation.py`` run as ``recovery.py``'s (its two models as rows); another run as it is."""
+    if "rows" in run:
+        return run
+    weight = run["late_weight"]
+    names = ("none", "whole network") if weight == 1 else (f"allocation recover ×{weight:g}: compress",
+                                                          f"allocation recover ×{weight:g}: recover")
+    return {"split": run["split"], "rows": [
+        {"target": run["target"], "variant": names[0], "seconds": None, **run["compress"]},
+        {"target": run["target"], "variant": names[1], "seconds": run["recover_seconds"], **run["recover"]}]}
+
+
+def merged(runs: list[dict]) -> list[dict]:
+    """The runs of one split and target as one run, each (target, variant) row once (``as_rows``)."""
+    out: dict[str, dict] = {}
+    for run in map(as_rows, runs):
+        key = json.dumps([run.get("split", {}), sorted({r["target"] for r in run["rows"]})], sort_keys=True)
+        if key not in out:
+            out[key] = {**run, "rows": list(run["rows"])}
+            continue
+        into = out[key]
+        into["rows"] += [r for r in run["rows"] if all((r["target"], r["variant"]) != (q["target"], q["variant"])
+                                                       for q in into["rows"])]
+        into.setdefault("original", run.get("original"))
+        if into["original"] is None:
+            del into["original"]
+    return list(out.values())
+
+
 def pooled(runs: list[dict]) -> dict[str, list[dict]]:
-    """Per protocol, one row per (target, variant) present in every run of it: the photos, the splits, and top-1,
-    agreement and KL over all their test photos, with spreads, and the gain over the ``BASE`` row."""
+    """Per protocol, one row per (target, variant) present in every run of it (``merged``): the photos, the splits,
+    and top-1, agreement and KL over all their test photos, with spreads, and the gain over the ``BASE`` row; the
+    original's top-1 where every run has it."""
     tables: dict[str, list[dict]] = {}
     by_protocol: dict[str, list[dict]] = defaultdict(list)
-    for run in runs:
+    for run in merged(runs):
         by_protocol[protocol(run)].append(run)
     for name, group in by_protocol.items():
         keys = [(r["target"], r["variant"]) for r in group[0]["rows"]]
@@ -43,10 +75,10 @@ def pooled(runs: list[dict]) -> dict[str, list[dict]]:
             rows.append({"target": target, "variant": variant, **_pool(picked),
                          "splits": [run.get("split", {}) for run in group],
                          "seconds": [r["seconds"] for r in picked]})
-        originals = _pool([run["original"] for run in group])
+        originals = _pool([run["original"] for run in group]) if all("original" in run for run in group) else None
         for row in rows:
             base = next((b for b in rows if b["target"] == row["target"] and b["variant"] == BASE), None)
-            row["original_top1"] = originals["top1"]
+            row["original_top1"] = None if originals is None else originals["top1"]
             if base is not None:
                 row["gain_top1"] = row["top1"] - base["top1"]
                 row["gain_agreement"] = row["agreement"] - base["agreement"]
@@ -72,8 +104,9 @@ def markdown(tables: dict[str, list[dict]]) -> str:
             continue
         first = rows[0]
         splits = ", ".join(f"{k} {v}" for split in first["splits"] for k, v in split.items())
-        lines += [f"**{name}** ({splits}; {first['images']} test photos; the original {first['original_top1']:.1%} "
-                  "top-1 on them)", "",
+        original = ("" if first["original_top1"] is None
+                    else f"; the original {first['original_top1']:.1%} top-1 on them")
+        lines += [f"**{name}** ({splits}; {first['images']} test photos{original})", "",
                   "| target | recovery | top-1 | agreement | KL | gain (top-1 / agreement) | per split top-1 "
                   "| recover s |",
                   "|---|---|---|---|---|---|---|---|"]
@@ -91,7 +124,7 @@ def markdown(tables: dict[str, list[dict]]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("runs", nargs="+", type=Path, help="recovery.py's JSON files, one a split")
+    parser.add_argument("runs", nargs="+", type=Path, help="recovery.py's and recovery_allocation.py's JSON files")
     parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
     args = parser.parse_args()
     text = markdown(pooled([json.loads(p.read_text()) for p in args.runs]))

@@ -168,6 +168,29 @@ def test_recovery_pooled_adds_the_photos_of_each_protocol_apart(tmp_path: Path) 
     assert "| 170M | default | 90.0% ± 3.0% |" in folds and "+80.0 / +0.0" in folds
 
 
+def test_recovery_pooled_merges_an_allocation_run_with_the_run_of_its_split(tmp_path: Path) -> None:
+    """A recovery_allocation.py run's two models are rows of its split's run, pooled with the other splits' rows,
+    its gain over the split's default `compress`; late weight 1 is the default allocation's `none` and `recover`."""
+    def scores(top1: float) -> dict:
+        return {"images": 100, "agreement": 0.5, "kl": 1.0, "top1": top1}
+
+    def allocation(k: int, weight: float, pruned: float, recovered: float) -> dict:
+        return {"split": {"classes": k}, "target": "170M", "late_weight": weight, "recover_seconds": 900.0,
+                "compress": scores(pruned), "recover": scores(recovered)}
+
+    runs = [{"original": scores(0.8), "split": {"classes": 1},
+             "rows": [{"target": "170M", "variant": "none", "seconds": None, **scores(0.5)}]},
+            allocation(1, 3, 0.4, 0.7), allocation(3, 1, 0.6, 0.65), allocation(3, 3, 0.5, 0.8)]
+    paths = [tmp_path / f"{k}.json" for k in range(len(runs))]
+    for path, run in zip(paths, runs):
+        path.write_text(json.dumps(run))
+    out = subprocess.run([sys.executable, "recovery_pooled.py", *map(str, paths)], cwd=ROOT / "benchmarks",
+                         check=True, capture_output=True, text=True).stdout
+    assert "(classes 1, classes 3; 200 test photos)" in out  # one original of two: none said
+    assert "| 170M | none | 55.0% ± 3.5% |" in out and "| 170M | whole network |" not in out  # not in classes 1
+    assert "| 170M | allocation recover ×3: recover | 75.0% ± 3.1% | 50.0% ± 3.5% | 1.000 | +20.0 / +0.0 |" in out
+
+
 def test_pooled_verdict_over_folds(tmp_path: Path) -> None:
     """pooled.py judges each model by its errors averaged over the folds that measured both methods."""
     def row(name: str, default: float, l1: float, subset: str) -> dict:

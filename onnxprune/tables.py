@@ -86,8 +86,10 @@ def print_analysis(result: Analysis, model: Path) -> None:
                       f"excluded, {checked['trials']} onnxruntime run(s) in {checked['seconds']:.1f} s")
 
 
-def print_compress(result: CompressReport, method: str, reconstruct: str, round_to: int, output: Path) -> None:
-    table = Table(title=f"pruned {len(result.layers)} groups ({method}, reconstruct={reconstruct})")
+def print_compress(result: CompressReport, method: str, allocation: str, reconstruct: str, round_to: int,
+                   output: Path) -> None:
+    table = Table(title=f"pruned {len(result.layers)} groups ({method}, allocation={allocation}, "
+                        f"reconstruct={reconstruct})")
     chosen = any(layer.selection for layer in result.layers)
     for col in ("group", "kept", *(("selected by",) * chosen), "greedy loss", "error (fold)", "error", "s"):
         table.add_column(col)

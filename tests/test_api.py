@@ -21,7 +21,7 @@ from onnxprune.cli import app
 from onnxprune.errors import OnnxPruneError
 from onnxprune.recovery import RecoverOptions
 from onnxprune.strategies import (
-    OMP, CompressOptions, Auto, Curve, Epsilon, Global, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector,
+    OMP, CompressOptions, Auto, Curve, Global, MACs, Latency, Local, NoRefit, Output, Random, Ratio, Refit, Scale, Selector,
     Uniform, named,
     options_from,
 )
@@ -37,6 +37,15 @@ def test_named_strategies_refuse_unknown_names(field: str, value: str, choices: 
     names = {"method": "omp", "allocation": "epsilon", "reconstruct": "refit", "target": "original", field: value}
     with pytest.raises(OnnxPruneError, match=f"{field} '{value}' is not one of {choices}"):
         named(**names)
+
+
+@pytest.mark.parametrize(("given", "recover_steps", "chosen"), [
+    (None, 0, "output"), (None, 5, "recover"), ("output", 5, "output"), ("epsilon", 0, "epsilon")])
+def test_the_allocation_a_flag_leaves_unsaid_is_recover_for_a_model_compress_trains(
+        given: str | None, recover_steps: int, chosen: str) -> None:
+    from onnxprune.flags.jobs import allocation
+    assert allocation({"allocation": given, "recover_steps": recover_steps}) == chosen
+    assert allocation({"allocation": given}) == (given or "output")  # sweep's flags: no recovery
 
 
 def test_the_former_name_of_the_refit_says_its_new_one() -> None:

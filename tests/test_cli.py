@@ -99,6 +99,7 @@ def test_compress_writes_model_and_report(files, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.stderr
     data = json.loads(report.read_text())
     assert data["macs_after"] <= 0.6 * data["macs_before"]
+    assert data["options"]["allocate"]["kind"] == "Output" and "allocation=output" in result.stdout
     assert data["layers"] and all(layer["kept"] < layer["channels"] for layer in data["layers"])
     assert data["calibration_samples"] == 64
     onnx.checker.check_model(str(out))
@@ -120,6 +121,9 @@ def test_compress_recover_steps_with_unseen_held_out_samples(files, tmp_path: Pa
     recovery = json.loads(report.read_text())["recovery"]
     assert (recovery["samples_train"], recovery["samples_held"], recovery["held_unseen"]) == (48, 16, True)
     assert recovery["options"]["steps"] == 5 and recovery["segments"] and recovery["distill"]
+    # a model compress trains is pruned for recover by default: its first layers more, its last ones less
+    assert json.loads(report.read_text())["options"]["allocate"]["kind"] == "Recoverable"
+    assert "allocation=recover" in result.stdout
     assert "on 8 of 16 held-out samples (the other 8 picked the checkpoints; given apart; 48 trained on)" in \
         " ".join(result.stdout.split())
 
@@ -440,7 +444,7 @@ def test_flag_values_take_the_library_defaults() -> None:
 
     v = flag_values("compress", ["m.onnx", "-o", "p.onnx", "--calib", "photos", "--target-ratio", "0.5",
                                  "--input-shape", "1x3x8x8", "--round-to", "4"])
-    assert named(v["method"], v["allocation"], v["reconstruct"]) == (
+    assert named(v["method"], jobs.allocation(v), v["reconstruct"]) == (
         CompressOptions.select, CompressOptions.allocate, CompressOptions.reconstruct)
     assert (v["batch_size"], v["provider"], v["task"], v["round_to"]) == (
         CompressOptions.batch_size, CompressOptions.provider, CompressOptions.task, 4)

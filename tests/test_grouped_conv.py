@@ -17,7 +17,7 @@ from onnxprune.calib.sources import load_calibration
 from onnxprune.errors import TargetError
 from onnxprune.ir.ort import model_input_specs
 from onnxprune.pipeline import compress
-from onnxprune.strategies import Ratio, Uniform, options_from
+from onnxprune.strategies import Ratio, options_from
 from tests.onnx_builders import GraphBuilder, compress_dead, export_torch, kill, run, same_outputs
 from tests.test_concat_split import check, groups_of
 
@@ -191,7 +191,7 @@ def test_a_resnext_compresses_its_grouped_bottlenecks(tmp_path) -> None:
     layers = [x for x in report.layers if x.unit == 4]  # the report counts conv groups, and says how wide they are
     assert layers and all(layer.kept in widths.values() and layer.step == 2 for layer in layers)
     with tables.console.capture() as printed:
-        tables.print_compress(report, "omp", "refit", 8, tmp_path / "out.onnx")
+        tables.print_compress(report, "omp", "output", "refit", 8, tmp_path / "out.onnx")
     for layer in layers:  # the user reads channels (4 per conv group); two groups a step are --round-to 8's step
         assert f"{4 * layer.kept}/32 ({layer.kept}/8 conv groups)" in printed.get()
     assert "finer steps" not in printed.get()

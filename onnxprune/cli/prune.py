@@ -16,7 +16,7 @@ from onnxprune.cli.app import app, check_outputs, fail, save, torch_threads, wri
 from onnxprune.errors import OnnxPruneError, OutputError
 from onnxprune.fileio import atomic_write
 from onnxprune.flags.declared import (
-    ALLOCATION, METHOD, RECONSTRUCT, RECOVER, AllocationOpt, AverageOpt, BenchOpt, BestEffortOpt, BlockWindowOpt,
+    METHOD, RECONSTRUCT, RECOVER, AllocationOpt, AverageOpt, BenchOpt, BestEffortOpt, BlockWindowOpt,
     CalibOpt, ColourOpt, CompressBatchOpt, CompressFlipOpt, CompressProviderOpt, CostTableOpt, DistillFeaturesOpt,
     DistillLrOpt, DistillSegmentsOpt, DistillStepsOpt, DistillViewsOpt, DrawSeedOpt, EmptySamplesOpt, FlipOpt,
     GlobalBudgetOpt, HeldOpt, HeldSubsetOpt, HoldoutOpt, ImitationTargetOpt, InputShapeOpt, KeepOpt, LatencyBatchOpt,
@@ -70,7 +70,7 @@ def compress_cmd(
     save_cost_table: SaveCostTableOpt = None,
     method: SelectMethodOpt = METHOD,
     global_budget: GlobalBudgetOpt = None,
-    allocation: AllocationOpt = ALLOCATION,
+    allocation: AllocationOpt = None,
     target: ImitationTargetOpt = Local.imitate,
     reconstruct: ReconstructOpt = RECONSTRUCT,
     subset: SubsetOpt = None,
@@ -142,7 +142,7 @@ def compress_cmd(
                                                                    **quantized.report.to_dict()}})
     except OnnxPruneError as exc:
         fail(exc)
-    print_compress(outcome.report, method, reconstruct, round_to, output)
+    print_compress(outcome.report, method, jobs.allocation(values), reconstruct, round_to, output)
     if outcome.recovery is not None:
         print_recovery(outcome.recovery)
     if quantized is not None:
@@ -189,7 +189,7 @@ def sweep_cmd(
     held: HeldOpt = None,
     keep: KeepOpt = None,
     method: SelectMethodOpt = METHOD,
-    allocation: AllocationOpt = ALLOCATION,
+    allocation: AllocationOpt = None,
     reconstruct: ReconstructOpt = RECONSTRUCT,
     subset: SubsetOpt = None,
     flip: CompressFlipOpt = None,

@@ -104,15 +104,17 @@ GlobalBudgetOpt = Annotated[Optional[float], typer.Option(
     help="With --method auto: seconds global imitation may take in all (default 300); each layer's cost is "
          "predicted, a search stops when its share is spent, and the output lists which method won each layer "
          "and why.")]
-AllocationOpt = Annotated[str, typer.Option(
-    help="Per-layer widths: 'output' (default; judged on the network's output: each layer alone pruned to "
-         "75/50/25% on 64 calibration samples, the output's discrepancy (see --task) measured on up to 32 "
+AllocationOpt = Annotated[Optional[str], typer.Option(
+    help="Per-layer widths: 'output' (the default, but with compress --recover-steps; judged on the network's "
+         "output: each layer alone pruned to 75/50/25% on 64 calibration samples, the output's discrepancy (see "
+         "--task) measured on up to 32 "
          "others, fewer where probing would cost more than 4 forward passes of the calibration set; the "
          "budget goes where the output degrades least per MAC saved, each layer ≥ 25%), 'epsilon' (one "
          "threshold on every layer's relative imitation loss, the paper's rule, searched to meet the budget), "
          "'uniform' keep ratio, 'curve' (greedy on the local error curves, each layer ≥ 25%), or 'recover' (for a "
          "model `recover` will train: 'output' with the last third of the layers' discrepancy weighing 3 times, so "
-         "the first layers are pruned more; recover mends their error on new photos, not the last ones').")]
+         "the first layers are pruned more; recover mends their error on new photos, not the last ones'; the default "
+         "with compress --recover-steps).")]
 ImitationTargetOpt = Annotated[str, typer.Option(
     help="Imitation target: 'original' (the original network's layer output, corrects earlier layers' "
          "error) or 'paper' (the layer's own output on the pruned prefix).")]

@@ -14,7 +14,7 @@ from onnxprune import api
 from onnxprune.calib.images import Preprocess
 from onnxprune.deploy.quantize import QuantizeOptions
 from onnxprune.errors import OnnxPruneError, OptionError, TargetError
-from onnxprune.flags.declared import Values
+from onnxprune.flags.declared import ALLOCATION, Values
 from onnxprune.flags.parse import numbers, parse_duration, parse_latency, parse_macs, parse_target
 from onnxprune.recovery import RecoverOptions
 from onnxprune.ir.store import memory_bytes
@@ -81,7 +81,7 @@ def compress_job(values: Values) -> CompressJob:
     chosen = budget(v)
     if v["recover_held_subset"] is not None and v["recover_steps"] < 1:
         raise OnnxPruneError("--recover-held-subset goes with --recover-steps N (N ≥ 1)")
-    select, allocate, reconstruct = named(v["method"], v["allocation"], v["reconstruct"], v["target"], v["seed"],
+    select, allocate, reconstruct = named(v["method"], allocation(v), v["reconstruct"], v["target"], v["seed"],
                                           v["remove_blocks"], v["global_budget"])
     model = api.load(v["model"], v["input_shape"])
     prep = preprocess(model, v)
@@ -93,6 +93,15 @@ def compress_job(values: Values) -> CompressJob:
     recovery = None if v["recover_steps"] < 1 else RecoverOptions(
         steps=v["recover_steps"], batch_size=v["batch_size"], provider=v["provider"], seed=v["seed"], **_store(v))
     return CompressJob(model, data, held, options, recovery, int8(v))
+
+
+def allocation(values: Values) -> str:
+    """--allocation, or where it is not given the library's default, but 'recover' for a model compress trains
+    after pruning (--recover-steps): recover mends the first layers' error on new photos, not the last ones'
+    (benchmarks/results/notebook/recovery-3.md)."""
+    if values["allocation"] is not None:
+        return values["allocation"]
+    return "recover" if values.get("recover_steps", 0) >= 1 else ALLOCATION
 
 
 def int8(values: Values) -> QuantizeOptions | None:
@@ -147,7 +156,7 @@ def recover_job(values: Values) -> RecoverJob:
 def sweep(values: Values, on_layer: Callable[[int, int, str], None] | None = None) -> SweepResult:
     """sweep's flags: the budgets of --targets (and --keep's search) on one calibration, judged on --held."""
     v = values
-    select, allocate, reconstruct = named(v["method"], v["allocation"], v["reconstruct"])
+    select, allocate, reconstruct = named(v["method"], allocation(v), v["reconstruct"])
     model = api.load(v["model"], v["input_shape"])
     targets = dict(parse_target(t) for t in (v["targets"] or "").split(",") if t.strip())
     if not targets and v["keep"] is None:

@@ -51,9 +51,8 @@ def merged(runs: list[dict]) -> list[dict]:
         into = out[key]
         into["rows"] += [r for r in run["rows"] if all((r["target"], r["variant"]) != (q["target"], q["variant"])
                                                        for q in into["rows"])]
-        into.setdefault("original", run.get("original"))
-        if into["original"] is None:
-            del into["original"]
+        if "original" in run:
+            into.setdefault("original", run["original"])
     return list(out.values())
 
 

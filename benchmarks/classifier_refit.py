@@ -44,9 +44,9 @@ def classifier(model: onnx.ModelProto) -> tuple[str, np.ndarray, np.ndarray]:
     return pool.input[0], weight if trans_b else weight.T, values[gemm.input[2]]
 
 
-def features(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
-    """The maps before ``model``'s global pool on the photos ``x``, (N, C, H, W) float64."""
-    return outputs(model, x, [classifier(model)[0]])[0].numpy()
+def features(model: onnx.ModelProto, pool: str, x: np.ndarray) -> np.ndarray:
+    """``model``'s maps ``pool`` (its global pool's input) on the photos ``x``, (N, C, H, W) float64."""
+    return outputs(model, x, [pool])[0].numpy()
 
 
 def stats_of(x: np.ndarray, t: np.ndarray) -> ConsumerStats:
@@ -92,15 +92,15 @@ def main() -> None:
     train = np.stack([Preprocess()(p, flip=f) for p in photos["train"] for f in (False, True)])
     test_x = np.stack([Preprocess()(p) for p in photos["test"]])
     labels = np.array([label_from_name(p) for p in photos["test"]])
-    x, x0 = features(pruned, train), features(original, train)
-    _, w0, b0 = classifier(original)
+    pool, w, b = classifier(pruned)
+    pool0, w0, b0 = classifier(original)
+    x, x0 = features(pruned, pool, train), features(original, pool0, train)
     # which original channel each kept one is: the one its pooled map follows most closely on the training photos
     a, o = x.mean((2, 3)), x0.mean((2, 3))
     a, o = (a - a.mean(0)) / (a.std(0) + 1e-9), (o - o.mean(0)) / (o.std(0) + 1e-9)
     cols = (a.T @ o).argmax(1)
-    t, t0 = features(pruned, test_x).mean((2, 3)), features(original, test_x).mean((2, 3))
+    t, t0 = features(pruned, pool, test_x).mean((2, 3)), features(original, pool0, test_x).mean((2, 3))
     z0 = t0 @ w0.T + b0
-    _, w, b = classifier(pruned)
     rows = [{"classifier": "as `compress` wrote it", "ridge": None, **scores(t @ w.T + b, z0, labels)},
             {"classifier": "the original's columns", "ridge": None, **scores(t @ w0[:, cols].T + b0, z0, labels)}]
     for per_position in (False, True):

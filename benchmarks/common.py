@@ -57,6 +57,19 @@ def split_flags(parser: argparse.ArgumentParser) -> None:
                         help="k: split by class range instead of --fold: test on photos 125k:125(k+1)")
 
 
+def every_flag(parser: argparse.ArgumentParser) -> None:
+    """``--recover-every k``: `recover` trains on the split's training photos whose index is a multiple of k
+    (`compress` still calibrates on all of them), as every recovery script measures what fewer photos cost."""
+    parser.add_argument("--recover-every", type=int, default=1,
+                        help="k: recover on the training photos whose index is a multiple of k (compress on all of "
+                             "them): what fewer photos cost")
+
+
+def thinned(calib: str, every: int) -> str:
+    """The subset of ``calib`` `recover` trains on under ``--recover-every every``."""
+    return calib if every == 1 else f"{calib}&0%{every}"
+
+
 def split_of(fold: int, classes: int | None) -> dict[str, int]:
     """How a result names the split ``recover_subsets(fold, classes)`` made: ``{"fold": k}`` or ``{"classes": k}``
     (what ``recovery_pooled.py`` reads)."""

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 
 from common import (
-    DEFAULT_DATA, split_flags, split_of, compress, evaluate, macs as count_macs, original_model, recover, recover_subsets,
+    DEFAULT_DATA, every_flag, split_flags, split_of, compress, evaluate, macs as count_macs, original_model, recover,
+    recover_subsets, thinned,
 )
 
 VARIANTS: dict[str, list[str]] = {
@@ -64,6 +65,14 @@ STAGE_KEYS = ("parameters", "held_before", "held_after", "best_step", "seconds",
 DISTILL_KEYS = ("samples", "lr", "lr_trials")  # and of the distillation's: how far it went, at what rate, chosen how
 
 
+def stages(rep: dict) -> list[dict]:
+    """What each stage of a `recover` report did (``STAGE_KEYS``; the distillation's ``DISTILL_KEYS`` too)."""
+    out = [{"stage": f"block → {s['end'][0]}", **{k: s[k] for k in STAGE_KEYS}} for s in rep["segments"]]
+    if rep["distill"] is not None:
+        out.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS + DISTILL_KEYS}})
+    return out
+
+
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
         "| target | recovery | MACs | top-1 | top-5 | agreement | KL | recover s | held-out KL (photos 1%5) |",
@@ -89,9 +98,7 @@ def main() -> None:
     parser.add_argument("--variants", default="default", help=f"comma-separated among: {list(VARIANTS)}")
     parser.add_argument("--name", default="recovery", help="stem of the result files")
     split_flags(parser)
-    parser.add_argument("--recover-every", type=int, default=1,
-                        help="k: recover on the training photos whose index is a multiple of k (compress on all of "
-                             "them): what fewer photos cost")
+    every_flag(parser)
     parser.add_argument("--quick", action="store_true",
                         help="tiny run: 16 calibration, 8 held-out and 10 test photos, 3 steps")
     args = parser.parse_args()
@@ -119,17 +126,14 @@ def main() -> None:
         for variant in args.variants.split(","):
             recovered = args.out / "recovered.onnx"
             start = time.perf_counter()
-            photos = calib if args.recover_every == 1 else f"{calib}&0%{args.recover_every}"
             rep = recover(pruned, original, recovered, args.data,
-                          ["--subset", photos, "--held-subset", held, *VARIANTS[variant], *extra])
+                          ["--subset", thinned(calib, args.recover_every), "--held-subset", held, *VARIANTS[variant],
+                           *extra])
             wall = time.perf_counter() - start
-            stages = [{"stage": f"block → {s['end'][0]}", **{k: s[k] for k in STAGE_KEYS}} for s in rep["segments"]]
-            if rep["distill"] is not None:
-                stages.append({"stage": "distill", **{k: rep["distill"][k] for k in STAGE_KEYS + DISTILL_KEYS}})
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "recover_samples": rep["samples_given"],
                          "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
-                         "stages": stages, **evaluate(recovered, original, args.data, test)})
+                         "stages": stages(rep), **evaluate(recovered, original, args.data, test)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)
         pruned.unlink()

@@ -11,7 +11,8 @@ the greedy narrows them less and the others more to meet the same MACs.
 ``recovery.py``'s protocol (``--classes k`` or ``--fold k``): `compress` on the split's training photos (through
 the API, the allocator above), `recover` (defaults) on the same photos with the held-out ones choosing checkpoints,
 both scored on the split's test photos against the original (``--variant``: `recover` with the flags of one of
-``recovery.py``'s variants instead). Writes ``<out>/<name>.json`` and ``.md``.
+``recovery.py``'s variants instead; ``--recover-every k``: `recover` on the training photos whose index is a multiple
+of k). Writes ``<out>/<name>.json`` (with what each stage of `recover` did) and ``.md``.
 
     python benchmarks/recovery_allocation.py --target 170M --classes 3 --late-weight 3 --name late3_classes3_170M
     python benchmarks/recovery_allocation.py --target 170M --fold 0 --late-weight 3 --name late3_fold0_170M
@@ -23,11 +24,13 @@ import argparse
 import json
 from pathlib import Path
 
-from common import DEFAULT_DATA, evaluate, original_model, recover, recover_subsets, split_flags, split_of
+from common import (
+    DEFAULT_DATA, evaluate, every_flag, original_model, recover, recover_subsets, split_flags, split_of, thinned,
+)
 from onnxprune import api
 from onnxprune.flags.parse import parse_macs
 from onnxprune.strategies import MACs, Recoverable
-from recovery import VARIANTS
+from recovery import VARIANTS, stages
 
 KEYS = ("top1", "agreement", "kl")
 
@@ -47,6 +50,7 @@ def main() -> None:
     parser.add_argument("--variant", default="default", choices=list(VARIANTS), help="`recover`'s flags")
     parser.add_argument("--keep", action="store_true", help="keep the pruned and recovered models (<name>_*.onnx)")
     split_flags(parser)
+    every_flag(parser)
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     calib, held, test = recover_subsets(args.fold, args.classes)
@@ -60,7 +64,7 @@ def main() -> None:
     widths = {layer["group"]: [layer["channels"], layer["kept"]] for layer in report["layers"]}
     compressed = evaluate(pruned, original, args.data, test)
     rep = recover(pruned, original, recovered, args.data,
-                  ["--subset", calib, "--held-subset", held, *VARIANTS[args.variant]])
+                  ["--subset", thinned(calib, args.recover_every), "--held-subset", held, *VARIANTS[args.variant]])
     after = evaluate(recovered, original, args.data, test) if rep["improved"] else compressed
     for path in () if args.keep else (pruned, recovered):
         path.unlink(missing_ok=True)
@@ -68,7 +72,8 @@ def main() -> None:
            "original": evaluate(original, original, args.data, test), "late_share": args.late_share,
            "late_weight": args.late_weight, "variant": args.variant, "macs": report["macs_after"],
            "widths": widths, "compress": compressed, "recover": after, "held_kl": [rep["before"], rep["after"]],
-           "improved": rep["improved"], "recover_seconds": rep["seconds"]}
+           "improved": rep["improved"], "recover_seconds": rep["seconds"], "recover_every": args.recover_every,
+           "recover_samples": rep["samples_given"], "confidence": rep["confidence"], "stages": stages(rep)}
     (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))
     table = "\n".join(["| model | top-1 | agreement | KL |", "|---|---|---|---|",
                        row("`compress`", compressed), row("then `recover`", after)]) + "\n"

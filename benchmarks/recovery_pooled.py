@@ -6,7 +6,8 @@ the standard error of a share over the photos, sqrt(p(1 - p) / n)). Index folds 
 classes no training photo shows), and a change must win on both. Each row's gain is over the ``none`` row (`compress`
 on the same training photos) of the same splits, in points of top-1 and agreement. A ``recovery_allocation.py`` run
 gives two rows, its `compress` and its `recover` (with ``--late-weight 1``, `compress`'s default allocation, they are
-the ``none`` and ``whole network`` rows, the default since 12-05); the runs of one split and target are merged.
+the ``none`` and ``whole network`` rows, the default since 12-05; a ``--variant`` or ``--recover-every`` other than the
+default names its `recover` row apart); the runs of one split and target are merged.
 
     python benchmarks/recovery_pooled.py benchmarks/results/recovery_classes/*.json \\
         --out benchmarks/results/recovery_classes/pooled.md
@@ -32,12 +33,23 @@ def as_rows(run: dict) -> dict:
     """A ``recovery_allocation.py`` run as ``recovery.py``'s (its two models as rows); another run as it is."""
     if "rows" in run:
         return run
-    weight = run["late_weight"]
+    weight, how = run["late_weight"], _recipe(run)
     names = ("none", "whole network") if weight == 1 else (f"allocation recover ×{weight:g}: compress",
                                                           f"allocation recover ×{weight:g}: recover")
+    if how:
+        names = (names[0], f"{names[1]} ({how})")
     return {"split": run["split"], "rows": [
         {"target": run["target"], "variant": names[0], "seconds": None, **run["compress"]},
         {"target": run["target"], "variant": names[1], "seconds": run["recover_seconds"], **run["recover"]}]}
+
+
+def _recipe(run: dict) -> str:
+    """How an allocation run's `recover` differs from the default one: its variant, the share of photos it trained on
+    ('' where it does not)."""
+    how = [] if run.get("variant", "default") == "default" else [run["variant"]]
+    if run.get("recover_every", 1) != 1:
+        how.append(f"1 training photo in {run['recover_every']}")
+    return ", ".join(how)
 
 
 def merged(runs: list[dict]) -> list[dict]:

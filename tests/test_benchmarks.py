@@ -174,13 +174,14 @@ def test_recovery_pooled_merges_an_allocation_run_with_the_run_of_its_split(tmp_
     def scores(top1: float) -> dict:
         return {"images": 100, "agreement": 0.5, "kl": 1.0, "top1": top1}
 
-    def allocation(k: int, weight: float, pruned: float, recovered: float) -> dict:
+    def allocation(k: int, weight: float, pruned: float, recovered: float, **recipe) -> dict:
         return {"split": {"classes": k}, "target": "170M", "late_weight": weight, "recover_seconds": 900.0,
-                "compress": scores(pruned), "recover": scores(recovered)}
+                "compress": scores(pruned), "recover": scores(recovered), **recipe}
 
     runs = [{"original": scores(0.8), "split": {"classes": 1},
              "rows": [{"target": "170M", "variant": "none", "seconds": None, **scores(0.5)}]},
-            allocation(1, 3, 0.4, 0.7), allocation(3, 1, 0.6, 0.65), allocation(3, 3, 0.5, 0.8)]
+            allocation(1, 3, 0.4, 0.7), allocation(3, 1, 0.6, 0.65), allocation(3, 3, 0.5, 0.8),
+            *(allocation(k, 3, 0.4, 0.6, variant="pool 2", recover_every=2) for k in (1, 3))]
     paths = [tmp_path / f"{k}.json" for k in range(len(runs))]
     for path, run in zip(paths, runs):
         path.write_text(json.dumps(run))
@@ -189,6 +190,8 @@ def test_recovery_pooled_merges_an_allocation_run_with_the_run_of_its_split(tmp_
     assert "(classes 1, classes 3; 200 test photos)" in out  # one original of two: none said
     assert "| 170M | none | 55.0% ± 3.5% |" in out and "| 170M | whole network |" not in out  # not in classes 1
     assert "| 170M | allocation recover ×3: recover | 75.0% ± 3.1% | 50.0% ± 3.5% | 1.000 | +20.0 / +0.0 |" in out
+    # another recipe of `recover` is a row of its own, not merged into the default's
+    assert "| 170M | allocation recover ×3: recover (pool 2, 1 training photo in 2) | 60.0% ± 3.5% |" in out
 
 
 def test_pooled_verdict_over_folds(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Why the whole network's distillation stops at its rate trials at 245M: Adam's first steps, the block outputs' loss,
-or the augmentation?
+the augmentation, or the photos themselves?
 
 At 245M with `--allocation recover` the distillation's four rate trials (``train.choose_lr``: a constant rate for 5%
 of its loop, some 25 steps) each ended above the held-out KL they started from, with and without mixing, so the stage
@@ -10,7 +10,9 @@ the usual remedy. This runs the trials again from one recovered model, each from
 error, crops, flips and mixup), changing one thing at a time, and scores each on the held-out photos (their KL to the
 original, as the trials are judged, on both halves of the held-out photos). Writes ``<out>/<name>.json`` and ``.md``.
 
-    python benchmarks/distill_trials.py --model late3_fold1_245M_recovered.onnx --fold 1 --name trials_fold1_245M
+    python benchmarks/recovery_allocation.py --target 245M --fold 1 --late-weight 3 --name late3_fold1_245M --keep
+    python benchmarks/distill_trials.py --model benchmarks/results/recovery_classes/late3_fold1_245M_recovered.onnx \
+        --fold 1 --name trials_fold1_245M
 """
 
 from __future__ import annotations

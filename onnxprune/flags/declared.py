@@ -105,10 +105,10 @@ GlobalBudgetOpt = Annotated[Optional[float], typer.Option(
          "predicted, a search stops when its share is spent, and the output lists which method won each layer "
          "and why.")]
 AllocationOpt = Annotated[Optional[str], typer.Option(
-    help="Per-layer widths: 'output' (the default, but with compress --recover-steps; judged on the network's "
+    help="Per-layer widths: 'output' (the default except under compress --recover-steps; judged on the network's "
          "output: each layer alone pruned to 75/50/25% on 64 calibration samples, the output's discrepancy (see "
-         "--task) measured on up to 32 "
-         "others, fewer where probing would cost more than 4 forward passes of the calibration set; the "
+         "--task) measured on up to 32 others, fewer where probing would cost more than 4 forward passes of the "
+         "calibration set; the "
          "budget goes where the output degrades least per MAC saved, each layer ≥ 25%), 'epsilon' (one "
          "threshold on every layer's relative imitation loss, the paper's rule, searched to meet the budget), "
          "'uniform' keep ratio, 'curve' (greedy on the local error curves, each layer ≥ 25%), or 'recover' (for a "

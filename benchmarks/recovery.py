@@ -58,6 +58,7 @@ VARIANTS: dict[str, list[str]] = {
     "lr 3e-3": ["--lr", "3e-3"],
     "100 steps": ["--steps", "100"],
     "500 steps": ["--steps", "500"],
+    "30 minutes": ["--time", "30m"],
 }
 
 

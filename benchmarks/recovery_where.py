@@ -4,7 +4,7 @@ photos and photos of classes it never saw.
 For each model given (``name=path``, pruned from ``--original`` and keeping its tensor names) and each of the split's
 three photo sets (``recovery.py``'s ``--classes k`` / ``--fold k`` subsets: train, held-out, test), the relative
 squared error ||y - t||² / ||t - mean t||² of the model's tensor against the original's at every block end in
-``--tensors``, and the KL of the logits. Writes ``<out>/<name>.json`` and ``.md``.
+``--tensors``, the KL of the logits and their top-1 agreement. Writes ``<out>/<name>.json`` and ``.md``.
 
     onnxprune compress mobilenet_v2.onnx -o c3.onnx --calib DEV --subset '!375:500&!1%5' --target-flops 170M
     onnxprune recover c3.onnx --teacher mobilenet_v2.onnx -o r3.onnx --calib DEV --subset '!375:500&!1%5' \\
@@ -59,11 +59,12 @@ def main() -> None:
             ys = outputs(model, x, names)
             rows.append({"model": name, "photos": which, "count": len(x),
                          "relative": [float(relative_mse([y], [t])) for y, t in zip(ys, reference)],
-                         "kl": float(row_kl(ys[-1], reference[-1]).mean())})
+                         "kl": float(row_kl(ys[-1], reference[-1]).mean()),
+                         "agreement": float((ys[-1].argmax(1) == reference[-1].argmax(1)).double().mean())})
     short = [n.split("/")[-2] if n.count("/") > 1 else n.rsplit("_output", 1)[0].strip("/") for n in names]
-    lines = ["| model | photos | " + " | ".join(short) + " | KL |", "|---" * (len(names) + 3) + "|"]
+    lines = ["| model | photos | " + " | ".join(short) + " | KL | agreement |", "|---" * (len(names) + 4) + "|"]
     lines += [f"| {r['model']} | {r['photos']} ({r['count']}) | " + " | ".join(f"{v:.3f}" for v in r["relative"])
-              + f" | {r['kl']:.3f} |" for r in rows]
+              + f" | {r['kl']:.3f} | {r['agreement']:.1%} |" for r in rows]
     result = {"split": split_of(args.fold, args.classes), "subsets": photos, "models": args.models, "tensors": names,
               "rows": rows}
     args.out.mkdir(parents=True, exist_ok=True)

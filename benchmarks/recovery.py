@@ -74,6 +74,15 @@ def stages(rep: dict) -> list[dict]:
     return out
 
 
+def verdicts(rep: dict) -> dict:
+    """A `recover` report's metric and agreement, before and after, on the held-out samples that judged and on the
+    samples it trained on (what the weights reach where they trained)."""
+    return {"held_kl": [rep["before"], rep["after"]],
+            "held_agreement": [rep["agreement_before"], rep["agreement_after"]],
+            "train_kl": [rep["train_before"], rep["train_after"]],
+            "train_agreement": [rep["train_agreement_before"], rep["train_agreement_after"]]}
+
+
 def markdown(rows: list[dict], original: dict) -> str:
     lines = [
         "| target | recovery | MACs | top-1 | top-5 | agreement | KL | recover s | held-out KL (photos 1%5) |",
@@ -133,7 +142,7 @@ def main() -> None:
             wall = time.perf_counter() - start
             rows.append({"target": target, "variant": variant, "flags": VARIANTS[variant], "macs": macs,
                          "recover_samples": rep["samples_given"],
-                         "seconds": wall, "held_kl": [rep["before"], rep["after"]], "improved": rep["improved"],
+                         "seconds": wall, **verdicts(rep), "improved": rep["improved"],
                          "stages": stages(rep), **evaluate(recovered, original, args.data, test)})
             recovered.unlink()
             print(markdown(rows[-1:], base).splitlines()[-1], file=sys.stderr, flush=True)

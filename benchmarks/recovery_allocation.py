@@ -30,7 +30,7 @@ from common import (
 from onnxprune import api
 from onnxprune.flags.parse import parse_macs
 from onnxprune.strategies import MACs, Recoverable
-from recovery import VARIANTS, stages
+from recovery import VARIANTS, stages, verdicts
 
 KEYS = ("top1", "agreement", "kl")
 
@@ -71,7 +71,7 @@ def main() -> None:
     out = {"split": split_of(args.fold, args.classes), "subsets": [calib, held, test], "target": args.target,
            "original": evaluate(original, original, args.data, test), "late_share": args.late_share,
            "late_weight": args.late_weight, "variant": args.variant, "macs": report["macs_after"],
-           "widths": widths, "compress": compressed, "recover": after, "held_kl": [rep["before"], rep["after"]],
+           "widths": widths, "compress": compressed, "recover": after, **verdicts(rep),
            "improved": rep["improved"], "recover_seconds": rep["seconds"], "recover_every": args.recover_every,
            "recover_samples": rep["samples_given"], "confidence": rep["confidence"], "stages": stages(rep)}
     (args.out / f"{args.name}.json").write_text(json.dumps(out, indent=1))

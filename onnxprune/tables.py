@@ -247,8 +247,7 @@ def print_recovery(r: RecoverReport) -> None:
     if r.block_skipped:
         console.print(f"block stage: the segment → {r.block_skipped[0]} is the distilled head's only changed one, "
                       "left to the distillation (task objective, augmented views)", highlight=False, soft_wrap=True)
-    agree = (f", agreement {r.agreement_before:.1%} → {r.agreement_after:.1%}"
-             if r.agreement_before is not None and r.agreement_after is not None else "")
+    agree = _agreement(r.agreement_before, r.agreement_after)
     verdict = ("kept the recovered weights" if r.improved else
                "the recovered weights were not better on the held-out samples: returned the input model unchanged")
     if r.confidence is not None:
@@ -265,12 +264,21 @@ def print_recovery(r: RecoverReport) -> None:
     console.print(f"held-out {r.metric} {r.before:.4f} → {r.after:.4f}{agree} on {r.samples_verdict} of "
                   f"{r.samples_held} held-out samples (the other {picked} picked the checkpoints; {held}; "
                   f"{r.samples_train} trained on), {r.seconds:.1f}s: {verdict}")
+    if r.train_before is not None and r.train_after is not None:
+        console.print(f"training {r.train_metric} {r.train_before:.4f} → {r.train_after:.4f}"
+                      f"{_agreement(r.train_agreement_before, r.train_agreement_after)} on the {r.samples_train} "
+                      "samples trained on: what these weights reach where they trained (the held-out score's distance "
+                      "from it is what the samples did not teach)", highlight=False, soft_wrap=True)
     if r.samples_given > r.samples_train:
         console.print(f"trained on {r.samples_train} of the {r.samples_given} training samples, evenly drawn: the "
                       f"forward passes over every sample at each block take their share of --time "
                       f"{r.options['time']:.0f} s only for that many at this input size (more time, more samples)",
                       highlight=False, soft_wrap=True)
 
+
+def _agreement(before: float | None, after: float | None) -> str:
+    """", agreement a → b" where both are known (a classifier's), else nothing."""
+    return f", agreement {before:.1%} → {after:.1%}" if before is not None and after is not None else ""
 
 
 _CLASSIFIER_COLUMNS = (("top-1", "top1", ".2%"), ("top-5", "top5", ".2%"), ("agree", "agreement", ".2%"), ("KL", "kl", ".4g"))

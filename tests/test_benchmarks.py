@@ -38,6 +38,8 @@ def test_recovery_quick(tmp_path: Path) -> None:
     assert [r["variant"] for r in result["rows"]] == ["none, pruned on all but the test photos", "none", "default"]
     assert all(r["macs"] <= 245e6 and r["images"] == 10 for r in result["rows"])
     assert result["rows"][2]["seconds"] > 0 and len(result["rows"][2]["held_kl"]) == 2
+    assert all(0 <= a <= 1 for a in result["rows"][2]["train_agreement"] + result["rows"][2]["held_agreement"])
+    assert all(kl >= 0 for kl in result["rows"][2]["train_kl"])
     distill = result["rows"][2]["stages"][-1]  # the rate the trials chose among theirs, and how far it trained
     assert distill["stage"] == "distill" and distill["lr"] in [lr for lr, _ in distill["lr_trials"]]
     assert distill["samples"] >= 0

@@ -124,8 +124,11 @@ def test_compress_recover_steps_with_unseen_held_out_samples(files, tmp_path: Pa
     # a model compress trains is pruned for recover by default: its first layers more, its last ones less
     assert json.loads(report.read_text())["options"]["allocate"]["kind"] == "Recoverable"
     assert "allocation=recover" in result.stdout
-    assert "on 8 of 16 held-out samples (the other 8 picked the checkpoints; given apart; 48 trained on)" in \
-        " ".join(result.stdout.split())
+    printed = " ".join(result.stdout.split())
+    assert "on 8 of 16 held-out samples (the other 8 picked the checkpoints; given apart; 48 trained on)" in printed
+    assert (f"training kl {recovery['train_before']:.4f} → {recovery['train_after']:.4f}, agreement "
+            f"{recovery['train_agreement_before']:.1%} → {recovery['train_agreement_after']:.1%} on the 48 samples "
+            "trained on") in printed
 
 
 def test_target_flops_with_suffix(files, tmp_path: Path) -> None:

@@ -86,7 +86,7 @@ def _kl(teacher: np.ndarray, student: np.ndarray) -> float:
 
 def test_written_model_is_judged_in_onnxruntime_on_unpicked_samples(tiny, student) -> None:
     """The report's verdict is the written model's KL to the teacher in onnxruntime, on held-out samples
-    that picked no checkpoint."""
+    that picked no checkpoint; beside it, the same on the training samples."""
     model, report = recover(student, tiny.model, _calib(tiny), RecoverOptions(**fast_for("block")))
     pick, verdict = halves(split(len(tiny.x), 0.2)[1])
     assert (report.samples_held, report.samples_verdict) == (len(pick) + len(verdict), len(verdict))
@@ -96,6 +96,16 @@ def test_written_model_is_judged_in_onnxruntime_on_unpicked_samples(tiny, studen
     assert report.before == pytest.approx(_kl(teacher, run(student, input=x)[0]), rel=1e-6)
     assert report.after == pytest.approx(_kl(teacher, run(model, input=x)[0]), rel=1e-6)
     assert report.improved and report.after < report.before
+    # and on the samples trained on: what the weights reach where they trained
+    x = tiny.x[split(len(tiny.x), 0.2)[0]]
+    (teacher,) = run(tiny.model, input=x)
+    assert report.train_metric == "kl" and report.samples_train == len(x)
+    for given, kl, agreement in ((student, report.train_before, report.train_agreement_before),
+                                 (model, report.train_after, report.train_agreement_after)):
+        (y,) = run(given, input=x)
+        assert kl == pytest.approx(_kl(teacher, y), rel=1e-6)
+        assert agreement == pytest.approx(float((y.argmax(1) == teacher.argmax(1)).mean()))
+    assert report.train_after < report.train_before
 
 
 def test_a_broken_write_back_is_refused(tiny, student, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,6 +64,13 @@ class RecoverReport:
     # (``options.distill_part``)
     samples_given: int = 0  # training samples given; more than ``samples_train`` where the time budget left room for
     # the forward passes over fewer (``options.PASSES_SHARE``)
+    train_metric: str = ""  # ``samples.discrepancy``'s metric on the training samples (the held-out one's, but
+    # "rel_mse" for a detector whose teacher finds no object in any of them)
+    train_before: float | None = None  # that metric on the training samples: the input model's, and the recovered
+    train_after: float | None = None  # weights' (what they reach on samples they trained on; the held-out score's
+    # distance from it is what the samples did not teach)
+    train_agreement_before: float | None = None  # ... and the top-1 agreement there (classifiers)
+    train_agreement_after: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -179,6 +179,11 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                              "no model is returned")
     recovered_verdict = outputs_of(recovered, verdict_idx)
     _, report.after, report.agreement_after = discrepancy(recovered_verdict, teacher_verdict, task)
+    teacher_train = outputs_of(teacher, train_idx, t_graph)  # what the weights reach where they trained
+    report.train_metric, report.train_before, report.train_agreement_before = discrepancy(
+        outputs_of(student, train_idx), teacher_train, task)
+    _, report.train_after, report.train_agreement_after = discrepancy(outputs_of(recovered, train_idx), teacher_train,
+                                                                      task)
     tie = task is not None and report.after == report.before
     metric = "objective" if tie else report.metric
     before, after = (scores(metric, outs, teacher_verdict, task) for outs in (student_verdict, recovered_verdict))

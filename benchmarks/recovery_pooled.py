@@ -52,10 +52,16 @@ def _recipe(run: dict) -> str:
     return ", ".join(how)
 
 
-def merged(runs: list[dict]) -> list[dict]:
-    """The runs of one split and target as one run, each (target, variant) row once (``as_rows``)."""
+def renamed(run: dict, same: dict[str, str]) -> dict:
+    """``run`` with each row whose variant is a key of ``same`` named as its value (one recipe named two ways)."""
+    return {**run, "rows": [{**r, "variant": same.get(r["variant"], r["variant"])} for r in run["rows"]]}
+
+
+def merged(runs: list[dict], same: dict[str, str] | None = None) -> list[dict]:
+    """The runs of one split and target as one run, each (target, variant) row once (``as_rows``; ``same``:
+    ``renamed``)."""
     out: dict[str, dict] = {}
-    for run in map(as_rows, runs):
+    for run in (renamed(as_rows(r), same or {}) for r in runs):
         key = json.dumps([run.get("split", {}), sorted({r["target"] for r in run["rows"]})], sort_keys=True)
         if key not in out:
             out[key] = {**run, "rows": list(run["rows"])}
@@ -68,13 +74,13 @@ def merged(runs: list[dict]) -> list[dict]:
     return list(out.values())
 
 
-def pooled(runs: list[dict]) -> dict[str, list[dict]]:
+def pooled(runs: list[dict], same: dict[str, str] | None = None) -> dict[str, list[dict]]:
     """Per protocol, one row per (target, variant) present in every run of it (``merged``): the photos, the splits,
     and top-1, agreement and KL over all their test photos, with spreads, and the gain over the ``BASE`` row; the
     original's top-1 where every run has it."""
     tables: dict[str, list[dict]] = {}
     by_protocol: dict[str, list[dict]] = defaultdict(list)
-    for run in merged(runs):
+    for run in merged(runs, same):
         by_protocol[protocol(run)].append(run)
     for name, group in by_protocol.items():
         keys = [(r["target"], r["variant"]) for r in group[0]["rows"]]
@@ -137,8 +143,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", nargs="+", type=Path, help="recovery.py's and recovery_allocation.py's JSON files")
     parser.add_argument("--out", type=Path, help="also write the tables here (markdown)")
+    parser.add_argument("--same", action="append", default=[], metavar="NAME=AS",
+                        help="rows named NAME are the recipe named AS (e.g. 'default=whole network' for runs since "
+                             "12-05, when the whole network became the default); repeatable")
     args = parser.parse_args()
-    text = markdown(pooled([json.loads(p.read_text()) for p in args.runs]))
+    if any("=" not in pair for pair in args.same):
+        parser.error(f"--same takes NAME=AS, got {[p for p in args.same if '=' not in p]}")
+    same = dict(pair.split("=", 1) for pair in args.same)
+    text = markdown(pooled([json.loads(p.read_text()) for p in args.runs], same))
     if args.out is not None:
         args.out.write_text(text)
     print(text)

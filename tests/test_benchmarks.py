@@ -194,6 +194,12 @@ def test_recovery_pooled_merges_an_allocation_run_with_the_run_of_its_split(tmp_
     assert "| 170M | allocation recover ×3: recover | 75.0% ± 3.1% | 50.0% ± 3.5% | 1.000 | +20.0 / +0.0 |" in out
     # another recipe of `recover` is a row of its own, not merged into the default's
     assert "| 170M | allocation recover ×3: recover (pool 2, 1 training photo in 2) | 60.0% ± 3.5% |" in out
+    # a recipe named two ways (``--same``): classes 1's `default` row pooled with classes 3's late weight 1 run
+    runs[0]["rows"].append({"target": "170M", "variant": "default", "seconds": 900.0, **scores(0.75)})
+    paths[0].write_text(json.dumps(runs[0]))
+    out = subprocess.run([sys.executable, "recovery_pooled.py", *map(str, paths), "--same", "default=whole network"],
+                         cwd=ROOT / "benchmarks", check=True, capture_output=True, text=True).stdout
+    assert "| 170M | whole network | 70.0% ± 3.2% | 50.0% ± 3.5% | 1.000 | +15.0 / +0.0 |" in out
 
 
 def test_pooled_verdict_over_folds(tmp_path: Path) -> None:

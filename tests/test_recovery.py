@@ -843,13 +843,16 @@ def test_time_left_after_the_stages_goes_to_another_round_of_the_block_windows(t
 
 def test_progress_names_the_work_before_the_training_loops(tiny, student) -> None:
     """Reading the samples, the block stage's passes and caching the head's views are reported before any training
-    step (a detector at 640² spent minutes in each with its bar at the label before)."""
+    step (a detector at 640² spent minutes in each with its bar at the label before), the judging passes after the
+    last."""
     labels: list[str] = []
     recover(student, tiny.model, _calib(tiny), RecoverOptions(time=3.0, provider="cpu", distill_segments=HEAD_SEGMENTS),
             on_progress=lambda label, step, total, held: labels.append(label))
     first = [labels.index(next(x for x in labels if x.startswith(p)))
-             for p in ("reading the samples", "block stage: the teacher's", "block 1/", "distill: caching", "distill ·")]
+             for p in ("reading the samples", "block stage: the teacher's", "block 1/", "distill: caching", "distill ·",
+                       "judging")]
     assert first == sorted(first), labels[:3]
+    assert labels[-1].startswith("judging")
 
 
 def test_another_round_needs_time_left_and_a_round_that_gained() -> None:

@@ -169,6 +169,8 @@ def _recover(student: onnx.ModelProto, teacher: onnx.ModelProto, calib: Calibrat
                                      on_progress, store, clock, round_=report.segments[-1].round + 1)
         trained_held = [cur[name][held_idx] for name in outputs]
 
+    if on_progress is not None:  # passes over every sample: minutes at 640²
+        on_progress("judging: the held-out and training samples, before and after", 0, 1, None)
     report.writeback_error = 0.0 if trained_held is None else max(
         writeback_error(o, t) for o, t in zip(outputs_of(recovered, held_idx), trained_held))
     tolerance = writeback_tolerance(options.torch_device())

@@ -277,7 +277,7 @@ def print_recovery(r: RecoverReport) -> None:
 
 
 def _agreement(before: float | None, after: float | None) -> str:
-    """", agreement a → b" where both are known (a classifier's), else nothing."""
+    """The text ", agreement a → b" where both are known (a classifier's), else nothing."""
     return f", agreement {before:.1%} → {after:.1%}" if before is not None and after is not None else ""
 
 

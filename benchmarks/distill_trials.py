@@ -77,12 +77,13 @@ def main() -> None:
     t_net = TorchGraph(teacher, outputs=outputs + anchors)
     t_net.requires_grad_(False)
     xs = [values[name] for name in net.input_names]
-    teacher_held = evaluate_net(t_net, xs, held_idx, 32, first=len(outputs))
+    batch = job.options.batch_size  # recover's
+    teacher_held = evaluate_net(t_net, xs, held_idx, batch, first=len(outputs))
     params = [p for _, p in net.named_initializers() if isinstance(p, torch.nn.Parameter)]
     start = [p.detach().clone() for p in params]
 
     def held_kl() -> float:
-        return discrepancy(evaluate_net(net, xs, held_idx, 32, first=len(outputs)), teacher_held)[1]
+        return discrepancy(evaluate_net(net, xs, held_idx, batch, first=len(outputs)), teacher_held)[1]
 
     rows = [{"trial": "start", "held_kl": held_kl()}]
     print(rows[0], flush=True)
@@ -97,7 +98,7 @@ def main() -> None:
         for step in range(1, args.steps + 1):
             for group in opt.param_groups:
                 group["lr"] = lr * min(1.0, step / warmup) if warmup else lr
-            pick = train_idx[torch.randint(len(train_idx), (32,), generator=gen).numpy()]
+            pick = train_idx[torch.randint(len(train_idx), (batch,), generator=gen).numpy()]
             photos = torch.from_numpy(np.asarray(xs[0][pick]))
             inputs = photos if mix == PLAIN else augment_images(photos, gen, mix)
             with torch.no_grad():
